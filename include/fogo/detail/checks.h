@@ -1,0 +1,37 @@
+#pragma once
+// Input validation and checkpoint helpers shared by fogo's optimizers. Every error names the
+// optimizer, the option or parameter (group g, index i, shape) and what is wrong with it.
+
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fogo::detail {
+
+/// Throws unless `value` is finite and inside [lo, hi] (inclusive ends).
+void check_range(const char* optimizer, const char* option, double value, double lo, double hi);
+
+/// "parameter i of group g (shape [..])", for messages.
+std::string describe_param(size_t group, size_t index, const at::Tensor& param);
+
+/// Rejects gradients fogo's matrix optimizers cannot handle: complex or sparse tensors.
+void check_grad_kind(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
+                     const at::Tensor& grad);
+
+/// One host synchronisation for the whole list: throws naming the first gradient holding a NaN
+/// or an infinity. `where[k]` = (group, index) of grads[k].
+void check_grads_finite(const char* optimizer, const std::vector<at::Tensor>& grads,
+                        const std::vector<std::pair<size_t, size_t>>& where,
+                        const std::vector<at::Tensor>& params);
+
+/// Loads with LibTorch's optimizer serialisation, then runs `validate(group, index, param)` on
+/// every parameter that received state. If loading or validation throws, the optimizer's previous
+/// state and options are restored before the error propagates: a bad checkpoint loses nothing.
+void load_transactional(torch::optim::Optimizer& optimizer,
+                        const std::function<void()>& load,
+                        const std::function<void(size_t, size_t, const at::Tensor&)>& validate);
+
+}  // namespace fogo::detail

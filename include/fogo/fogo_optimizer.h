@@ -1,0 +1,160 @@
+#pragma once
+// fogo::FOGO, the Forgetting-aware Orthogonalization Optimizer, as read by
+// ../shared/design/ALGORITHM.md (paper: Method section, Appendix "Detailed Algorithm",
+// Algorithm 1). Stage by stage, with the paper's symbols:
+//
+//   streams      B_s = mu_s B_s + G,  B_f = mu_f B_f + G              (step 1)
+//   NS           O_s = NS(B_s; K_s),  O_f = NS(B_f; K_f)              (step 2, newton_schulz.h)
+//   projection   P_s = O_s Pi,  P_f = O_f Pi                           (step 3, projection.h)
+//   slerp        z_i = |P_s,i| Slerp(P_s,i, P_f,i; xi)                 (step 4, projected.h)
+//   memory read  q_i, a_i = argmax_j <q_i, cbar_j>, accumulate m_j, s_j (step 5, codebook.h)
+//   short-term   z~_i = z_i - gamma_hi z_hi - gamma_st z_conf          (step 6, projected.h)
+//   long-term    zbar_i = z~_i - gamma_lt z_lt                         (step 7, projected.h)
+//   lift         delta_i = Pi (I + 2 lambda M)^-1 2 lambda (zbar_i - P_s,i)  (step 8)
+//   update       theta = (1 - lr wd) theta - lr sigma sqrt(mn)/|Ohat|_F Ohat  (step 9)
+//   flush        S_j, N_j EMA, decorrelate, re-seed                    (codebook.h)
+//
+// Each param group is one codebook group with its own options.
+
+#include <fogo/newton_schulz.h>
+
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+
+#include <tuple>
+#include <vector>
+
+namespace fogo {
+
+enum class ProjectionScale : int64_t {
+  Unit = 0,  ///< Pi entries +-1 (the paper's Method section)
+  JL = 1,    ///< Pi entries +-1/sqrt(d) (Johnson–Lindenstrauss scaling)
+};
+
+/// What a step does with a gradient holding NaN or Inf.
+enum class NonFinitePolicy : int64_t {
+  Raise = 0,  ///< throw naming the parameter; nothing is changed (default)
+  Skip = 1,   ///< skip the whole step, leave every parameter and state untouched
+};
+
+struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
+  FOGOOptions(double lr = 1e-3);
+  using coefficients_t = std::tuple<double, double, double>;
+
+  // Update (step 9).
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.0;
+  TORCH_ARG(double, sigma) = 0.2;  ///< target update RMS (gamma_t = sigma sqrt(mn)/|Ohat|_F)
+  TORCH_ARG(double, eps) = 1e-8;
+
+  // Streams and Newton–Schulz (steps 1-2).
+  TORCH_ARG(double, mu_s) = 0.95;
+  TORCH_ARG(double, mu_f) = 0.35;
+  TORCH_ARG(int64_t, ns_steps_slow) = 5;  ///< K_s
+  TORCH_ARG(int64_t, ns_steps_fast) = 5;  ///< K_f
+  TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kFloat;
+
+  // Projection and fusion (steps 3-4).
+  TORCH_ARG(int64_t, proj_dim) = 128;  ///< d
+  TORCH_ARG(ProjectionScale, projection_scale) = ProjectionScale::Unit;
+  TORCH_ARG(double, xi) = 0.25;
+
+  // Codebook (step 5, flush).
+  TORCH_ARG(int64_t, codebook_size) = 64;  ///< C
+  TORCH_ARG(double, beta_cb) = 0.96;
+  TORCH_ARG(double, lambda_c) = 0.1;
+  TORCH_ARG(int64_t, r_dec) = 8;
+  TORCH_ARG(int64_t, reseed_every) = 50;
+  TORCH_ARG(double, reseed_threshold) = 0.03;
+
+  // Short-term filter (step 6).
+  TORCH_ARG(double, eps_st) = 0.15;
+  TORCH_ARG(double, gamma_hi) = 0.05;
+  TORCH_ARG(double, gamma_st_min) = 0.10;
+  TORCH_ARG(double, gamma_st_max) = 0.30;
+  TORCH_ARG(double, beta_r) = 0.95;
+  TORCH_ARG(double, kappa) = 0.20;
+  TORCH_ARG(double, tau_plus) = 5.0;
+  TORCH_ARG(double, tau_minus) = 5.0;
+  TORCH_ARG(double, lambda_hi) = 0.1;
+
+  // Long-term protection (step 7) and consolidation.
+  TORCH_ARG(double, eps_lt) = 0.10;
+  TORCH_ARG(double, gamma_lt) = 1.0;
+  TORCH_ARG(int64_t, lt_candidates) = 48;
+  TORCH_ARG(bool, spectral_scaling) = true;
+  TORCH_ARG(int64_t, freeze_per_task) = 20;  ///< K centroids frozen per task by consolidate()
+  TORCH_ARG(bool, reinit_codebook_on_task) = false;
+
+  // Proximal lift (step 8).
+  TORCH_ARG(double, lambda_prox) = 1.0;
+
+  TORCH_ARG(int64_t, seed) = 0;
+  TORCH_ARG(NonFinitePolicy, nonfinite) = NonFinitePolicy::Raise;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+  /// Throws naming the first invalid option.
+  void validate() const;
+};
+
+/// Per-group statistics of the last step, for a trainer to log.
+struct FOGOTelemetry {
+  int64_t step = 0;
+  double rbar = 0;                 ///< conflict EMA
+  double gamma_st = 0;             ///< adaptive short-term strength
+  double frac_conflicting = 0;     ///< rows with a non-empty conflicting set C_i
+  double frac_over_aligned = 0;    ///< rows with a non-empty over-aligned set H_i
+  double frac_lt_protected = 0;    ///< rows with a non-empty long-term set B_i
+  double codebook_entropy = 0;     ///< entropy of N_j / sum N (nats)
+  int64_t live_centroids = 0;      ///< centroids with N_j >= reseed_threshold
+  double delta_ratio = 0;          ///< mean over parameters of |delta|_F / |O_s|_F
+  int64_t frozen = 0;              ///< frozen-bank size
+};
+
+class FOGO : public torch::optim::Optimizer {
+ public:
+  explicit FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                FOGOOptions defaults = {});
+  explicit FOGO(std::vector<torch::Tensor> params, FOGOOptions defaults = {})
+      : FOGO({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  ~FOGO() override;
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  /// End of a task: freeze freeze_per_task centroids of every group, chosen by importance.
+  void consolidate();
+  /// Start of a task: momenta and conflict EMA to zero, task-start codebook snapshot.
+  void begin_task();
+  /// consolidate() then begin_task().
+  void task_boundary();
+
+  /// One entry per param group, from the last step.
+  const std::vector<FOGOTelemetry>& telemetry() const;
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table).
+namespace presets {
+FOGOOptions class_imbalanced_backbone();
+FOGOOptions class_imbalanced_head();
+FOGOOptions domain_il_backbone();
+FOGOOptions domain_il_head();
+FOGOOptions class_il_backbone();
+FOGOOptions class_il_head_fc();
+FOGOOptions class_il_classifier();
+FOGOOptions gpt2();
+FOGOOptions lora();
+}  // namespace presets
+
+}  // namespace fogo

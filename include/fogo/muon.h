@@ -1,0 +1,88 @@
+#pragma once
+// fogo::Muon: momentum orthogonalized by Newton–Schulz, numerically faithful to PyTorch's
+// torch.optim.Muon (same defaults, same op sequence; bit-identical on the same device).
+//
+// Per parameter with gradient G (PyTorch's algorithm):
+//   buf.lerp_(G, 1 - momentum)                      momentum buffer as an EMA
+//   U = nesterov ? G.lerp(buf, momentum) : buf
+//   O = NS(U)                                         bf16 quintic, 5 steps (newton_schulz.h)
+//   p *= 1 - lr * weight_decay                        decoupled, unadjusted lr
+//   p -= adjust(lr, A, B) * O                         'original': sqrt(max(1, A/B))
+//                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
+// Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
+// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
+
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+
+#include <tuple>
+#include <vector>
+
+namespace fogo {
+
+enum class MuonAdjustLR : int64_t {
+  Original = 0,       ///< lr * sqrt(max(1, A / B))   (Keller Jordan's Muon; PyTorch default)
+  MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
+};
+
+/// lr scaled for a matrix of A rows and B columns.
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
+
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  MuonOptions(double lr = 1e-3);
+  using coefficients_t = std::tuple<double, double, double>;
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 0.1;
+  TORCH_ARG(double, momentum) = 0.95;
+  TORCH_ARG(bool, nesterov) = true;
+  TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(double, eps) = 1e-7;
+  TORCH_ARG(int64_t, ns_steps) = 5;
+  TORCH_ARG(MuonAdjustLR, adjust_lr) = MuonAdjustLR::Original;
+  /// Newton–Schulz compute dtype: kBFloat16 (PyTorch) or kFloat32.
+  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
+  /// Reject N-D (conv) weights the way torch.optim.Muon does instead of flattening them.
+  TORCH_ARG(bool, strict_2d) = false;
+  /// Raise naming the parameter when a gradient holds NaN/Inf (one host sync per step).
+  TORCH_ARG(bool, check_finite) = true;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+  /// Throws naming the first invalid option.
+  void validate() const;
+};
+
+struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
+  TORCH_ARG(torch::Tensor, momentum_buffer);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+class Muon : public torch::optim::Optimizer {
+ public:
+  explicit Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                MuonOptions defaults = {});
+  explicit Muon(std::vector<torch::Tensor> params, MuonOptions defaults = {})
+      : Muon({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores state and options; a checkpoint for other shapes or another group layout is
+  /// rejected with an error and leaves this optimizer as it was.
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
+                         const MuonOptions& options) const;
+  template <typename Self, typename Archive>
+  static void serialize(Self& self, Archive& archive) {
+    _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(Muon);
+  }
+};
+
+}  // namespace fogo

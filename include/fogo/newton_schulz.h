@@ -1,0 +1,50 @@
+#pragma once
+// Newton–Schulz orthogonalization: O = NS(B; K), the map both Muon and FOGO apply to momentum.
+//
+// One implementation serves a single matrix [m, n] and a batch of same-shape matrices
+// [batch, m, n] (one batched matmul chain; FOGO sends both of its streams and all same-shape
+// parameters through one call). Each iteration applies, on the wide orientation (rows <= cols),
+//
+//   A = X X^T,   X <- a X + (b A + c A^2) X
+//
+// Quintic (Muon's coefficients, the default) and cubic (a, b, c) = (1.5, -0.5, 0), the classic
+// iteration X <- 1.5 X - 0.5 X X^T X that converges to the polar factor U V^T, are both this map.
+// The op sequence on a single matrix is exactly that of torch.optim.Muon's
+// `_zeropower_via_newtonschulz`, so results match PyTorch bit for bit on the same device.
+
+#include <ATen/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <array>
+#include <cstdint>
+
+namespace fogo {
+
+/// How X0 is normalised before iterating.
+enum class NSNormalization {
+  ClampMin,  ///< X0 = B / max(||B||_F, eps)    (torch.optim.Muon)
+  AddEps,    ///< X0 = B / (||B||_F + eps)      (FOGO, ALGORITHM.md step 2)
+};
+
+struct NSConfig {
+  /// (a, b, c) of X <- a X + (b A + c A^2) X. Muon's quintic by default.
+  std::array<double, 3> coefficients{3.4445, -4.7750, 2.0315};
+  /// Number of iterations K; 0 <= steps < 100.
+  int64_t steps = 5;
+  double eps = 1e-7;
+  NSNormalization normalization = NSNormalization::ClampMin;
+  /// Dtype the iteration runs in (kBFloat16 as in torch.optim.Muon, or kFloat32).
+  c10::ScalarType compute_dtype = c10::kBFloat16;
+
+  static constexpr std::array<double, 3> quintic() { return {3.4445, -4.7750, 2.0315}; }
+  static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
+};
+
+/// Checks a configuration; throws c10::Error naming the offending field.
+void validate(const NSConfig& config);
+
+/// Orthogonalizes `B` ([m, n] or [batch, m, n], floating point, any device). Tall matrices are
+/// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`.
+at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config = {});
+
+}  // namespace fogo

@@ -1,0 +1,205 @@
+#include "fogo/muon.h"
+
+#include "fogo/detail/checks.h"
+#include "fogo/newton_schulz.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fogo {
+
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
+  switch (rule) {
+    case MuonAdjustLR::Original:
+      return lr * std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B)));
+    case MuonAdjustLR::MatchRmsAdamW:
+      return lr * 0.2 * std::sqrt(static_cast<double>(std::max(A, B)));
+  }
+  TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options and state
+
+MuonOptions::MuonOptions(double lr) : lr_(lr) {}
+
+double MuonOptions::get_lr() const { return lr(); }
+void MuonOptions::set_lr(const double lr) { this->lr(lr); }
+
+void MuonOptions::validate() const {
+  detail::check_range("Muon", "lr", lr(), 0.0, INFINITY);
+  detail::check_range("Muon", "weight_decay", weight_decay(), 0.0, INFINITY);
+  detail::check_range("Muon", "momentum", momentum(), 0.0, 1.0);
+  detail::check_range("Muon", "eps", eps(), 0.0, INFINITY);
+  TORCH_CHECK(ns_dtype() == at::kBFloat16 || ns_dtype() == at::kFloat,
+              "Muon: option 'ns_dtype' must be kBFloat16 or kFloat32, got ", ns_dtype());
+  NSConfig config;
+  config.coefficients = {std::get<0>(ns_coefficients()), std::get<1>(ns_coefficients()),
+                         std::get<2>(ns_coefficients())};
+  config.steps = ns_steps();
+  config.eps = eps();
+  fogo::validate(config);
+  TORCH_CHECK(adjust_lr() == MuonAdjustLR::Original || adjust_lr() == MuonAdjustLR::MatchRmsAdamW,
+              "Muon: option 'adjust_lr' is not a known rule (", static_cast<int64_t>(adjust_lr()),
+              ")");
+}
+
+void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_coefficients);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_steps);
+  archive.write("adjust_lr", c10::IValue(static_cast<int64_t>(adjust_lr())));
+  archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(strict_2d);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(check_finite);
+}
+
+void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(coefficients_t, ns_coefficients);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, ns_steps);
+  c10::IValue value;
+  archive.read("adjust_lr", value);
+  adjust_lr(static_cast<MuonAdjustLR>(value.toInt()));
+  archive.read("ns_dtype", value);
+  ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, strict_2d);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, check_finite);
+}
+
+void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+}
+
+void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+           MuonOptions defaults)
+    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)) {
+  defaults.validate();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+    options.validate();
+    for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
+      check_param_shape(g, i, param_groups_[g].params()[i], options);
+    }
+  }
+}
+
+void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
+                             const MuonOptions& options) const {
+  if (options.strict_2d()) {
+    TORCH_CHECK(p.dim() == 2,
+                "Muon only supports 2D parameters whereas we found a parameter with size: ",
+                p.sizes(), " (", detail::describe_param(group, index, p),
+                "; set strict_2d(false) to accept N-D weights as [shape0, prod(rest)])");
+  } else {
+    TORCH_CHECK(p.dim() >= 2, "Muon handles matrices and N-D weights, but ",
+                detail::describe_param(group, index, p),
+                " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
+  }
+}
+
+torch::Tensor Muon::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+
+  // Validate everything before touching any parameter, so a bad input changes nothing.
+  std::vector<torch::Tensor> params, grads;
+  std::vector<std::pair<size_t, size_t>> where;
+  bool check_finite = false;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+    options.validate();
+    check_finite |= options.check_finite();
+    const auto& group_params = param_groups_[g].params();
+    for (size_t i = 0; i < group_params.size(); ++i) {
+      const auto& p = group_params[i];
+      if (!p.grad().defined()) continue;
+      check_param_shape(g, i, p, options);
+      detail::check_grad_kind("Muon", g, i, p, p.grad());
+      if (options.check_finite()) {
+        params.push_back(p);
+        grads.push_back(p.grad());
+        where.emplace_back(g, i);
+      }
+    }
+  }
+  if (check_finite) detail::check_grads_finite("Muon", grads, where, params);
+
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const MuonOptions&>(group.options());
+    NSConfig ns;
+    ns.coefficients = {std::get<0>(options.ns_coefficients()),
+                       std::get<1>(options.ns_coefficients()),
+                       std::get<2>(options.ns_coefficients())};
+    ns.steps = options.ns_steps();
+    ns.eps = options.eps();
+    ns.normalization = NSNormalization::ClampMin;
+    ns.compute_dtype = options.ns_dtype();
+    const double lr = options.lr();
+    const double momentum = options.momentum();
+
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const torch::Tensor& grad = p.grad();
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<MuonParamState>();
+        fresh->momentum_buffer(torch::zeros_like(grad, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& buf = static_cast<MuonParamState&>(*slot).momentum_buffer();
+
+      buf.lerp_(grad, 1.0 - momentum);
+      torch::Tensor update = options.nesterov() ? grad.lerp(buf, momentum) : buf;
+      const int64_t rows = p.size(0);
+      const int64_t cols = p.numel() / std::max<int64_t>(rows, 1);
+      torch::Tensor ortho = newton_schulz(update.reshape({rows, cols}), ns).reshape(p.sizes());
+
+      p.mul_(1.0 - lr * options.weight_decay());
+      p.add_(ortho, -muon_adjusted_lr(lr, options.adjust_lr(), rows, cols));
+    }
+  }
+  return loss;
+}
+
+void Muon::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
+
+void Muon::load(torch::serialize::InputArchive& archive) {
+  detail::load_transactional(
+      *this, [&] { serialize(*this, archive); },
+      [&](size_t g, size_t i, const torch::Tensor& p) {
+        auto it = state_.find(p.unsafeGetTensorImpl());
+        if (it == state_.end()) return;
+        const auto& buf = static_cast<const MuonParamState&>(*it->second).momentum_buffer();
+        TORCH_CHECK(buf.defined() && buf.sizes() == p.sizes(),
+                    "Muon::load: the checkpoint's momentum_buffer for ",
+                    detail::describe_param(g, i, p), " has shape ",
+                    buf.defined() ? buf.sizes() : at::IntArrayRef{},
+                    "; the checkpoint was made for a different model");
+        static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
+      });
+}
+
+}  // namespace fogo
