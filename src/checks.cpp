@@ -22,8 +22,8 @@ void check_grad_kind(const char* optimizer, size_t group, size_t index, const at
                      const at::Tensor& grad) {
   TORCH_CHECK(!param.is_complex() && !grad.is_complex(), optimizer,
               " does not support complex tensors: ", describe_param(group, index, param));
-  TORCH_CHECK(!grad.is_sparse(), optimizer, " does not support sparse gradients: ",
-              describe_param(group, index, param));
+  TORCH_CHECK(!grad.is_sparse(), optimizer,
+              " does not support sparse gradients: ", describe_param(group, index, param));
   TORCH_CHECK(grad.sizes() == param.sizes(), optimizer, ": gradient of ",
               describe_param(group, index, param), " has shape ", grad.sizes());
 }
@@ -44,13 +44,13 @@ void check_grads_finite(const char* optimizer, const std::vector<at::Tensor>& gr
   }
 }
 
-void load_transactional(torch::optim::Optimizer& optimizer,
-                        const std::function<void()>& load,
+void load_transactional(torch::optim::Optimizer& optimizer, const std::function<void()>& load,
                         const std::function<void(size_t, size_t, const at::Tensor&)>& validate) {
   ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>> saved_state;
   for (const auto& [key, state] : optimizer.state()) saved_state[key] = state->clone();
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_options;
-  for (const auto& group : optimizer.param_groups()) saved_options.push_back(group.options().clone());
+  for (const auto& group : optimizer.param_groups())
+    saved_options.push_back(group.options().clone());
   try {
     load();
     auto& groups = optimizer.param_groups();

@@ -88,8 +88,8 @@ ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRul
     if (!p.requires_grad()) continue;
     bool to_matrix;
     if (any_match(matrix_patterns, name)) {
-      TORCH_CHECK(p.dim() >= 2, "ParamSplitRules.matrix_patterns matched '", name,
-                  "' of shape ", p.sizes(), ", but matrix optimizers need >= 2-D parameters");
+      TORCH_CHECK(p.dim() >= 2, "ParamSplitRules.matrix_patterns matched '", name, "' of shape ",
+                  p.sizes(), ", but matrix optimizers need >= 2-D parameters");
       to_matrix = true;
     } else {
       to_matrix = p.dim() >= 2 && !embedding_weights.count(p.unsafeGetTensorImpl()) &&

@@ -1,13 +1,13 @@
 #include "fogo/muon.h"
 
-#include "fogo/detail/checks.h"
-#include "fogo/newton_schulz.h"
-
 #include <ATen/ATen.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cmath>
+
+#include "fogo/detail/checks.h"
+#include "fogo/newton_schulz.h"
 
 namespace fogo {
 
@@ -89,8 +89,7 @@ void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
-Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-           MuonOptions defaults)
+Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
     : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)) {
   defaults.validate();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -110,9 +109,10 @@ void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                 p.sizes(), " (", detail::describe_param(group, index, p),
                 "; set strict_2d(false) to accept N-D weights as [shape0, prod(rest)])");
   } else {
-    TORCH_CHECK(p.dim() >= 2, "Muon handles matrices and N-D weights, but ",
-                detail::describe_param(group, index, p),
-                " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
+    TORCH_CHECK(
+        p.dim() >= 2, "Muon handles matrices and N-D weights, but ",
+        detail::describe_param(group, index, p),
+        " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
   }
 }
 

@@ -10,8 +10,10 @@ void validate(const NSConfig& config) {
   TORCH_CHECK(config.steps >= 0 && config.steps < 100,
               "NSConfig.steps (ns_steps) must be in [0, 100), got ", config.steps);
   for (double coefficient : config.coefficients) {
-    TORCH_CHECK(std::isfinite(coefficient), "NSConfig.coefficients (ns_coefficients) must be "
-                                            "finite, got ", coefficient);
+    TORCH_CHECK(std::isfinite(coefficient),
+                "NSConfig.coefficients (ns_coefficients) must be "
+                "finite, got ",
+                coefficient);
   }
   TORCH_CHECK(std::isfinite(config.eps) && config.eps > 0,
               "NSConfig.eps must be finite and > 0, got ", config.eps);

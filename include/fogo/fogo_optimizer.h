@@ -17,7 +17,6 @@
 // Each param group is one codebook group with its own options.
 
 #include <fogo/newton_schulz.h>
-
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -105,15 +104,15 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
 /// Per-group statistics of the last step, for a trainer to log.
 struct FOGOTelemetry {
   int64_t step = 0;
-  double rbar = 0;                 ///< conflict EMA
-  double gamma_st = 0;             ///< adaptive short-term strength
-  double frac_conflicting = 0;     ///< rows with a non-empty conflicting set C_i
-  double frac_over_aligned = 0;    ///< rows with a non-empty over-aligned set H_i
-  double frac_lt_protected = 0;    ///< rows with a non-empty long-term set B_i
-  double codebook_entropy = 0;     ///< entropy of N_j / sum N (nats)
-  int64_t live_centroids = 0;      ///< centroids with N_j >= reseed_threshold
-  double delta_ratio = 0;          ///< mean over parameters of |delta|_F / |O_s|_F
-  int64_t frozen = 0;              ///< frozen-bank size
+  double rbar = 0;               ///< conflict EMA
+  double gamma_st = 0;           ///< adaptive short-term strength
+  double frac_conflicting = 0;   ///< rows with a non-empty conflicting set C_i
+  double frac_over_aligned = 0;  ///< rows with a non-empty over-aligned set H_i
+  double frac_lt_protected = 0;  ///< rows with a non-empty long-term set B_i
+  double codebook_entropy = 0;   ///< entropy of N_j / sum N (nats)
+  int64_t live_centroids = 0;    ///< centroids with N_j >= reseed_threshold
+  double delta_ratio = 0;        ///< mean over parameters of |delta|_F / |O_s|_F
+  int64_t frozen = 0;            ///< frozen-bank size
 };
 
 class FOGO : public torch::optim::Optimizer {

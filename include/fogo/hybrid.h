@@ -20,8 +20,7 @@ namespace fogo {
 struct ParamSplitRules {
   /// ECMAScript regexes searched in the parameter's full name; a match sends a matrix-shaped
   /// parameter to the AdamW side. The default catches the usual output heads and classifiers.
-  std::vector<std::string> rest_patterns{
-      R"((^|\.)(lm_head|head|classifier|output)\.)"};
+  std::vector<std::string> rest_patterns{R"((^|\.)(lm_head|head|classifier|output)\.)"};
   /// Regexes that force a parameter to the matrix side (checked first; the parameter must be at
   /// least 2-D).
   std::vector<std::string> matrix_patterns{};

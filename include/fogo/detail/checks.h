@@ -30,8 +30,7 @@ void check_grads_finite(const char* optimizer, const std::vector<at::Tensor>& gr
 /// Loads with LibTorch's optimizer serialisation, then runs `validate(group, index, param)` on
 /// every parameter that received state. If loading or validation throws, the optimizer's previous
 /// state and options are restored before the error propagates: a bad checkpoint loses nothing.
-void load_transactional(torch::optim::Optimizer& optimizer,
-                        const std::function<void()>& load,
+void load_transactional(torch::optim::Optimizer& optimizer, const std::function<void()>& load,
                         const std::function<void(size_t, size_t, const at::Tensor&)>& validate);
 
 }  // namespace fogo::detail
