@@ -1,0 +1,81 @@
+#pragma once
+// Checkpoints for exact resume: model, optimizer, random generators and step counters in one
+// LibTorch archive, replaced atomically so a crash mid-write never leaves a half-written file
+// where the last good checkpoint was.
+//
+//   CheckpointWriter ckpt;
+//   ckpt.put("step", step);                      // any c10::IValue: ints, doubles, strings, lists
+//   ckpt.put_module("model", *model);            // parameters and buffers (BatchNorm stats)
+//   ckpt.put_optimizer("optimizer", optimizer);  // anything with save(OutputArchive&) const
+//   ckpt.put_generator("data_rng", generator);   // CPU or CUDA generator state
+//   ckpt.commit("runs/x/checkpoint.pt");         // write .tmp, fsync, rename over the old one
+//
+//   CheckpointReader in("runs/x/checkpoint.pt", device);
+//   step = in.get_int("step");
+//   in.load_module("model", *model);           // checks names, shapes, dtypes before copying
+//   in.load_optimizer("optimizer", optimizer);   // anything with load(InputArchive&)
+//   in.load_generator("data_rng", generator);
+//
+// Every reader error is a std::runtime_error naming the file and the key.
+
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <string>
+
+namespace fogo::trainer {
+
+class CheckpointWriter {
+ public:
+  void put(const std::string& key, const c10::IValue& value);
+  void put_tensor(const std::string& key, const torch::Tensor& tensor);
+  void put_module(const std::string& key, const torch::nn::Module& module);
+  void put_generator(const std::string& key, const at::Generator& generator);
+  template <class Optimizer>
+  void put_optimizer(const std::string& key, const Optimizer& optimizer) {
+    torch::serialize::OutputArchive sub(archive_.compilation_unit());
+    optimizer.save(sub);
+    archive_.write(key, sub);
+  }
+  /// Writes `path` + ".tmp", flushes it to disk, renames it to `path` (creating parent folders).
+  void commit(const std::string& path);
+
+ private:
+  torch::serialize::OutputArchive archive_;
+};
+
+class CheckpointReader {
+ public:
+  /// Tensors are mapped onto `device` (a CUDA checkpoint can be resumed on the CPU and back).
+  explicit CheckpointReader(const std::string& path, c10::optional<torch::Device> device = {});
+
+  bool has(const std::string& key);
+  c10::IValue get(const std::string& key);
+  int64_t get_int(const std::string& key);
+  double get_double(const std::string& key);
+  std::string get_string(const std::string& key);
+  torch::Tensor get_tensor(const std::string& key);
+  void load_module(const std::string& key, torch::nn::Module& module);
+  void load_generator(const std::string& key, at::Generator& generator);
+  template <class Optimizer>
+  void load_optimizer(const std::string& key, Optimizer& optimizer) {
+    torch::serialize::InputArchive sub = sub_archive(key);
+    try {
+      optimizer.load(sub);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(where(key) + ": cannot restore the optimizer: " + e.what());
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  torch::serialize::InputArchive sub_archive(const std::string& key);
+  std::string where(const std::string& key) const;
+  std::string path_;
+  torch::serialize::InputArchive archive_;
+};
+
+/// Whether `path` names an existing checkpoint file (what `--resume auto` looks for).
+bool checkpoint_exists(const std::string& path);
+
+}  // namespace fogo::trainer

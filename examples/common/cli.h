@@ -1,0 +1,92 @@
+#pragma once
+// A small command-line flag parser for the example trainers.
+//
+//   fogo::trainer::Cli cli("resnet_train", "Trains ResNet-18 ...");
+//   int64_t epochs = 10;                         // the variable's value is the default
+//   std::optional<double> lr;                    // optional: "auto" unless given
+//   cli.section("Training");
+//   cli.flag("epochs", &epochs, "passes over the training set");
+//   cli.flag("lr", &lr, "learning rate (default: the optimizer's paper value)");
+//   cli.choice("optimizer", &opt, {"adam", "adamw", "muon", "fogo"}, "update rule");
+//   if (!cli.parse(argc, argv)) return 0;        // --help was printed
+//
+// Accepted spellings: `--name value`, `--name=value`; booleans also `--name` (true) and
+// `--no-name` (false). Lists are comma-separated (`--seeds 0,1,2`). A flag given twice keeps
+// the last value. Every error is a CliError whose message names the flag and the problem, e.g.
+// "--epochs: expected an integer, got 'ten'".
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace fogo::trainer {
+
+class CliError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Cli {
+ public:
+  Cli(std::string program, std::string summary);
+
+  /// Starts a titled group of flags in --help.
+  void section(std::string title);
+
+  /// Binds --name to *target (which must outlive parse()); its current value is the default.
+  void flag(const std::string& name, std::string* target, std::string help);
+  void flag(const std::string& name, int64_t* target, std::string help);
+  void flag(const std::string& name, double* target, std::string help);
+  void flag(const std::string& name, bool* target, std::string help);
+  void flag(const std::string& name, std::optional<int64_t>* target, std::string help);
+  void flag(const std::string& name, std::optional<double>* target, std::string help);
+  void flag(const std::string& name, std::vector<std::string>* target, std::string help);
+  void flag(const std::string& name, std::vector<int64_t>* target, std::string help);
+  void flag(const std::string& name, std::vector<double>* target, std::string help);
+  /// A string flag restricted to `choices`.
+  void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
+              std::string help);
+
+  /// Parses argv[1..argc). Returns false when --help (or -h) was given: the help text has been
+  /// written to `help_out` and the caller should exit successfully. Throws CliError on an unknown
+  /// flag, a missing or malformed value, or a stray positional argument.
+  bool parse(int argc, const char* const* argv, std::ostream& help_out);
+  bool parse(int argc, const char* const* argv);
+
+  /// Whether --name appeared on the command line.
+  bool given(const std::string& name) const;
+  std::string help() const;
+  /// (name, current value as it would be typed) for every flag, in registration order: what a
+  /// trainer stores with a run to record, or later compare, its configuration.
+  std::vector<std::pair<std::string, std::string>> values() const;
+
+  /// CliError("--flag: what"), for checks a trainer makes after parse().
+  static CliError error(const std::string& flag, const std::string& what);
+
+ private:
+  using Target = std::variant<std::string*, int64_t*, double*, bool*, std::optional<int64_t>*,
+                              std::optional<double>*, std::vector<std::string>*,
+                              std::vector<int64_t>*, std::vector<double>*>;
+  struct Flag {
+    std::string name, help, section, default_text;
+    Target target;
+    std::vector<std::string> choices;
+    bool given = false;
+  };
+  void add(const std::string& name, Target target, std::string help,
+           std::vector<std::string> choices = {});
+  Flag* find(const std::string& name);
+  const Flag* find(const std::string& name) const;
+  static void assign(Flag& flag, const std::string& text);
+  static std::string render(const Target& target);
+
+  std::string program_, summary_, section_;
+  std::vector<Flag> flags_;
+};
+
+}  // namespace fogo::trainer

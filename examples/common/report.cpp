@@ -1,0 +1,197 @@
+#include "common/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace fogo::trainer {
+namespace {
+
+// Display width: "±" is two bytes of UTF-8 but one column on screen.
+size_t display_width(const std::string& s) {
+  size_t w = 0;
+  for (const unsigned char c : s) w += (c & 0xC0) != 0x80;
+  return w;
+}
+
+std::string pad(const std::string& s, size_t width, bool left) {
+  const size_t w = display_width(s);
+  const std::string fill(width > w ? width - w : 0, ' ');
+  return left ? s + fill : fill + s;
+}
+
+std::string gp_quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// Single quotes for /bin/sh: nothing inside them is special but the quote itself.
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+MeanSd mean_sd(const std::vector<double>& values) {
+  MeanSd m;
+  m.n = static_cast<int64_t>(values.size());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (values.empty()) return {nan, nan, 0};
+  double sum = 0;
+  for (const double v : values) sum += v;
+  m.mean = sum / static_cast<double>(m.n);
+  double ss = 0;
+  for (const double v : values) ss += (v - m.mean) * (v - m.mean);
+  m.sd = m.n > 1 ? std::sqrt(ss / static_cast<double>(m.n - 1)) : 0.0;
+  if (!std::isfinite(m.mean)) m.sd = nan;
+  return m;
+}
+
+std::string format_mean_sd(const MeanSd& m, int precision) {
+  if (!std::isfinite(m.mean) || !std::isfinite(m.sd)) return "n/a";
+  char buf[64];
+  if (m.n > 1) {
+    std::snprintf(buf, sizeof buf, "%.*f ± %.*f", precision, m.mean, precision, m.sd);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.*f", precision, m.mean);
+  }
+  return buf;
+}
+
+Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}
+
+void Table::add_row(std::vector<std::string> cells) {
+  if (cells.size() != header_.size()) {
+    throw std::invalid_argument("Table::add_row: " + std::to_string(cells.size()) + " cells for " +
+                                std::to_string(header_.size()) + " columns");
+  }
+  rows_.push_back(std::move(cells));
+}
+
+std::string Table::to_text() const {
+  std::vector<size_t> width(header_.size());
+  for (size_t c = 0; c < header_.size(); ++c) {
+    width[c] = display_width(header_[c]);
+    for (const auto& r : rows_) width[c] = std::max(width[c], display_width(r[c]));
+  }
+  std::ostringstream out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    for (size_t c = 0; c < cells.size(); ++c) {
+      out << (c ? "  " : "") << pad(cells[c], width[c], c == 0);
+    }
+    out << '\n';
+  };
+  line(header_);
+  size_t total = 0;
+  for (size_t c = 0; c < width.size(); ++c) total += width[c] + (c ? 2 : 0);
+  out << std::string(total, '-') << '\n';
+  for (const auto& r : rows_) line(r);
+  return out.str();
+}
+
+std::string Table::to_markdown() const {
+  std::ostringstream out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    out << '|';
+    for (const auto& c : cells) out << ' ' << c << " |";
+    out << '\n';
+  };
+  line(header_);
+  out << '|';
+  for (size_t c = 0; c < header_.size(); ++c) out << (c ? "---:|" : "---|");
+  out << '\n';
+  for (const auto& r : rows_) line(r);
+  return out.str();
+}
+
+bool gnuplot_available() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns) {
+  return plot_png(png_path, panels, columns, std::cerr);
+}
+
+bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns,
+              std::ostream& log) {
+  if (panels.empty()) throw std::invalid_argument("plot_png: no panels for " + png_path);
+  const int cols = columns > 0 ? columns : static_cast<int>(panels.size());
+  const int rows = (static_cast<int>(panels.size()) + cols - 1) / cols;
+  const auto parent = std::filesystem::path(png_path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+
+  // One gnuplot data block per series, addressed by index: columns x, y, y - sd, y + sd.
+  const std::string dat = png_path + ".dat", gp = png_path + ".gp";
+  std::ofstream data(dat);
+  int index = 0;
+  for (const auto& panel : panels) {
+    for (const auto& s : panel.series) {
+      if (s.x.size() != s.y.size() || (!s.sd.empty() && s.sd.size() != s.y.size())) {
+        throw std::invalid_argument("plot_png: series '" + s.name + "' of panel '" + panel.title +
+                                    "' has x, y and sd of different lengths");
+      }
+      data << "# " << s.name << '\n';
+      for (size_t k = 0; k < s.x.size(); ++k) {
+        const double sd = s.sd.empty() ? 0.0 : s.sd[k];
+        data << s.x[k] << ' ' << s.y[k] << ' ' << s.y[k] - sd << ' ' << s.y[k] + sd << '\n';
+      }
+      // An empty series still needs its block so the indices of the later ones stay right.
+      if (s.x.empty()) data << "nan nan nan nan\n";
+      data << "\n\n";
+    }
+  }
+  if (!data) throw std::runtime_error("plot_png: cannot write " + dat);
+  data.close();
+
+  std::ofstream script(gp);
+  script << "set terminal pngcairo size " << 560 * cols << "," << 420 * rows << " font 'sans,10'\n"
+         << "set output " << gp_quote(png_path) << "\n"
+         << "set style fill transparent solid 0.18 noborder\n"
+         << "set key bottom right\nset grid\n";
+  if (panels.size() > 1) script << "set multiplot layout " << rows << "," << cols << "\n";
+  index = 0;
+  for (const auto& panel : panels) {
+    script << "set title " << gp_quote(panel.title) << "\nset xlabel " << gp_quote(panel.xlabel)
+           << "\nset ylabel " << gp_quote(panel.ylabel) << "\nplot ";
+    for (size_t k = 0; k < panel.series.size(); ++k) {
+      const auto& s = panel.series[k];
+      const std::string src = gp_quote(dat) + " index " + std::to_string(index++);
+      if (k) script << ", \\\n     ";
+      if (!s.sd.empty()) {
+        script << src << " using 1:3:4 with filledcurves lc " << k + 1 << " notitle, \\\n     ";
+      }
+      script << src << " using 1:2 with linespoints lc " << k + 1 << " lw 2 pt 7 ps 0.5 title "
+             << gp_quote(s.name);
+    }
+    if (panel.series.empty()) script << "NaN notitle";
+    script << "\n";
+  }
+  if (panels.size() > 1) script << "unset multiplot\n";
+  if (!script) throw std::runtime_error("plot_png: cannot write " + gp);
+  script.close();
+
+  if (!gnuplot_available()) {
+    log << "plot: gnuplot not found (Debian: gnuplot-nox); skipped " << png_path
+        << " (data and script are in " << dat << ", " << gp << ")\n";
+    return false;
+  }
+  const std::string cmd = "gnuplot " + shell_quote(gp) + " 2>" + shell_quote(gp + ".log");
+  if (std::system(cmd.c_str()) != 0) {
+    log << "plot: gnuplot failed on " << gp << " (see " << gp << ".log)\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace fogo::trainer

@@ -1,0 +1,66 @@
+#pragma once
+// Summaries of several runs: mean ± standard deviation, aligned text / Markdown tables, and PNG
+// line plots drawn by gnuplot (the Debian package gnuplot-nox).
+//
+//   Table t({"optimizer", "rare acc (%)", "forgetting (%)"});
+//   t.add_row({"fogo", format_mean_sd(mean_sd(rare), 2), format_mean_sd(mean_sd(forget), 2)});
+//   std::cout << t.to_text();
+//
+//   plot_png("runs/acc.png", {{"Rare-class accuracy", "epoch", "accuracy (%)",
+//                              {Series{"fogo", x, mean, sd}, Series{"adam", x, mean2, sd2}}}});
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace fogo::trainer {
+
+struct MeanSd {
+  double mean = 0, sd = 0;  ///< sd is the sample standard deviation (n - 1); 0 when n == 1
+  int64_t n = 0;
+};
+
+/// NaN mean and sd when `values` is empty or holds a NaN (a failed run must not look good).
+MeanSd mean_sd(const std::vector<double>& values);
+/// "87.31 ± 1.20" (or "87.31" when n == 1, "n/a" when NaN).
+std::string format_mean_sd(const MeanSd& m, int precision = 2);
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header);
+  /// Throws std::invalid_argument when the row has a different number of cells than the header.
+  void add_row(std::vector<std::string> cells);
+  /// Columns padded to their widest cell, a rule under the header; first column left-aligned,
+  /// the others right-aligned.
+  std::string to_text() const;
+  std::string to_markdown() const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+  std::vector<double> sd;  ///< optional: a shaded band y ± sd (same length as y)
+};
+
+struct Panel {
+  std::string title, xlabel, ylabel;
+  std::vector<Series> series;
+};
+
+/// True when a `gnuplot` executable is on PATH.
+bool gnuplot_available();
+
+/// Draws `panels` side by side (`columns` per row, 0: all in one row) into `png_path`; the data
+/// and the gnuplot script are kept next to it (png_path + ".dat" / ".gp") so the figure can be
+/// restyled by hand. Returns false, after saying why on `log`, when gnuplot is missing or fails;
+/// throws on malformed series (x and y of different lengths) or when files cannot be written.
+bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns,
+              std::ostream& log);
+bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns = 0);
+
+}  // namespace fogo::trainer

@@ -1,0 +1,255 @@
+// Tests of the shared trainer utilities: flag parsing, metrics files (and their trimming on
+// resume), tables, checkpoints and plots.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/checkpoint.h"
+#include "common/cli.h"
+#include "common/metrics.h"
+#include "common/progress.h"
+#include "common/report.h"
+
+namespace fs = std::filesystem;
+using namespace fogo::trainer;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("fogo_common_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::string> lines_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool parse(Cli& cli, std::vector<const char*> args) {
+  args.insert(args.begin(), "prog");
+  std::ostringstream help;
+  return cli.parse(static_cast<int>(args.size()), args.data(), help);
+}
+
+std::string error_of(Cli& cli, std::vector<const char*> args) {
+  try {
+    parse(cli, std::move(args));
+  } catch (const CliError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Cli, ParsesEveryKindAndSpelling) {
+  Cli cli("prog", "test");
+  int64_t epochs = 3;
+  double lr = 0.1;
+  bool verbose = false, plots = true;
+  std::string opt = "adam";
+  std::optional<double> wd;
+  std::vector<int64_t> seeds{0};
+  std::vector<std::string> names;
+  cli.flag("epochs", &epochs, "e");
+  cli.flag("lr", &lr, "l");
+  cli.flag("verbose", &verbose, "v");
+  cli.flag("plots", &plots, "p");
+  cli.choice("optimizer", &opt, {"adam", "muon"}, "o");
+  cli.flag("wd", &wd, "w");
+  cli.flag("seeds", &seeds, "s");
+  cli.flag("names", &names, "n");
+  ASSERT_TRUE(parse(cli, {"--epochs", "7", "--lr=1e-3", "--verbose", "--no-plots", "--optimizer",
+                          "muon", "--seeds", "1,2,3", "--names=a,b"}));
+  EXPECT_EQ(epochs, 7);
+  EXPECT_DOUBLE_EQ(lr, 1e-3);
+  EXPECT_TRUE(verbose);
+  EXPECT_FALSE(plots);
+  EXPECT_EQ(opt, "muon");
+  EXPECT_FALSE(wd.has_value());
+  EXPECT_EQ(seeds, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(cli.given("epochs"));
+  EXPECT_FALSE(cli.given("wd"));
+}
+
+TEST(Cli, ErrorsNameTheFlag) {
+  Cli cli("prog", "test");
+  int64_t epochs = 3;
+  double lr = 0.1;
+  std::string opt = "adam";
+  cli.flag("epochs", &epochs, "e");
+  cli.flag("lr", &lr, "l");
+  cli.choice("optimizer", &opt, {"adam", "muon"}, "o");
+  EXPECT_EQ(error_of(cli, {"--epochs", "ten"}), "--epochs: expected an integer, got 'ten'");
+  EXPECT_EQ(error_of(cli, {"--lr", "nan"}), "--lr: expected a finite number, got 'nan'");
+  EXPECT_EQ(error_of(cli, {"--lr"}), "--lr: missing value");
+  EXPECT_EQ(error_of(cli, {"--optimizer", "sgd"}),
+            "--optimizer: expected one of adam,muon, got 'sgd'");
+  EXPECT_EQ(error_of(cli, {"--bogus", "1"}), "unknown flag --bogus (see --help)");
+  EXPECT_NE(error_of(cli, {"stray"}).find("unexpected argument 'stray'"), std::string::npos);
+}
+
+TEST(Cli, HelpShowsDefaults) {
+  Cli cli("prog", "Trains things.");
+  int64_t epochs = 3;
+  cli.section("Training");
+  cli.flag("epochs", &epochs, "passes over the data");
+  std::vector<const char*> args{"prog", "--help"};
+  std::ostringstream help;
+  EXPECT_FALSE(cli.parse(2, args.data(), help));
+  EXPECT_NE(help.str().find("Training:"), std::string::npos);
+  EXPECT_NE(help.str().find("--epochs <value>"), std::string::npos);
+  EXPECT_NE(help.str().find("[default: 3]"), std::string::npos);
+}
+
+TEST(Metrics, JsonlWritesAndResumeDropsLaterRecords) {
+  const fs::path path = temp_dir("jsonl") / "m.jsonl";
+  {
+    auto w = MetricsWriter::create(path.string());
+    for (int64_t s = 1; s <= 5; ++s) {
+      w.write(Record().set("step", s).set("loss", 1.0 / s).set("name", "a\"b"));
+    }
+    w.write(Record().set("step", 6).set("loss", std::nan("")).set("ok", true));
+  }
+  auto lines = lines_of(path);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[1], R"({"step":2,"loss":0.5,"name":"a\"b"})");
+  EXPECT_EQ(lines[5], R"({"step":6,"loss":null,"ok":true})");
+  {
+    auto w = MetricsWriter::resume(path.string(), 3);
+    w.write(Record().set("step", 4).set("loss", 0.0));
+  }
+  lines = lines_of(path);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[3], R"({"step":4,"loss":0})");
+}
+
+TEST(Metrics, CsvHeaderQuotingAndResume) {
+  const fs::path path = temp_dir("csv") / "m.csv";
+  {
+    auto w = MetricsWriter::create(path.string());
+    w.write(Record().set("step", 1).set("tag", "x,y").set("acc", 0.25));
+    w.write(Record().set("step", 2).set("acc", 0.5));
+    EXPECT_THROW(w.write(Record().set("step", 3).set("new", 1)), std::invalid_argument);
+  }
+  auto lines = lines_of(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "step,tag,acc");
+  EXPECT_EQ(lines[1], "1,\"x,y\",0.25");
+  EXPECT_EQ(lines[2], "2,,0.5");
+  {
+    auto w = MetricsWriter::resume(path.string(), 1);
+    w.write(Record().set("step", 2).set("tag", "z").set("acc", 0.75));
+  }
+  lines = lines_of(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[2], "2,z,0.75");
+  EXPECT_THROW(MetricsWriter::create((path.parent_path() / "m.txt").string()),
+               std::invalid_argument);
+}
+
+TEST(Report, MeanSdAndTables) {
+  const MeanSd m = mean_sd({1.0, 2.0, 3.0});
+  EXPECT_DOUBLE_EQ(m.mean, 2.0);
+  EXPECT_DOUBLE_EQ(m.sd, 1.0);
+  EXPECT_EQ(format_mean_sd(m, 1), "2.0 ± 1.0");
+  EXPECT_EQ(format_mean_sd(mean_sd({4.0}), 2), "4.00");
+  EXPECT_EQ(format_mean_sd(mean_sd({1.0, std::nan("")})), "n/a");
+  Table t({"opt", "acc"});
+  t.add_row({"fogo", "2.0 ± 1.0"});
+  t.add_row({"adam", "10.00"});
+  EXPECT_EQ(t.to_text(), "opt         acc\n---------------\nfogo  2.0 ± 1.0\nadam      10.00\n");
+  EXPECT_EQ(t.to_markdown(), "| opt | acc |\n|---|---:|\n| fogo | 2.0 ± 1.0 |\n| adam | 10.00 |\n");
+  EXPECT_THROW(t.add_row({"x"}), std::invalid_argument);
+}
+
+TEST(Report, PlotWritesPngWhenGnuplotIsThere) {
+  const fs::path png = temp_dir("plot") / "acc.png";
+  Panel p{
+      "acc",
+      "epoch",
+      "%",
+      {Series{"a", {1, 2, 3}, {1, 2, 3}, {0.1, 0.1, 0.1}}, Series{"b", {1, 2, 3}, {3, 2, 1}, {}}}};
+  std::ostringstream log;
+  const bool drawn = plot_png(png.string(), {p, p}, 2, log);
+  EXPECT_EQ(drawn, gnuplot_available()) << log.str();
+  if (drawn) EXPECT_GT(fs::file_size(png), 1000u);
+  EXPECT_THROW(plot_png(png.string(), {Panel{"x", "", "", {Series{"bad", {1}, {}, {}}}}}, 1, log),
+               std::invalid_argument);
+}
+
+TEST(Progress, PrintsStepLossAccRateAndEta) {
+  std::ostringstream out;
+  Progress progress(100, 0, ProgressOptions{"run", "samples", 0.0, 0}, out);
+  ProgressFields f;
+  f.epoch = 1;
+  f.epochs = 2;
+  f.loss = 0.5;
+  f.acc = 0.875;
+  progress.update(50, 6400, f, true);
+  const std::string line = out.str();
+  EXPECT_NE(line.find("[run] epoch 1/2  step 50/100  loss 0.5000  acc 87.50%"), std::string::npos)
+      << line;
+  EXPECT_NE(line.find("samples/s"), std::string::npos);
+  EXPECT_NE(line.find("ETA"), std::string::npos);
+  EXPECT_EQ(format_duration(3725), "1h02m");
+  EXPECT_EQ(format_duration(187), "3m07s");
+}
+
+TEST(Checkpoint, RoundTripIsExactAndAtomic) {
+  const fs::path path = temp_dir("ckpt") / "sub" / "c.pt";
+  torch::manual_seed(0);
+  torch::nn::Linear a(4, 3), b(4, 3);
+  torch::optim::Adam opt_a(a->parameters(), 0.1), opt_b(b->parameters(), 0.1);
+  a(torch::randn({2, 4})).sum().backward();
+  opt_a.step();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  torch::randn({3}, gen);  // advance it
+  {
+    CheckpointWriter w;
+    w.put("step", int64_t{17});
+    w.put("lr", 0.25);
+    w.put("config", std::string("x=1"));
+    w.put_module("model", *a);
+    w.put_optimizer("optimizer", opt_a);
+    w.put_generator("rng", gen);
+    w.commit(path.string());
+  }
+  EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
+  CheckpointReader r(path.string());
+  EXPECT_EQ(r.get_int("step"), 17);
+  EXPECT_DOUBLE_EQ(r.get_double("lr"), 0.25);
+  EXPECT_EQ(r.get_string("config"), "x=1");
+  EXPECT_TRUE(r.has("model"));
+  EXPECT_FALSE(r.has("nothing"));
+  r.load_module("model", *b);
+  r.load_optimizer("optimizer", opt_b);
+  auto gen2 = at::make_generator<at::CPUGeneratorImpl>(0);
+  r.load_generator("rng", gen2);
+  EXPECT_TRUE(torch::equal(a->weight, b->weight));
+  EXPECT_TRUE(torch::equal(torch::randn({5}, gen), torch::randn({5}, gen2)));
+  // The restored optimizer continues exactly like the original.
+  const auto x = torch::randn({2, 4});
+  opt_a.zero_grad();
+  a(x).sum().backward();
+  opt_a.step();
+  opt_b.zero_grad();
+  b(x).sum().backward();
+  opt_b.step();
+  EXPECT_TRUE(torch::equal(a->weight, b->weight));
+
+  EXPECT_THROW(r.get_int("missing"), std::runtime_error);
+  EXPECT_THROW(CheckpointReader((path.parent_path() / "none.pt").string()), std::runtime_error);
+  std::ofstream(path.parent_path() / "junk.pt") << "not a zip";
+  EXPECT_THROW(CheckpointReader((path.parent_path() / "junk.pt").string()), std::runtime_error);
+  torch::nn::Linear c(5, 3);
+  EXPECT_THROW(r.load_module("model", *c), std::runtime_error);
+}
