@@ -42,6 +42,7 @@ void from_bytes(torch::optim::Optimizer& opt, const std::string& bytes) {
   std::istringstream in(bytes);
   torch::serialize::InputArchive archive;
   archive.load_from(in);
+  opt.state().clear();  // loading only adds entries; the snapshot holds the complete state
   opt.load(archive);
 }
 

@@ -1,1 +1,165 @@
+// The hybrid: which side each parameter goes to, and the two optimizers stepping, scheduling
+// and checkpointing as one.
+#include <fogo/hybrid.h>
+#include <fogo/muon.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include <sstream>
+
+namespace {
+
+struct TinyNetImpl : torch::nn::Module {
+  TinyNetImpl() {
+    embed = register_module("embed", torch::nn::Embedding(50, 8));
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    conv = register_module("conv", torch::nn::Conv1d(torch::nn::Conv1dOptions(16, 16, 3)));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})));
+    head = register_module("head", torch::nn::Linear(16, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    auto x = torch::relu(fc1(embed(tokens)));     // [B, T, 16]
+    x = conv(x.transpose(1, 2)).transpose(1, 2);  // [B, T-2, 16]
+    return head(norm(x)).mean(1);                 // [B, 5]
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::Linear fc1{nullptr}, head{nullptr};
+  torch::nn::Conv1d conv{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(TinyNet);
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void train_steps(TinyNet& net, fogo::HybridOptimizer& opt, int64_t from, int64_t to) {
+  for (int64_t k = from; k < to; ++k) {
+    torch::manual_seed(100 + k);
+    const auto tokens = torch::randint(0, 50, {4, 6});
+    const auto target = torch::randint(0, 5, {4});
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(tokens), target).backward();
+    opt.step();
+  }
+}
+
+fogo::HybridOptimizer make(TinyNet& net) {
+  return fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.02),
+                                       torch::optim::AdamWOptions(3e-3));
+}
+
+}  // namespace
+
+TEST(SplitParameters, MatricesToMatrixSideRestToAdamW) {
+  TinyNet net;
+  const auto split = fogo::split_parameters(*net);
+  EXPECT_EQ(sorted(split.matrix.names), (std::vector<std::string>{"conv.weight", "fc1.weight"}));
+  EXPECT_EQ(sorted(split.rest.names),
+            (std::vector<std::string>{"conv.bias", "embed.weight", "fc1.bias", "head.bias",
+                                      "head.weight", "norm.bias", "norm.weight"}));
+}
+
+TEST(SplitParameters, UserOverrides) {
+  TinyNet net;
+  fogo::ParamSplitRules rules;
+  rules.matrix_patterns = {R"(^head\.weight$)"};
+  rules.rest_patterns = {R"(^conv\.)"};
+  const auto split = fogo::split_parameters(*net, rules);
+  EXPECT_EQ(sorted(split.matrix.names), (std::vector<std::string>{"fc1.weight", "head.weight"}));
+
+  rules.matrix_patterns = {R"(norm\.weight)"};  // 1-D: cannot go to a matrix optimizer
+  EXPECT_THROW(fogo::split_parameters(*net, rules), c10::Error);
+  rules.matrix_patterns = {"(unclosed"};
+  EXPECT_THROW(fogo::split_parameters(*net, rules), c10::Error);
+}
+
+TEST(SplitParameters, FrozenParametersAreLeftOut) {
+  TinyNet net;
+  net->fc1->weight.set_requires_grad(false);
+  const auto split = fogo::split_parameters(*net);
+  EXPECT_EQ(split.matrix.names, std::vector<std::string>{"conv.weight"});
+}
+
+TEST(GroupBy, ShapeKeyGroupsSameShapes) {
+  fogo::NamedParams params;
+  for (auto shape : {std::vector<int64_t>{4, 8}, {8, 4}, {4, 8}, {4, 2, 2, 2}}) {
+    params.names.push_back("p");
+    params.params.push_back(torch::zeros(shape));
+  }
+  const auto groups = fogo::group_by(params, fogo::shape_key);
+  ASSERT_EQ(groups.size(), 2u);  // "4x8" (three, the conv viewed as 4x8) and "8x4"
+  EXPECT_EQ(groups[0].params().size(), 3u);
+  EXPECT_EQ(groups[1].params().size(), 1u);
+}
+
+TEST(HybridOptimizer, StepsBothSidesAndScalesLr) {
+  TinyNet net;
+  auto opt = make(net);
+  const auto fc1_before = net->fc1->weight.detach().clone();
+  const auto norm_before = net->norm->weight.detach().clone();
+  train_steps(net, opt, 0, 1);
+  EXPECT_FALSE(torch::equal(net->fc1->weight, fc1_before));
+  EXPECT_FALSE(torch::equal(net->norm->weight, norm_before));
+
+  opt.set_lr_factor(0.5);
+  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups()[0].options().get_lr(), 0.01);
+  EXPECT_DOUBLE_EQ(opt.rest()->param_groups()[0].options().get_lr(), 1.5e-3);
+  EXPECT_THROW(opt.set_lr_factor(NAN), c10::Error);
+
+  opt.zero_grad();
+  EXPECT_FALSE(net->fc1->weight.grad().defined());
+  EXPECT_FALSE(net->norm->weight.grad().defined());
+}
+
+TEST(HybridOptimizer, SaveLoadContinueEqualsUninterrupted) {
+  torch::manual_seed(0);
+  TinyNet straight;
+  TinyNet resumed;
+  {
+    torch::NoGradGuard guard;
+    auto src = straight->parameters();
+    auto dst = resumed->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  auto opt_straight = make(straight);
+  opt_straight.set_lr_factor(0.7);
+  train_steps(straight, opt_straight, 0, 6);
+
+  std::stringstream checkpoint;
+  {
+    auto first = make(resumed);
+    first.set_lr_factor(0.7);
+    train_steps(resumed, first, 0, 3);
+    torch::save(first, checkpoint);
+  }
+  auto second = make(resumed);
+  torch::load(second, checkpoint);
+  EXPECT_DOUBLE_EQ(second.lr_factor(), 0.7);
+  train_steps(resumed, second, 3, 6);
+  auto a = straight->parameters();
+  auto b = resumed->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
+TEST(HybridOptimizer, MismatchedCheckpointIsRejectedAndChangesNothing) {
+  TinyNet net;
+  auto opt = make(net);
+  train_steps(net, opt, 0, 2);
+  std::stringstream checkpoint;
+  torch::save(opt, checkpoint);
+
+  // Same layout, but a head of another size: the AdamW side's state no longer fits.
+  TinyNet other;
+  other->head = other->replace_module("head", torch::nn::Linear(16, 7));
+  auto target = make(other);
+  EXPECT_THROW(torch::load(target, checkpoint), c10::Error);
+  EXPECT_TRUE(target.rest()->state().empty());
+
+  // A checkpoint without a matrix side.
+  auto rest_only =
+      fogo::HybridOptimizer(nullptr, std::make_unique<torch::optim::AdamW>(net->parameters()));
+  checkpoint.seekg(0);
+  EXPECT_THROW(torch::load(rest_only, checkpoint), c10::Error);
+}

@@ -1,0 +1,26 @@
+# ctest driver: install fogo into a scratch prefix, build tests/consumer against it with
+# find_package(fogo), run it, and check that neither it nor fogo's binaries need libcuda.so.1
+# (they must start on machines without a GPU driver).
+# -D: FOGO_BUILD_DIR, FOGO_SOURCE_DIR, WORK_DIR, CHECK_BINARIES (;-list)
+file(REMOVE_RECURSE "${WORK_DIR}")
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGV}\n${out}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install "${FOGO_BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} -S "${FOGO_SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G Ninja
+    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -Wno-dev)
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+run("${WORK_DIR}/build/consumer")
+foreach(binary IN LISTS CHECK_BINARIES ITEMS "${WORK_DIR}/build/consumer")
+  execute_process(COMMAND readelf -d "${binary}" OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf failed on ${binary}")
+  endif()
+  if(dynamic MATCHES "libcuda\\.so")
+    message(FATAL_ERROR "${binary} needs libcuda.so at load time:\n${dynamic}")
+  endif()
+endforeach()

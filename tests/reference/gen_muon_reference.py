@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Reference trajectories of PyTorch's torch.optim.Muon for fogo's parity test.
+
+Each case: a parameter of some shape, an option set, and a seeded sequence of gradients; the
+file records the initial parameter, every gradient and the parameter after every step.
+tests/test_muon.cpp replays the gradients through fogo::Muon and compares.
+
+    python tests/reference/gen_muon_reference.py tests/data/muon_reference.pt
+    python tests/reference/gen_muon_reference.py --check tests/data/muon_reference.pt
+
+The output is deterministic (fixed seeds, CPU), so re-running it reproduces the committed file;
+ctest checks that too (muon_reference_reproducible).
+"""
+import sys
+
+import torch
+
+STEPS = 4
+
+# (name, shape, options): wide, tall, square, a conv weight as PyTorch can't (skipped there), and
+# each option varied once.
+CASES = [
+    ("wide_default", (16, 40), {}),
+    ("tall_default", (40, 16), {}),
+    ("square_default", (24, 24), {}),
+    ("wide_no_nesterov", (12, 30), {"nesterov": False}),
+    ("tall_match_rms_adamw", (30, 12), {"adjust_lr_fn": "match_rms_adamw"}),
+    ("square_options", (20, 20), {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0,
+                                   "ns_steps": 3, "eps": 1e-5}),
+    ("wide_coefficients", (8, 64), {"ns_coefficients": (3.0, -3.2, 1.2), "lr": 5e-3}),
+]
+
+
+def make_case(index, shape, options):
+    gen = torch.Generator().manual_seed(1000 + index)
+    param = torch.randn(shape, generator=gen)
+    grads = [torch.randn(shape, generator=gen) * (0.5 + k) for k in range(STEPS)]
+    p = param.clone().requires_grad_(True)
+    opt = torch.optim.Muon([p], **options)
+    after = []
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        after.append(p.detach().clone())
+    return {"param": param, "grads": torch.stack(grads), "after": torch.stack(after)}
+
+
+DEFAULTS = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
+            "ns_coefficients": (3.4445, -4.775, 2.0315), "eps": 1e-7, "ns_steps": 5,
+            "adjust_lr_fn": "original"}
+
+
+def generate():
+    cases = {}
+    for index, (name, shape, options) in enumerate(CASES):
+        case = make_case(index, shape, options)
+        case["options"] = {**DEFAULTS, **options}
+        cases[name] = case
+    return {"torch_version": str(torch.__version__), "steps": STEPS, "cases": cases}
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--check":
+        stored = torch.load(argv[2])
+        fresh = generate()
+        stored_cases, fresh_cases = stored["cases"], fresh["cases"]
+        if not same(stored_cases, fresh_cases):
+            sys.exit(f"{argv[2]} differs from a fresh run of this script (torch "
+                     f"{torch.__version__}, file made with {stored['torch_version']})")
+        print(f"{argv[2]}: reproduced exactly ({len(fresh_cases)} cases)")
+        return
+    torch.save(generate(), argv[1] if len(argv) > 1 else "tests/data/muon_reference.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
