@@ -1,6 +1,7 @@
 // Tests of the shared trainer utilities: flag parsing, metrics files (and their trimming on
 // resume), tables, checkpoints and plots.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -18,11 +19,12 @@ using namespace fogo::trainer;
 
 namespace {
 
+// A fresh directory per call. Not std::filesystem::remove_all: the torch wheel's libtorch.so
+// exports its own copy of that symbol, which crashes when it wins symbol resolution.
 fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("fogo_common_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  std::string pattern = (fs::temp_directory_path() / ("fogo_common_" + name + "_XXXXXX")).string();
+  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
+  return pattern;
 }
 
 std::vector<std::string> lines_of(const fs::path& path) {
