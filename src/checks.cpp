@@ -28,20 +28,22 @@ void check_grad_kind(const char* optimizer, size_t group, size_t index, const at
               describe_param(group, index, param), " has shape ", grad.sizes());
 }
 
-void check_grads_finite(const char* optimizer, const std::vector<at::Tensor>& grads,
-                        const std::vector<std::pair<size_t, size_t>>& where,
-                        const std::vector<at::Tensor>& params) {
-  if (grads.empty()) return;
+int64_t first_nonfinite(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return -1;
   std::vector<at::Tensor> flags;
-  flags.reserve(grads.size());
-  for (const auto& g : grads) flags.push_back(at::isfinite(g).all());
+  flags.reserve(tensors.size());
+  for (const auto& t : tensors) flags.push_back(at::isfinite(t).all());
   const at::Tensor ok = at::stack(flags).cpu();  // the one synchronisation
   const bool* data = ok.data_ptr<bool>();
-  for (size_t k = 0; k < grads.size(); ++k) {
-    TORCH_CHECK(data[k], optimizer, ": gradient of ",
-                describe_param(where[k].first, where[k].second, params[k]),
-                " contains NaN or Inf; the step was not applied (the parameters are unchanged)");
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (!data[k]) return static_cast<int64_t>(k);
   }
+  return -1;
+}
+
+void throw_nonfinite(const char* optimizer, size_t group, size_t index, const at::Tensor& param) {
+  TORCH_CHECK(false, optimizer, ": gradient of ", describe_param(group, index, param),
+              " contains NaN or Inf; the step was not applied (the parameters are unchanged)");
 }
 
 void load_transactional(torch::optim::Optimizer& optimizer, const std::function<void()>& load,

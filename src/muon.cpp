@@ -127,11 +127,9 @@ torch::Tensor Muon::step(LossClosure closure) {
   // Validate everything before touching any parameter, so a bad input changes nothing.
   std::vector<torch::Tensor> params, grads;
   std::vector<std::pair<size_t, size_t>> where;
-  bool check_finite = false;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
     options.validate();
-    check_finite |= options.check_finite();
     const auto& group_params = param_groups_[g].params();
     for (size_t i = 0; i < group_params.size(); ++i) {
       const auto& p = group_params[i];
@@ -145,7 +143,8 @@ torch::Tensor Muon::step(LossClosure closure) {
       }
     }
   }
-  if (check_finite) detail::check_grads_finite("Muon", grads, where, params);
+  const int64_t bad = detail::first_nonfinite(grads);  // grads of check_finite groups only
+  if (bad >= 0) detail::throw_nonfinite("Muon", where[bad].first, where[bad].second, params[bad]);
 
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const MuonOptions&>(group.options());

@@ -101,6 +101,17 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   void validate() const;
 };
 
+/// Per-parameter state: the two momentum streams, fp32 whatever the parameter's dtype, in the
+/// parameter's shape.
+struct FOGOParamState : public torch::optim::OptimizerCloneableParamState<FOGOParamState> {
+  TORCH_ARG(torch::Tensor, slow_momentum);  ///< B_s
+  TORCH_ARG(torch::Tensor, fast_momentum);  ///< B_f
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
 /// Per-group statistics of the last step, for a trainer to log.
 struct FOGOTelemetry {
   int64_t step = 0;
@@ -136,11 +147,25 @@ class FOGO : public torch::optim::Optimizer {
   const std::vector<FOGOTelemetry>& telemetry() const;
 
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores momenta, codebooks, EMA statistics, frozen banks, generators and step counters.
+  /// A checkpoint made for other shapes, another group layout or other codebook sizes is
+  /// rejected with an error and leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// Read-only views of a group's memory, for inspection and tests: unit centroids [C, d]
+  /// (undefined before the group's first step), EMA counts N [C], frozen bank [F, d] and nu [F].
+  struct MemoryView {
+    torch::Tensor centroids, S, N, frozen, frozen_nu;
+  };
+  MemoryView memory(size_t group) const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  template <typename Self, typename Archive>
+  static void serialize(Self& self, Archive& archive) {
+    _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(FOGO);
+  }
 };
 
 /// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table).

@@ -21,11 +21,13 @@ std::string describe_param(size_t group, size_t index, const at::Tensor& param);
 void check_grad_kind(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
                      const at::Tensor& grad);
 
-/// One host synchronisation for the whole list: throws naming the first gradient holding a NaN
-/// or an infinity. `where[k]` = (group, index) of grads[k].
-void check_grads_finite(const char* optimizer, const std::vector<at::Tensor>& grads,
-                        const std::vector<std::pair<size_t, size_t>>& where,
-                        const std::vector<at::Tensor>& params);
+/// Index of the first tensor holding a NaN or an infinity, or -1: one host synchronisation for
+/// the whole list.
+int64_t first_nonfinite(const std::vector<at::Tensor>& tensors);
+
+/// The error for a non-finite gradient of `param` (parameter `index` of group `group`).
+[[noreturn]] void throw_nonfinite(const char* optimizer, size_t group, size_t index,
+                                  const at::Tensor& param);
 
 /// Loads with LibTorch's optimizer serialisation, then runs `validate(group, index, param)` on
 /// every parameter that received state. If loading or validation throws, the optimizer's previous

@@ -1,0 +1,54 @@
+#pragma once
+// Row-wise work in the projected space R^d (ALGORITHM.md steps 4, 6 and 7). Every function takes
+// all rows of a codebook group at once ([R, d]); nothing loops over rows.
+
+#include <ATen/Tensor.h>
+
+namespace fogo {
+
+/// Step 4, slerp fusion: z_i = |Ps_i| Slerp(Ps_i, Pf_i; xi) (Appendix "Details of Slow-Fast
+/// Fusion"): ps, pf normalised, a = <pf, ps>, theta = acos(clip(a, -1+eps, 1-eps)),
+/// v = (pf - a ps)/(|pf - a ps| + eps), z' = cos(xi theta) ps + sin(xi theta) v.
+at::Tensor slerp_fuse(const at::Tensor& Ps, const at::Tensor& Pf, double xi, double eps);
+
+/// Row-wise x / (|x| + eps).
+at::Tensor normalize_rows(const at::Tensor& x, double eps);
+
+struct ShortTermParams {
+  double eps_st, tau_plus, tau_minus;
+};
+
+/// Step 6's components for rows z [R, d], queries q [R, d] and the pre-update unit centroids
+/// cbar [C, d]: s_ij = <q_i, cbar_j>, H_i = {s_ij > eps_st}, C_i = {s_ij < -eps_st},
+/// z_hi = sum_{H_i} alpha+ <z_i, cbar_j> cbar_j, z_conf likewise over C_i (softmax weights over
+/// each set; an empty set gives a zero component).
+struct ShortTermComponents {
+  at::Tensor z_hi;          ///< [R, d]
+  at::Tensor z_conf;        ///< [R, d]
+  at::Tensor any_over;      ///< [R] bool, H_i non-empty
+  at::Tensor any_conflict;  ///< [R] bool, C_i non-empty
+};
+ShortTermComponents short_term_components(const at::Tensor& z, const at::Tensor& s,
+                                          const at::Tensor& cbar, const ShortTermParams& p);
+
+/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps): per-row energy outside the safe band.
+at::Tensor conflict_ratio(const at::Tensor& z, const ShortTermComponents& c, double lambda_hi,
+                          double eps);
+
+struct LongTermParams {
+  double eps_lt, gamma_lt, eps;
+  bool spectral_scaling;
+};
+
+/// Step 7: zbar_i = z~_i - gamma_lt_i z_lt_i with z_lt_i = sum_{B_i} nu_k <z~_i, c_k> c_k over
+/// B_i = {k : |<q~_i, c_k>| > eps_lt}; gamma_lt_i = gamma_lt min(1, 1/sum_{B_i} nu_k) with
+/// spectral scaling (trace bound on lambda_max(Omega_i), so Theorem 4's condition holds),
+/// gamma_lt otherwise. `frozen` [K, d] unit rows, `nu` [K].
+struct LongTermResult {
+  at::Tensor zbar;            ///< [R, d]
+  at::Tensor protected_rows;  ///< [R] bool, B_i non-empty
+};
+LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& frozen,
+                                 const at::Tensor& nu, const LongTermParams& p);
+
+}  // namespace fogo

@@ -1,0 +1,777 @@
+// fogo::FOGO: the step of ALGORITHM.md, stage by stage, in ATen operations (any device).
+// The stage functions live in projection.h (Pi, lift), projected.h (slerp, filters) and
+// codebook.h (memory); this file orchestrates them per codebook group and owns the state.
+#include "fogo/fogo_optimizer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "fogo/codebook.h"
+#include "fogo/detail/checks.h"
+#include "fogo/projected.h"
+#include "fogo/projection.h"
+
+namespace fogo {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
+
+double FOGOOptions::get_lr() const { return lr(); }
+void FOGOOptions::set_lr(const double lr) { this->lr(lr); }
+
+void FOGOOptions::validate() const {
+  using detail::check_range;
+  const char* F = "FOGO";
+  check_range(F, "lr", lr(), 0.0, INFINITY);
+  check_range(F, "weight_decay", weight_decay(), 0.0, INFINITY);
+  check_range(F, "sigma", sigma(), 0.0, INFINITY);
+  check_range(F, "eps", eps(), 1e-30, 1.0);
+  check_range(F, "mu_s", mu_s(), 0.0, 1.0);
+  check_range(F, "mu_f", mu_f(), 0.0, 1.0);
+  check_range(F, "proj_dim", static_cast<double>(proj_dim()), 1, 1 << 20);
+  check_range(F, "xi", xi(), 0.0, 1.0);
+  check_range(F, "codebook_size", static_cast<double>(codebook_size()), 1, 1 << 20);
+  check_range(F, "beta_cb", beta_cb(), 0.0, 1.0);
+  check_range(F, "lambda_c", lambda_c(), 0.0, INFINITY);
+  check_range(F, "r_dec", static_cast<double>(r_dec()), 0, 1 << 20);
+  check_range(F, "reseed_every", static_cast<double>(reseed_every()), 0, INFINITY);
+  check_range(F, "reseed_threshold", reseed_threshold(), 0.0, INFINITY);
+  check_range(F, "eps_st", eps_st(), 0.0, 1.0);
+  check_range(F, "gamma_hi", gamma_hi(), 0.0, INFINITY);
+  check_range(F, "gamma_st_min", gamma_st_min(), 0.0, INFINITY);
+  check_range(F, "gamma_st_max", gamma_st_max(), gamma_st_min(), INFINITY);
+  check_range(F, "beta_r", beta_r(), 0.0, 1.0);
+  check_range(F, "kappa", kappa(), 1e-30, INFINITY);
+  check_range(F, "tau_plus", tau_plus(), 0.0, 1e4);
+  check_range(F, "tau_minus", tau_minus(), 0.0, 1e4);
+  check_range(F, "lambda_hi", lambda_hi(), 0.0, INFINITY);
+  check_range(F, "eps_lt", eps_lt(), 0.0, 1.0);
+  check_range(F, "gamma_lt", gamma_lt(), 0.0, INFINITY);
+  check_range(F, "lt_candidates", static_cast<double>(lt_candidates()), 1, INFINITY);
+  check_range(F, "freeze_per_task", static_cast<double>(freeze_per_task()), 0, INFINITY);
+  check_range(F, "lambda_prox", lambda_prox(), 1e-30, INFINITY);
+  NSConfig ns;
+  ns.coefficients = {std::get<0>(ns_coefficients()), std::get<1>(ns_coefficients()),
+                     std::get<2>(ns_coefficients())};
+  ns.steps = ns_steps_slow();
+  TORCH_CHECK(ns_steps_slow() >= 0 && ns_steps_slow() < 100,
+              "FOGO: option 'ns_steps_slow' (K_s) must be in [0, 100), got ", ns_steps_slow());
+  TORCH_CHECK(ns_steps_fast() >= 0 && ns_steps_fast() < 100,
+              "FOGO: option 'ns_steps_fast' (K_f) must be in [0, 100), got ", ns_steps_fast());
+  ns.compute_dtype = ns_dtype();
+  fogo::validate(ns);
+  TORCH_CHECK(
+      projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
+      "FOGO: option 'projection_scale' is not a known value");
+  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip,
+              "FOGO: option 'nonfinite' is not a known policy");
+}
+
+#define FOGO_OPTION_FIELDS(X)                                                                 \
+  X(double, lr)                                                                               \
+  X(double, weight_decay)                                                                     \
+  X(double, sigma) X(double, eps) X(double, mu_s) X(double, mu_f) X(int64_t, ns_steps_slow)   \
+      X(int64_t, ns_steps_fast) X(coefficients_t, ns_coefficients) X(int64_t, proj_dim)       \
+          X(double, xi) X(int64_t, codebook_size) X(double, beta_cb) X(double, lambda_c)      \
+              X(int64_t, r_dec) X(int64_t, reseed_every) X(double, reseed_threshold)          \
+                  X(double, eps_st) X(double, gamma_hi) X(double, gamma_st_min)               \
+                      X(double, gamma_st_max) X(double, beta_r) X(double, kappa)              \
+                          X(double, tau_plus) X(double, tau_minus) X(double, lambda_hi)       \
+                              X(double, eps_lt) X(double, gamma_lt) X(int64_t, lt_candidates) \
+                                  X(bool, spectral_scaling) X(int64_t, freeze_per_task)       \
+                                      X(bool, reinit_codebook_on_task) X(double, lambda_prox) \
+                                          X(int64_t, seed)
+
+void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
+#define FOGO_WRITE(T, name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
+  FOGO_OPTION_FIELDS(FOGO_WRITE)
+#undef FOGO_WRITE
+  archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
+  archive.write("projection_scale", c10::IValue(static_cast<int64_t>(projection_scale())));
+  archive.write("nonfinite", c10::IValue(static_cast<int64_t>(nonfinite())));
+}
+
+void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
+#define FOGO_READ(T, name) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(T, name)
+  FOGO_OPTION_FIELDS(FOGO_READ)
+#undef FOGO_READ
+  c10::IValue value;
+  archive.read("ns_dtype", value);
+  ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
+  archive.read("projection_scale", value);
+  projection_scale(static_cast<ProjectionScale>(value.toInt()));
+  archive.read("nonfinite", value);
+  nonfinite(static_cast<NonFinitePolicy>(value.toInt()));
+}
+#undef FOGO_OPTION_FIELDS
+
+void FOGOParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(slow_momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(fast_momentum);
+}
+
+void FOGOParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, slow_momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, fast_momentum);
+}
+
+// ---------------------------------------------------------------------------------------------
+// State
+
+namespace {
+
+// Telemetry is kept on the device as one vector and read back only when asked for, so a step
+// never waits on the host for it.
+enum Stat : int64_t {
+  kRbar,
+  kGammaSt,
+  kFracConflicting,
+  kFracOverAligned,
+  kFracLtProtected,
+  kEntropy,
+  kLive,
+  kDeltaRatio,
+  kNumStats
+};
+
+at::Generator make_cpu_generator(int64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+}
+
+// The codebook group's memory: everything of ALGORITHM.md that is not per parameter.
+struct GroupMemory {
+  bool initialized = false;
+  int64_t step = 0;
+  Codebook book;
+  at::Tensor start;      ///< task-start snapshot of the centroids
+  at::Tensor frozen;     ///< frozen bank [F, d]
+  at::Tensor frozen_nu;  ///< importance weights [F]
+  at::Tensor rbar;       ///< conflict EMA, 0-d
+  at::Tensor stats;      ///< [kNumStats], last step's telemetry
+  at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
+};
+
+// One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
+// larger one; ALGORITHM.md "Shapes").
+struct Work {
+  at::Tensor param;
+  bool transposed;
+  int64_t m, n;
+  at::Tensor Bs, Bf;  ///< momenta, working orientation (views of the state)
+  at::Tensor Os, Of;  ///< orthogonalized streams, fp32
+  const at::Tensor* Pi;
+  const at::Tensor* L;
+};
+
+at::Tensor working_view(const at::Tensor& t, bool transposed) {
+  const int64_t rows = t.size(0);
+  const at::Tensor flat = t.reshape({rows, t.numel() / rows});
+  return transposed ? flat.t() : flat;
+}
+
+}  // namespace
+
+struct FOGO::Impl {
+  struct Projection {
+    at::Tensor Pi, L;
+  };
+  std::vector<GroupMemory> groups;
+  // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
+  // regenerated from the seed, never stored.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, double>, Projection>
+      projections;
+  mutable std::vector<FOGOTelemetry> telemetry;
+
+  const Projection& projection(const FOGOOptions& o, int64_t n, const at::Device& device) {
+    auto key =
+        std::make_tuple(o.seed(), n, o.proj_dim(), static_cast<int64_t>(o.projection_scale()),
+                        device.str(), o.lambda_prox());
+    auto it = projections.find(key);
+    if (it == projections.end()) {
+      at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
+      at::Tensor L = lift_operator(Pi, o.lambda_prox());
+      it = projections.emplace(key, Projection{Pi, L}).first;
+    }
+    return it->second;
+  }
+
+  GroupMemory& group(size_t g, const FOGOOptions& o) {
+    while (groups.size() <= g) {
+      GroupMemory fresh;
+      fresh.gen = make_cpu_generator(o.seed() * 1000003 + static_cast<int64_t>(groups.size()));
+      groups.push_back(std::move(fresh));
+    }
+    return groups[g];
+  }
+};
+
+FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, FOGOOptions defaults)
+    : Optimizer(param_groups, std::make_unique<FOGOOptions>(defaults)),
+      impl_(std::make_unique<Impl>()) {
+  defaults.validate();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
+    options.validate();
+    for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
+      const auto& p = param_groups_[g].params()[i];
+      TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
+                  detail::describe_param(g, i, p),
+                  " has fewer than 2 dimensions; optimize it with AdamW (see "
+                  "fogo::split_parameters)");
+    }
+  }
+}
+
+FOGO::~FOGO() = default;
+
+// ---------------------------------------------------------------------------------------------
+// The step
+
+namespace {
+
+NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
+  NSConfig ns;
+  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
+                     std::get<2>(o.ns_coefficients())};
+  ns.steps = steps;
+  ns.eps = o.eps();
+  ns.normalization = NSNormalization::AddEps;  // X0 = B / (|B|_F + eps), ALGORITHM.md step 2
+  ns.compute_dtype = o.ns_dtype();
+  return ns;
+}
+
+// Step 2 for a whole group: both streams of every same-shape parameter through one batched
+// Newton–Schulz chain (two chains when K_s != K_f).
+void orthogonalize(std::vector<Work>& work, const FOGOOptions& o) {
+  std::map<std::pair<int64_t, int64_t>, std::vector<Work*>> buckets;
+  for (auto& w : work) buckets[{w.m, w.n}].push_back(&w);
+  for (auto& [shape, members] : buckets) {
+    std::vector<at::Tensor> slow, fast;
+    for (Work* w : members) {
+      slow.push_back(w->Bs);
+      fast.push_back(w->Bf);
+    }
+    const int64_t P = static_cast<int64_t>(members.size());
+    if (o.ns_steps_slow() == o.ns_steps_fast()) {
+      slow.insert(slow.end(), fast.begin(), fast.end());
+      const at::Tensor O =
+          newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow())).to(at::kFloat);
+      for (int64_t k = 0; k < P; ++k) {
+        members[k]->Os = O[k];
+        members[k]->Of = O[P + k];
+      }
+    } else {
+      const at::Tensor Os = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
+      const at::Tensor Of = newton_schulz(at::stack(fast), ns_config(o, o.ns_steps_fast()));
+      for (int64_t k = 0; k < P; ++k) {
+        members[k]->Os = Os[k].to(at::kFloat);
+        members[k]->Of = Of[k].to(at::kFloat);
+      }
+    }
+  }
+}
+
+at::Tensor entropy(const at::Tensor& N) {
+  const at::Tensor p = N / N.sum().clamp_min(1e-30);
+  return -(p * at::log(p.clamp_min(1e-30))).sum();
+}
+
+}  // namespace
+
+torch::Tensor FOGO::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+
+  // Validate everything before changing anything: a bad input leaves the optimizer as it was.
+  std::vector<torch::Tensor> params, grads;
+  std::vector<std::pair<size_t, size_t>> where;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
+    options.validate();
+    const auto& group_params = param_groups_[g].params();
+    for (size_t i = 0; i < group_params.size(); ++i) {
+      const auto& p = group_params[i];
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
+                  detail::describe_param(g, i, p), " has fewer than 2 dimensions");
+      detail::check_grad_kind("FOGO", g, i, p, p.grad());
+      params.push_back(p);
+      grads.push_back(p.grad());
+      where.emplace_back(g, i);
+    }
+  }
+  const int64_t bad = detail::first_nonfinite(grads);
+  if (bad >= 0) {
+    const auto& options =
+        static_cast<const FOGOOptions&>(param_groups_[where[bad].first].options());
+    if (options.nonfinite() == NonFinitePolicy::Skip) return loss;
+    detail::throw_nonfinite("FOGO", where[bad].first, where[bad].second, params[bad]);
+  }
+
+  size_t k = 0;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+    GroupMemory& mem = impl_->group(g, o);
+    const double eps = o.eps();
+
+    // Step 1: momenta, and the working orientation of each parameter.
+    std::vector<Work> work;
+    for (; k < params.size() && where[k].first == g; ++k) {
+      const at::Tensor& p = params[k];
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<FOGOParamState>();
+        fresh->slow_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
+        fresh->fast_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
+        slot = std::move(fresh);
+      }
+      auto& st = static_cast<FOGOParamState&>(*slot);
+      const at::Tensor G = grads[k].to(at::kFloat);
+      st.slow_momentum().mul_(o.mu_s()).add_(G);
+      st.fast_momentum().mul_(o.mu_f()).add_(G);
+      const int64_t rows = p.size(0), cols = p.numel() / rows;
+      const bool transposed = rows > cols;
+      Work w{p,
+             transposed,
+             std::min(rows, cols),
+             std::max(rows, cols),
+             working_view(st.slow_momentum(), transposed),
+             working_view(st.fast_momentum(), transposed),
+             {},
+             {},
+             nullptr,
+             nullptr};
+      const auto& proj = impl_->projection(o, w.n, p.device());
+      w.Pi = &proj.Pi;
+      w.L = &proj.L;
+      work.push_back(std::move(w));
+    }
+    if (work.empty()) continue;
+
+    // Step 2: Newton–Schulz; step 3: projection. Rows of all parameters form one batch.
+    orthogonalize(work, o);
+    std::vector<at::Tensor> Ps_parts, Pf_parts;
+    for (const auto& w : work) {
+      Ps_parts.push_back(w.Os.mm(*w.Pi));
+      Pf_parts.push_back(w.Of.mm(*w.Pi));
+    }
+    const at::Tensor Ps = at::cat(Ps_parts), Pf = at::cat(Pf_parts);
+
+    // Step 4: slerp fusion; step 5: query and memory read against the pre-update codebook.
+    const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), eps);
+    const at::Tensor q = normalize_rows(z, eps);
+    const at::Tensor valid = at::linalg_vector_norm(z, 2, {1}) > 0;
+    const bool first = !mem.initialized;
+    if (first) {
+      mem.book = init_codebook(q, valid, o.codebook_size(), mem.gen);
+      mem.start = mem.book.centroids.clone();
+      mem.rbar = at::zeros({}, q.options());
+      mem.initialized = true;
+    }
+    const at::Tensor& cbar = mem.book.centroids;
+    const at::Tensor sim = q.mm(cbar.t());
+    const Assignments acc = assign(q, sim, valid);
+
+    at::Tensor stats = at::zeros({kNumStats}, q.options());
+    at::Tensor zbar = z;
+    if (!first) {  // the codebook has no history on a group's first step: no filtering
+      // Step 6: short-term angular-band filter with adaptive gamma_st (r_t is a group mean, so
+      // all components are computed before rbar is updated and applied).
+      const ShortTermComponents st =
+          short_term_components(z, sim, cbar, {o.eps_st(), o.tau_plus(), o.tau_minus()});
+      const at::Tensor r_t = conflict_ratio(z, st, o.lambda_hi(), eps).mean();
+      mem.rbar = o.beta_r() * mem.rbar + (1.0 - o.beta_r()) * r_t;
+      const at::Tensor gamma_st = o.gamma_st_min() + (o.gamma_st_max() - o.gamma_st_min()) *
+                                                         mem.rbar / (mem.rbar + o.kappa());
+      const at::Tensor ztilde = z - o.gamma_hi() * st.z_hi - gamma_st * st.z_conf;
+      stats[kGammaSt] = gamma_st;
+      stats[kFracConflicting] = st.any_conflict.to(at::kFloat).mean();
+      stats[kFracOverAligned] = st.any_over.to(at::kFloat).mean();
+
+      // Step 7: long-term protection against the frozen bank (a sample of it when large).
+      zbar = ztilde;
+      if (mem.frozen.defined() && mem.frozen.size(0) > 0) {
+        at::Tensor frozen = mem.frozen, nu = mem.frozen_nu;
+        if (frozen.size(0) > o.lt_candidates()) {
+          const at::Tensor pick = at::multinomial(mem.frozen_nu.to(at::kDouble).cpu() + 1e-12,
+                                                  o.lt_candidates(), /*replacement=*/false, mem.gen)
+                                      .to(frozen.device());
+          frozen = frozen.index_select(0, pick);
+          nu = nu.index_select(0, pick);
+        }
+        const LongTermResult lt = long_term_protect(
+            ztilde, frozen, nu, {o.eps_lt(), o.gamma_lt(), eps, o.spectral_scaling()});
+        zbar = lt.zbar;
+        stats[kFracLtProtected] = lt.protected_rows.to(at::kFloat).mean();
+      }
+    }
+
+    // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.
+    const at::Tensor dz = zbar - Ps;
+    at::Tensor delta_ratio = at::zeros({}, q.options());
+    int64_t row = 0;
+    for (const auto& w : work) {
+      const at::Tensor delta = proximal_lift(dz.slice(0, row, row + w.m), *w.Pi, *w.L);
+      row += w.m;
+      const at::Tensor Ohat = w.Os + delta;
+      delta_ratio += delta.norm() / (w.Os.norm() + eps);
+      const at::Tensor gamma_t =
+          o.sigma() * std::sqrt(static_cast<double>(w.m * w.n)) / (Ohat.norm() + eps);
+      const at::Tensor update = (w.transposed ? Ohat.t() : Ohat).reshape(w.param.sizes());
+      at::Tensor p = w.param;
+      if (p.scalar_type() == at::kFloat) {
+        p.mul_(1.0 - o.lr() * o.weight_decay()).sub_(update * (o.lr() * gamma_t));
+      } else {  // low-precision parameters: the arithmetic in fp32, one rounding at the end
+        p.copy_(p.to(at::kFloat)
+                    .mul_(1.0 - o.lr() * o.weight_decay())
+                    .sub_(update * (o.lr() * gamma_t)));
+      }
+    }
+
+    // Codebook flush (after all parameters of the group have stepped), then re-seeding.
+    flush(mem.book, acc, {o.beta_cb(), o.lambda_c(), eps, o.r_dec()});
+    ++mem.step;
+    if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
+      reseed(mem.book, q, valid, o.reseed_threshold(), mem.gen);
+    }
+    stats[kRbar] = mem.rbar;
+    stats[kEntropy] = entropy(mem.book.N);
+    stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
+    stats[kDeltaRatio] = delta_ratio / static_cast<double>(work.size());
+    mem.stats = stats;
+  }
+  return loss;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Task boundaries
+
+void FOGO::consolidate() {
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < impl_->groups.size() && g < param_groups_.size(); ++g) {
+    GroupMemory& mem = impl_->groups[g];
+    const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+    if (!mem.initialized || o.freeze_per_task() == 0) continue;
+    FrozenPicks picks = select_important(mem.book, mem.start, o.freeze_per_task());
+    if (mem.frozen.defined() && mem.frozen.size(0) > 0) {
+      mem.frozen = at::cat({mem.frozen, picks.centroids});
+      mem.frozen_nu = at::cat({mem.frozen_nu, picks.nu});
+    } else {
+      mem.frozen = picks.centroids;
+      mem.frozen_nu = picks.nu;
+    }
+  }
+}
+
+void FOGO::begin_task() {
+  torch::NoGradGuard no_grad;
+  for (auto& [key, slot] : state_) {
+    auto& st = static_cast<FOGOParamState&>(*slot);
+    st.slow_momentum().zero_();
+    st.fast_momentum().zero_();
+  }
+  for (size_t g = 0; g < impl_->groups.size() && g < param_groups_.size(); ++g) {
+    GroupMemory& mem = impl_->groups[g];
+    if (!mem.initialized) continue;
+    const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+    mem.rbar.zero_();
+    if (o.reinit_codebook_on_task()) {
+      mem.initialized = false;  // re-initialised from the next step's queries
+    } else {
+      mem.start = mem.book.centroids.clone();
+    }
+  }
+}
+
+void FOGO::task_boundary() {
+  consolidate();
+  begin_task();
+}
+
+const std::vector<FOGOTelemetry>& FOGO::telemetry() const {
+  impl_->telemetry.assign(param_groups_.size(), FOGOTelemetry{});
+  for (size_t g = 0; g < impl_->groups.size() && g < param_groups_.size(); ++g) {
+    const GroupMemory& mem = impl_->groups[g];
+    FOGOTelemetry& t = impl_->telemetry[g];
+    t.step = mem.step;
+    t.frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
+    if (!mem.stats.defined()) continue;
+    const at::Tensor s = mem.stats.to(at::kDouble).cpu();
+    const double* v = s.data_ptr<double>();
+    t.rbar = v[kRbar];
+    t.gamma_st = v[kGammaSt];
+    t.frac_conflicting = v[kFracConflicting];
+    t.frac_over_aligned = v[kFracOverAligned];
+    t.frac_lt_protected = v[kFracLtProtected];
+    t.codebook_entropy = v[kEntropy];
+    t.live_centroids = static_cast<int64_t>(v[kLive]);
+    t.delta_ratio = v[kDeltaRatio];
+  }
+  return impl_->telemetry;
+}
+
+FOGO::MemoryView FOGO::memory(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), "FOGO::memory: group ", group, " does not exist (",
+              param_groups_.size(), " groups)");
+  if (group >= impl_->groups.size() || !impl_->groups[group].initialized) return {};
+  const GroupMemory& mem = impl_->groups[group];
+  return {mem.book.centroids, mem.book.S, mem.book.N, mem.frozen, mem.frozen_nu};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: LibTorch's optimizer archive (options, momenta) plus the group memories.
+
+namespace {
+
+at::Tensor or_empty(const at::Tensor& t) { return t.defined() ? t : at::empty({0}); }
+
+}  // namespace
+
+void FOGO::save(torch::serialize::OutputArchive& archive) const {
+  serialize(*this, archive);
+  archive.write("fogo/format", c10::IValue(static_cast<int64_t>(1)));
+  archive.write("fogo/groups", c10::IValue(static_cast<int64_t>(impl_->groups.size())));
+  for (size_t g = 0; g < impl_->groups.size(); ++g) {
+    const GroupMemory& mem = impl_->groups[g];
+    torch::serialize::OutputArchive a(archive.compilation_unit());
+    a.write("initialized", c10::IValue(mem.initialized));
+    a.write("step", c10::IValue(mem.step));
+    a.write("centroids", or_empty(mem.book.centroids), /*is_buffer=*/true);
+    a.write("S", or_empty(mem.book.S), true);
+    a.write("N", or_empty(mem.book.N), true);
+    a.write("start", or_empty(mem.start), true);
+    a.write("frozen", or_empty(mem.frozen), true);
+    a.write("frozen_nu", or_empty(mem.frozen_nu), true);
+    a.write("rbar", or_empty(mem.rbar), true);
+    a.write("stats", or_empty(mem.stats), true);
+    a.write("generator", mem.gen.get_state(), true);
+    archive.write("fogo/group/" + std::to_string(g), a);
+  }
+}
+
+void FOGO::load(torch::serialize::InputArchive& archive) {
+  std::vector<GroupMemory> loaded;
+  detail::load_transactional(
+      *this,
+      [&] {
+        c10::IValue value;
+        TORCH_CHECK(archive.try_read("fogo/format", value) && value.toInt() == 1,
+                    "FOGO::load: not a FOGO checkpoint (format 1)");
+        serialize(*this, archive);
+        archive.read("fogo/groups", value);
+        const int64_t count = value.toInt();
+        TORCH_CHECK(count <= static_cast<int64_t>(param_groups_.size()),
+                    "FOGO::load: the checkpoint has memory for ", count, " groups, this optimizer ",
+                    param_groups_.size(), " groups");
+        for (int64_t g = 0; g < count; ++g) {
+          const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+          const at::Device device = param_groups_[g].params().empty()
+                                        ? at::Device(at::kCPU)
+                                        : param_groups_[g].params()[0].device();
+          torch::serialize::InputArchive a;
+          archive.read("fogo/group/" + std::to_string(g), a);
+          GroupMemory mem;
+          a.read("initialized", value);
+          mem.initialized = value.toBool();
+          a.read("step", value);
+          mem.step = value.toInt();
+          auto tensor = [&](const char* name) {
+            at::Tensor t;
+            a.read(name, t, /*is_buffer=*/true);
+            return t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
+          };
+          mem.book.centroids = tensor("centroids");
+          mem.book.S = tensor("S");
+          mem.book.N = tensor("N");
+          mem.start = tensor("start");
+          mem.frozen = tensor("frozen");
+          mem.frozen_nu = tensor("frozen_nu");
+          mem.rbar = tensor("rbar");
+          mem.stats = tensor("stats");
+          at::Tensor gen_state;
+          a.read("generator", gen_state, true);
+          mem.gen = make_cpu_generator(0);
+          mem.gen.set_state(gen_state);
+          const int64_t C = o.codebook_size(), d = o.proj_dim();
+          if (mem.initialized) {
+            auto expect = [&](const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
+              TORCH_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "FOGO::load: group ",
+                          g, "'s ", what, " has shape ",
+                          t.defined() ? t.sizes() : at::IntArrayRef{}, ", expected ",
+                          at::IntArrayRef(shape),
+                          " (codebook_size C and proj_dim d must match the checkpoint's)");
+            };
+            expect(mem.book.centroids, {C, d}, "codebook");
+            expect(mem.book.S, {C, d}, "codebook statistics S");
+            expect(mem.book.N, {C}, "codebook counts N");
+            expect(mem.start, {C, d}, "task-start snapshot");
+            expect(mem.rbar, {}, "conflict EMA");
+          }
+          if (mem.frozen.defined()) {
+            TORCH_CHECK(mem.frozen.dim() == 2 && mem.frozen.size(1) == d &&
+                            mem.frozen_nu.defined() && mem.frozen_nu.size(0) == mem.frozen.size(0),
+                        "FOGO::load: group ", g, "'s frozen bank has shape ", mem.frozen.sizes(),
+                        ", expected [F, ", d, "] with F importance weights");
+          }
+          loaded.push_back(std::move(mem));
+        }
+      },
+      [&](size_t g, size_t i, const torch::Tensor& p) {
+        auto it = state_.find(p.unsafeGetTensorImpl());
+        if (it == state_.end()) return;
+        auto& st = static_cast<FOGOParamState&>(*it->second);
+        for (const at::Tensor& t : {st.slow_momentum(), st.fast_momentum()}) {
+          TORCH_CHECK(t.defined() && t.sizes() == p.sizes(),
+                      "FOGO::load: the checkpoint's momentum for ", detail::describe_param(g, i, p),
+                      " has shape ", t.defined() ? t.sizes() : at::IntArrayRef{},
+                      "; the checkpoint was made for a different model");
+        }
+        st.slow_momentum(st.slow_momentum().to(p.device()));
+        st.fast_momentum(st.fast_momentum().to(p.device()));
+      });
+  impl_->groups = std::move(loaded);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table).
+
+namespace presets {
+
+FOGOOptions class_imbalanced_backbone() {
+  return FOGOOptions(1e-3)
+      .codebook_size(96)
+      .proj_dim(128)
+      .mu_s(0.97)
+      .mu_f(0.35)
+      .ns_steps_slow(5)
+      .ns_steps_fast(5)
+      .xi(0.25)
+      .eps_st(0.15)
+      .gamma_hi(0.05)
+      .gamma_st_min(0.10)
+      .gamma_st_max(0.30)
+      .kappa(0.15)
+      .beta_cb(0.95)
+      .lambda_c(0.10)
+      .r_dec(8)
+      .reseed_every(50)
+      .reseed_threshold(0.03)
+      .sigma(0.1)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions class_imbalanced_head() { return class_imbalanced_backbone().codebook_size(64); }
+
+FOGOOptions domain_il_backbone() {
+  return class_imbalanced_backbone()
+      .codebook_size(64)
+      .proj_dim(128)
+      .mu_s(0.95)
+      .mu_f(0.35)
+      .xi(0.3)
+      .eps_st(0.15)
+      .beta_cb(0.95)
+      .reseed_every(50)
+      .reseed_threshold(0.03)
+      .sigma(0.1)
+      .eps_lt(0.10)
+      .gamma_lt(0.6)
+      .freeze_per_task(21);
+}
+
+FOGOOptions domain_il_head() {
+  return domain_il_backbone().codebook_size(32).proj_dim(64).gamma_lt(0.4).freeze_per_task(12);
+}
+
+FOGOOptions class_il_backbone() {
+  return FOGOOptions(2e-3)
+      .codebook_size(96)
+      .proj_dim(256)
+      .mu_s(0.97)
+      .mu_f(0.20)
+      .ns_steps_slow(4)
+      .ns_steps_fast(4)
+      .xi(0.2)
+      .eps_st(0.25)
+      .gamma_hi(0.01)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.40)
+      .kappa(0.15)
+      .beta_cb(0.96)
+      .lambda_c(0.05)
+      .r_dec(8)
+      .reseed_every(50)
+      .reseed_threshold(0.10)
+      .sigma(0.1)
+      .eps_lt(0.001)
+      .gamma_lt(1.0)
+      .lt_candidates(48)
+      .freeze_per_task(20)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions class_il_head_fc() {
+  return class_il_backbone().codebook_size(48).proj_dim(96).freeze_per_task(20);
+}
+
+FOGOOptions class_il_classifier() {
+  return class_il_backbone().codebook_size(12).proj_dim(16).sigma(0.05).freeze_per_task(8);
+}
+
+FOGOOptions gpt2() {
+  return FOGOOptions(6e-4)
+      .weight_decay(0.1)
+      .codebook_size(256)
+      .proj_dim(512)
+      .mu_s(0.95)
+      .mu_f(0.15)
+      .ns_steps_slow(5)
+      .ns_steps_fast(5)
+      .xi(0.25)
+      .eps_st(0.20)
+      .gamma_hi(0.001)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.30)
+      .kappa(0.15)
+      .beta_cb(0.96)
+      .lambda_c(0.05)
+      .r_dec(8)
+      .reseed_every(200)
+      .reseed_threshold(0.10)
+      .sigma(0.2)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions lora() {
+  return FOGOOptions(1e-3)
+      .codebook_size(48)
+      .proj_dim(128)
+      .mu_s(0.96)
+      .mu_f(0.16)
+      .ns_steps_slow(5)
+      .ns_steps_fast(4)
+      .xi(0.25)
+      .eps_st(0.20)
+      .gamma_hi(0.01)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.45)
+      .sigma(0.2)
+      .eps_lt(0.05)
+      .gamma_lt(1.0)
+      .freeze_per_task(23)
+      .lambda_prox(0.8);
+}
+
+}  // namespace presets
+}  // namespace fogo

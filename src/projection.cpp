@@ -1,0 +1,47 @@
+#include "fogo/projection.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace fogo {
+
+at::Tensor rademacher(int64_t seed, int64_t n, int64_t d, ProjectionScale scale,
+                      c10::Device device) {
+  TORCH_CHECK(n > 0 && d > 0, "rademacher: n and d must be positive, got n=", n, " d=", d);
+  // Mix (seed, n, d) into one 64-bit seed (splitmix64 finaliser): distinct shapes get
+  // independent matrices, the same shape always the same one.
+  uint64_t x = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull ^
+               (static_cast<uint64_t>(n) << 32) ^ static_cast<uint64_t>(d);
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(x);
+  at::Tensor bits = at::randint(0, 2, {n, d}, gen, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor Pi = bits.mul_(2).sub_(1);
+  if (scale == ProjectionScale::JL) Pi.div_(std::sqrt(static_cast<double>(d)));
+  return Pi.to(device);
+}
+
+at::Tensor lift_operator(const at::Tensor& Pi, double lambda) {
+  TORCH_CHECK(lambda > 0 && std::isfinite(lambda),
+              "lift_operator: lambda_prox must be finite "
+              "and > 0, got ",
+              lambda);
+  // In float64: M's entries are up to n (unit scale), and I + 2 lambda M can be ill-conditioned
+  // when d > n (M is then singular and only the identity keeps it invertible).
+  const at::Tensor P = Pi.to(at::kDouble);
+  const int64_t d = P.size(1);
+  const at::Tensor A = at::eye(d, P.options()) + (2.0 * lambda) * P.t().mm(P);
+  const at::Tensor chol = at::linalg_cholesky(A);
+  return (2.0 * lambda) * at::cholesky_inverse(chol).to(Pi.scalar_type());
+}
+
+at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L) {
+  return dz.mm(L).mm(Pi.t());
+}
+
+}  // namespace fogo
