@@ -1,0 +1,314 @@
+// FOGO's stages one by one, each against an independent truth: the direct high-dimensional
+// solve for the lift, Theorem 4 for the protection, geometry for slerp and the filters, brute
+// force and the spec's formulas for the codebook.
+#include <fogo/codebook.h>
+#include <fogo/projected.h>
+#include <fogo/projection.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace {
+
+torch::Tensor unit(torch::Tensor x) { return x / x.norm(); }
+double max_abs(const torch::Tensor& x) { return x.abs().max().item<double>(); }
+torch::Tensor row_norms(const torch::Tensor& x) { return torch::linalg_vector_norm(x, 2, {1}); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Projection and lift
+
+TEST(Projection, RademacherIsDeterministicSignsAndShapeDependent) {
+  const auto a = fogo::rademacher(3, 40, 16, fogo::ProjectionScale::Unit, torch::kCPU);
+  const auto b = fogo::rademacher(3, 40, 16, fogo::ProjectionScale::Unit, torch::kCPU);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(a.abs(), torch::ones_like(a)));
+  EXPECT_NEAR(a.mean().item<double>(), 0.0, 0.1);  // fair signs: 640 entries, sd 0.04
+  EXPECT_FALSE(
+      torch::equal(a, fogo::rademacher(4, 40, 16, fogo::ProjectionScale::Unit, torch::kCPU)));
+  EXPECT_FALSE(torch::equal(a.slice(0, 0, 39),
+                            fogo::rademacher(3, 39, 16, fogo::ProjectionScale::Unit, torch::kCPU)));
+  const auto jl = fogo::rademacher(3, 40, 16, fogo::ProjectionScale::JL, torch::kCPU);
+  EXPECT_TRUE(torch::allclose(jl, a / 4.0));
+}
+
+TEST(Projection, LiftEqualsDirectHighDimensionalSolve) {
+  torch::manual_seed(0);
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{50, 12}, {20, 30}, {1, 4}}) {
+    for (double lambda : {0.3, 1.0, 4.0}) {
+      const auto Pi = fogo::rademacher(7, n, d, fogo::ProjectionScale::Unit, torch::kCPU);
+      const auto dz = torch::randn({5, d});
+      const auto delta = fogo::proximal_lift(dz, Pi, fogo::lift_operator(Pi, lambda));
+      // delta_i = (I + 2 lambda Pi Pi^T)^-1 (2 lambda Pi dz_i), solved in R^n in float64.
+      const auto P = Pi.to(torch::kDouble);
+      const auto A = torch::eye(n, torch::kDouble) + 2 * lambda * P.mm(P.t());
+      const auto direct = torch::linalg_solve(A, 2 * lambda * P.mm(dz.to(torch::kDouble).t())).t();
+      EXPECT_LT(max_abs(delta.to(torch::kDouble) - direct), 1e-5 * (1 + max_abs(direct)))
+          << n << "x" << d << " lambda " << lambda;
+      // And it is the minimiser: the gradient delta + 2 lambda Pi (Pi^T delta - dz) vanishes, up
+      // to fp32 rounding of delta amplified by the objective's curvature 1 + 2 lambda |Pi|_2^2.
+      const auto D = delta.to(torch::kDouble);
+      const auto grad = D + 2 * lambda * (D.mm(P) - dz.to(torch::kDouble)).mm(P.t());
+      const double curvature =
+          1 + 2 * lambda * std::pow(torch::linalg_matrix_norm(P, 2).item<double>(), 2);
+      EXPECT_LT(max_abs(grad), 1e-5 * curvature * (1 + max_abs(D)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slerp fusion
+
+TEST(Slerp, EndpointsNormAndAngle) {
+  torch::manual_seed(1);
+  const auto Ps = torch::randn({6, 10}) * 3, Pf = torch::randn({6, 10});
+  const double eps = 1e-8;
+  const auto ps = Ps / row_norms(Ps).unsqueeze(1), pf = Pf / row_norms(Pf).unsqueeze(1);
+  const auto z0 = fogo::slerp_fuse(Ps, Pf, 0.0, eps);
+  EXPECT_LT(max_abs(z0 - Ps), 1e-5);  // xi = 0: the slow direction and scale
+  const auto z1 = fogo::slerp_fuse(Ps, Pf, 1.0, eps);
+  EXPECT_LT(max_abs(z1 - row_norms(Ps).unsqueeze(1) * pf), 1e-5);  // xi = 1: the fast direction
+  for (double xi : {0.25, 0.6}) {
+    const auto z = fogo::slerp_fuse(Ps, Pf, xi, eps);
+    EXPECT_LT(max_abs(row_norms(z) - row_norms(Ps)), 1e-5);  // the slow stream sets the scale
+    const auto theta = torch::acos((ps * pf).sum(1));
+    const auto angle = torch::acos(((z / row_norms(z).unsqueeze(1)) * ps).sum(1).clamp(-1, 1));
+    EXPECT_LT(max_abs(angle - xi * theta), 1e-3) << xi;  // rotated by xi of the angle
+  }
+}
+
+TEST(Slerp, ZeroAndParallelRowsStayFinite) {
+  auto Ps = torch::zeros({3, 4});
+  Ps[1] = torch::tensor({1.0, 2.0, 0.0, 0.0});
+  Ps[2] = torch::tensor({1.0, 0.0, 0.0, 0.0});
+  auto Pf = Ps.clone();
+  Pf[0] = torch::tensor({0.0, 1.0, 0.0, 0.0});
+  const auto z = fogo::slerp_fuse(Ps, Pf, 0.5, 1e-8);
+  EXPECT_TRUE(torch::isfinite(z).all().item<bool>());
+  EXPECT_EQ(max_abs(z[0]), 0.0);  // a zero slow row stays zero
+  // Parallel streams: nothing to rotate, up to acos's sqrt(fp32 eps) sensitivity near 1
+  // (a = 0.99999994 gives theta = 3.5e-4).
+  EXPECT_LT(max_abs(z[1] - Ps[1]), 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Short-term filter
+
+namespace {
+
+// Three orthonormal centroids e0, e1, e2 in R^8 and the filter applied with the given gammas.
+torch::Tensor filtered(const torch::Tensor& z, double gamma_hi, double gamma_st,
+                       fogo::ShortTermComponents* out = nullptr) {
+  const auto cbar = torch::eye(8).slice(0, 0, 3);
+  const auto q = fogo::normalize_rows(z, 1e-8);
+  const auto c = fogo::short_term_components(z, q.mm(cbar.t()), cbar, {0.15, 5.0, 5.0});
+  if (out) *out = c;
+  return z - gamma_hi * c.z_hi - gamma_st * c.z_conf;
+}
+
+torch::Tensor e(int64_t i) { return torch::eye(8)[i]; }
+
+}  // namespace
+
+TEST(ShortTermFilter, ConflictingComponentIsRemoved) {
+  const auto z = (2 * e(4) - e(0)).unsqueeze(0);  // <q, e0> = -0.447 < -eps_st
+  fogo::ShortTermComponents c;
+  const auto zt = filtered(z, 0.0, 1.0, &c);
+  EXPECT_LT(max_abs(c.z_conf - (-e(0)).unsqueeze(0)), 1e-6);
+  EXPECT_LT(max_abs(zt - 2 * e(4).unsqueeze(0)), 1e-6);  // exactly the e0 part is gone
+  EXPECT_TRUE(c.any_conflict[0].item<bool>());
+  EXPECT_FALSE(c.any_over[0].item<bool>());
+}
+
+TEST(ShortTermFilter, SafeBandIsUntouched) {
+  const auto z = (e(4) + 0.1 * e(0) - 0.12 * e(1)).unsqueeze(0);  // |<q, c_j>| <= 0.15
+  fogo::ShortTermComponents c;
+  EXPECT_TRUE(torch::equal(filtered(z, 0.5, 1.0, &c), z));
+  EXPECT_EQ(max_abs(c.z_hi) + max_abs(c.z_conf), 0.0);
+}
+
+TEST(ShortTermFilter, OverAlignedIsDeflatedBySoftmaxWeights) {
+  const auto z = (e(0) + 0.8 * e(1) + 0.3 * e(4)).unsqueeze(0);  // over-aligned with e0 and e1
+  fogo::ShortTermComponents c;
+  const auto zt = filtered(z, 0.5, 1.0, &c);
+  const auto q = fogo::normalize_rows(z, 1e-8)[0];
+  const double s0 = q[0].item<double>(), s1 = q[1].item<double>();
+  const double w0 = std::exp(5 * s0) / (std::exp(5 * s0) + std::exp(5 * s1));
+  const auto expected_hi = w0 * 1.0 * e(0) + (1 - w0) * 0.8 * e(1);
+  EXPECT_LT(max_abs(c.z_hi[0] - expected_hi), 1e-6);
+  EXPECT_LT(max_abs(zt[0] - (z[0] - 0.5 * expected_hi)), 1e-6);
+  const auto r = fogo::conflict_ratio(z, c, 0.1, 1e-8);
+  EXPECT_NEAR(r.item<double>(), 0.1 * expected_hi.norm().item<double>() / z.norm().item<double>(),
+              1e-6);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Long-term protection: Theorem 4
+
+TEST(LongTermProtection, Theorem4HoldsOverRandomDraws) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t d = 16, K = 1 + trial % 12;
+    const auto frozen = fogo::normalize_rows(at::randn({K, d}, gen), 0);
+    const auto nu = at::rand({K}, gen) * (trial % 3 == 0 ? 5.0 : 1.0);  // sum nu up to ~30
+    const auto x = at::randn({4, d}, gen);
+    // eps_lt = 0: every frozen centroid is active, Omega = sum nu_k c_k c_k^T for every row.
+    const auto out = fogo::long_term_protect(x, frozen, nu, {0.0, 1.0, 1e-8, true});
+    const auto Omega = frozen.t().mm(nu.unsqueeze(1) * frozen);
+    const auto energy = [&](const torch::Tensor& v) { return (v.mm(Omega) * v).sum(1); };
+    EXPECT_TRUE((energy(out.zbar) <= energy(x) + 1e-4).all().item<bool>()) << trial;
+    // Null(Omega): a vector orthogonal to every frozen centroid is left exactly as it is.
+    const auto Q = std::get<0>(torch::linalg_qr(frozen.t(), "complete"));
+    if (K < d) {
+      const auto v = Q.slice(1, K, K + 1).t();  // [1, d], orthogonal to span(frozen)
+      const auto kept = fogo::long_term_protect(v, frozen, nu, {0.0, 1.0, 1e-8, true}).zbar;
+      EXPECT_LT(max_abs(kept - v), 1e-5) << trial;
+    }
+  }
+}
+
+TEST(LongTermProtection, WithoutSpectralScalingManyTasksCanOvershoot) {
+  // Two nearly parallel frozen directions with nu = 1 each: lambda_max ~ 2 > 1/gamma_lt, the
+  // literal formula over-corrects and the protected energy grows; the default scaling does not.
+  const auto c0 = unit(torch::tensor({1.0, 0.0, 0.0})), c1 = unit(torch::tensor({1.0, 0.05, 0.0}));
+  const auto frozen = torch::stack({c0, c1});
+  const auto nu = torch::ones({2}) * 1.5;
+  const auto x = torch::tensor({{1.0, 0.0, 1.0}});
+  const auto Omega = frozen.t().mm(nu.unsqueeze(1) * frozen);
+  const auto energy = [&](const torch::Tensor& v) {
+    return (v.mm(Omega) * v).sum().item<double>();
+  };
+  const auto literal = fogo::long_term_protect(x, frozen, nu, {0.0, 1.0, 1e-8, false}).zbar;
+  const auto scaled = fogo::long_term_protect(x, frozen, nu, {0.0, 1.0, 1e-8, true}).zbar;
+  EXPECT_GT(energy(literal), energy(x));
+  EXPECT_LE(energy(scaled), energy(x));
+}
+
+TEST(LongTermProtection, OnlyActiveCentroidsAct) {
+  const auto frozen = torch::eye(4).slice(0, 0, 2);  // e0, e1
+  const auto nu = torch::ones({2}) * 0.5;
+  const auto x = torch::tensor({{0.05, 1.0, 0.0, 1.0}});  // |<q, e0>| = 0.035 < eps_lt = 0.1
+  const auto out = fogo::long_term_protect(x, frozen, nu, {0.1, 1.0, 1e-8, true});
+  // Only e1 is active: gamma = 1 * min(1, 1/0.5) = 1, z_lt = 0.5 * 1.0 e1.
+  EXPECT_LT(max_abs(out.zbar - torch::tensor({{0.05, 0.5, 0.0, 1.0}})), 1e-6);
+  EXPECT_TRUE(out.protected_rows[0].item<bool>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codebook
+
+TEST(Codebook, AssignmentIsArgmaxCosineAndSkipsZeroQueries) {
+  torch::manual_seed(3);
+  const auto cbar = fogo::normalize_rows(torch::randn({5, 6}), 0);
+  auto q = fogo::normalize_rows(torch::randn({40, 6}), 0);
+  q[7].zero_();
+  const auto valid = row_norms(q) > 0;
+  const auto acc = fogo::assign(q, q.mm(cbar.t()), valid);
+  auto m = torch::zeros({5});
+  auto s = torch::zeros({5, 6});
+  for (int64_t i = 0; i < 40; ++i) {
+    if (i == 7) continue;
+    int64_t best = 0;
+    for (int64_t j = 1; j < 5; ++j) {
+      if ((q[i] * cbar[j]).sum().item<double>() > (q[i] * cbar[best]).sum().item<double>())
+        best = j;
+    }
+    m[best] += 1;
+    s[best] += q[i];
+  }
+  EXPECT_TRUE(torch::equal(acc.m, m));
+  EXPECT_LT(max_abs(acc.s - s), 1e-5);
+}
+
+TEST(Codebook, FlushFollowsTheEmaFormulas) {
+  torch::manual_seed(4);
+  fogo::Codebook book{fogo::normalize_rows(torch::randn({4, 5}), 0), torch::randn({4, 5}),
+                      torch::rand({4}) + 0.5};
+  const auto S0 = book.S.clone(), N0 = book.N.clone(), c0 = book.centroids.clone();
+  fogo::Assignments acc{torch::tensor({2.0, 0.0, 1.0, 3.0}), torch::randn({4, 5})};
+  fogo::flush(book, acc, {0.9, 0.0, 1e-8, 2});  // lambda_c = 0: no decorrelation
+  const auto S = 0.9 * S0 + 0.1 * acc.s, N = 0.9 * N0 + 0.1 * acc.m;
+  EXPECT_LT(max_abs(book.S - S), 1e-6);
+  EXPECT_LT(max_abs(book.N - N), 1e-6);
+  EXPECT_LT(max_abs(book.centroids - fogo::normalize_rows(S / N.unsqueeze(1), 0)), 1e-5);
+
+  // A centroid with N numerically zero keeps its previous direction.
+  fogo::Codebook idle{c0.clone(), torch::zeros({4, 5}), torch::zeros({4})};
+  fogo::flush(idle, {torch::zeros({4}), torch::zeros({4, 5})}, {0.9, 0.1, 1e-8, 2});
+  EXPECT_TRUE(torch::equal(idle.centroids, c0));
+}
+
+TEST(Codebook, DecorrelationLowersMaxPairwiseCosine) {
+  // Three nearly identical directions and one apart: flushing with lambda_c > 0 pushes the near
+  // duplicates apart.
+  const auto base = unit(torch::tensor({1.0, 0.0, 0.0, 0.0}));
+  auto c = torch::stack({base, unit(base + 0.1 * torch::tensor({0.0, 1.0, 0.0, 0.0})),
+                         unit(base + 0.1 * torch::tensor({0.0, 0.0, 1.0, 0.0})),
+                         torch::tensor({0.0, 0.0, 0.0, 1.0})});
+  auto max_cos = [](const torch::Tensor& x) {
+    return (x.mm(x.t()).abs() - torch::eye(x.size(0))).max().item<double>();
+  };
+  fogo::Codebook with{c.clone(), c.clone(), torch::ones({4})};
+  fogo::Codebook without{c.clone(), c.clone(), torch::ones({4})};
+  const fogo::Assignments none{torch::zeros({4}), torch::zeros({4, 4})};
+  fogo::flush(without, none, {0.9, 0.0, 1e-8, 2});
+  fogo::flush(with, none, {0.9, 0.3, 1e-8, 2});
+  EXPECT_LT(max_cos(with.centroids), max_cos(without.centroids) - 0.01);
+  EXPECT_LT(max_abs(row_norms(with.centroids) - 1), 1e-5);
+}
+
+TEST(Codebook, ReseedReplacesIdleCentroidsWithDistinctQueries) {
+  torch::manual_seed(5);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  fogo::Codebook book{fogo::normalize_rows(torch::randn({6, 4}), 0), torch::randn({6, 4}),
+                      torch::tensor({0.5, 0.01, 0.2, 0.0, 0.02, 0.9})};
+  const auto before = book.centroids.clone();
+  const auto q = fogo::normalize_rows(torch::randn({10, 4}), 0);
+  fogo::reseed(book, q, torch::ones({10}, torch::kBool), 0.03, gen);
+  for (int64_t j : {0, 2, 5}) EXPECT_TRUE(torch::equal(book.centroids[j], before[j]));
+  std::set<int64_t> used;
+  for (int64_t j : {1, 3, 4}) {
+    EXPECT_NEAR(book.N[j].item<double>(), 0.03, 1e-7);
+    EXPECT_LT(max_abs(book.S[j] - 0.03 * book.centroids[j]), 1e-7);
+    int64_t match = -1;
+    for (int64_t i = 0; i < 10; ++i) {
+      if (torch::equal(book.centroids[j], q[i])) match = i;
+    }
+    ASSERT_GE(match, 0) << "centroid " << j << " is not one of the queries";
+    used.insert(match);
+  }
+  EXPECT_EQ(used.size(), 3u);  // distinct queries
+}
+
+TEST(Codebook, InitDrawsDistinctQueriesAndFillsShortfall) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const auto q = fogo::normalize_rows(torch::randn({3, 5}), 0);
+  const auto book = fogo::init_codebook(q, torch::ones({3}, torch::kBool), 6, gen);
+  EXPECT_EQ(book.centroids.sizes(), torch::IntArrayRef({6, 5}));
+  EXPECT_LT(max_abs(row_norms(book.centroids) - 1), 1e-5);
+  int64_t from_queries = 0;
+  for (int64_t j = 0; j < 6; ++j) {
+    for (int64_t i = 0; i < 3; ++i) from_queries += torch::equal(book.centroids[j], q[i]);
+  }
+  EXPECT_EQ(from_queries, 3);
+  EXPECT_EQ(book.N.sum().item<double>(), 0.0);
+}
+
+TEST(Codebook, ConsolidationPicksByImportance) {
+  // Orthogonal centroids: uniqueness 1, no drift: the score is the usage share.
+  fogo::Codebook book{torch::eye(5), torch::eye(5), torch::tensor({1.0, 4.0, 0.0, 3.0, 2.0})};
+  auto picks = fogo::select_important(book, book.centroids, 3);
+  EXPECT_TRUE(
+      torch::equal(picks.centroids, torch::eye(5).index_select(0, torch::tensor({1, 3, 4}))));
+  EXPECT_LT(max_abs(picks.nu - torch::tensor({4.0, 3.0, 2.0}) / 9.0), 1e-6);
+
+  // Drift counts: centroid 4 moved away from its task-start direction.
+  auto start = torch::eye(5);
+  start[4] = unit(torch::tensor({1.0, 0.0, 0.0, 0.0, 1.0}));
+  picks = fogo::select_important(book, start, 1);
+  // scores: 1: 0.4 ; 4: 0.2 * (1 + 1 - 0.707) = 0.259; 3: 0.3 -> centroid 1 first
+  EXPECT_TRUE(torch::equal(picks.centroids[0], torch::eye(5)[1]));
+  fogo::Codebook drifted{torch::eye(5), torch::eye(5), torch::tensor({1.0, 2.0, 0.0, 1.5, 2.0})};
+  picks = fogo::select_important(drifted, start, 1);  // 4: 0.308 * 1.29 beats 1: 0.308
+  EXPECT_TRUE(torch::equal(picks.centroids[0], torch::eye(5)[4]));
+}
