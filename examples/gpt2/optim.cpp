@@ -1,0 +1,118 @@
+#include "optim.h"
+
+#include <fogo/fogo.h>
+#include <torch/optim/adamw.h>
+
+#include <regex>
+#include <set>
+
+namespace gpt2 {
+
+void validate(const OptimizerConfig& c) {
+  TORCH_CHECK(c.name == "adamw" || c.name == "muon" || c.name == "fogo", "--optimizer: unknown '",
+              c.name, "' (expected adamw, muon or fogo)");
+  TORCH_CHECK(c.lr > 0.0, "--lr must be > 0, got ", c.lr);
+  TORCH_CHECK(!c.matrix_lr || *c.matrix_lr > 0.0, "--matrix-lr must be > 0, got ",
+              c.matrix_lr.value_or(0.0));
+  TORCH_CHECK(c.weight_decay >= 0.0, "--weight-decay must be >= 0, got ", c.weight_decay);
+  TORCH_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0 && c.beta2 >= 0.0 && c.beta2 < 1.0,
+              "--beta1/--beta2 must be in [0, 1)");
+  TORCH_CHECK(c.muon_adjust == "match_rms" || c.muon_adjust == "original",
+              "--muon-adjust: unknown rule '", c.muon_adjust, "' (expected match_rms or original)");
+}
+
+namespace {
+
+// nanoGPT's AdamW groups: decay for >= 2-D tensors (matrices, embeddings), none for biases and
+// LayerNorm weights.
+std::unique_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& params,
+                                           const OptimizerConfig& c) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(decay, options(c.weight_decay));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, *options(c.weight_decay));
+}
+
+// "h.3.attn.c_attn.weight" -> "attn.c_attn": what a codebook holds, whatever the layer.
+std::string module_type(const std::string& name) {
+  static const std::regex layer(R"(^h\.\d+\.)"), weight(R"(\.weight$)");
+  return std::regex_replace(std::regex_replace(name, layer, ""), weight, "");
+}
+
+}  // namespace
+
+Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& model) {
+  validate(c);
+  if (c.name == "adamw") {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model.parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    return {fogo::HybridOptimizer(nullptr, adamw(params, c)), {}};
+  }
+
+  // The head is tied to wte (an Embedding), so the default rules already send it to AdamW.
+  const fogo::ParamSplit split = fogo::split_parameters(model);
+  const double matrix_lr = c.matrix_lr.value_or(c.lr);
+  std::vector<torch::optim::OptimizerParamGroup> groups =
+      fogo::group_by(split.matrix, fogo::shape_key);
+  // Group names in group_by's order (first appearance of each shape).
+  std::vector<std::string> names;
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < split.matrix.size(); ++i) {
+    const std::string key = fogo::shape_key(split.matrix.names[i], split.matrix.params[i]);
+    const auto it = std::find(keys.begin(), keys.end(), key);
+    const std::string type = module_type(split.matrix.names[i]);
+    if (it == keys.end()) {
+      keys.push_back(key);
+      names.push_back(type);
+    } else if (names[it - keys.begin()].find(type) == std::string::npos) {
+      names[it - keys.begin()] += "+" + type;
+    }
+  }
+
+  std::unique_ptr<torch::optim::Optimizer> matrix;
+  if (c.name == "muon") {
+    auto options = fogo::MuonOptions(matrix_lr)
+                       .weight_decay(c.weight_decay)
+                       .momentum(c.muon_momentum)
+                       .adjust_lr(c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
+                                                               : fogo::MuonAdjustLR::Original);
+    matrix = std::make_unique<fogo::Muon>(split.matrix.params, options);
+    names = {"matrices"};
+  } else {
+    auto options = fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay);
+    matrix = std::make_unique<fogo::FOGO>(groups, options);
+  }
+  return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c)), names};
+}
+
+std::vector<std::pair<std::string, double>> telemetry(Optimizer& optimizer) {
+  std::vector<std::pair<std::string, double>> out;
+  auto* fogo = dynamic_cast<fogo::FOGO*>(optimizer.hybrid.matrix());
+  if (!fogo) return out;
+  const auto& groups = fogo->telemetry();
+  for (size_t g = 0; g < groups.size() && g < optimizer.matrix_groups.size(); ++g) {
+    const auto& t = groups[g];
+    const std::string prefix = "fogo_" + optimizer.matrix_groups[g] + "_";
+    for (const auto& [stat, value] : std::initializer_list<std::pair<const char*, double>>{
+             {"rbar", t.rbar},
+             {"gamma_st", t.gamma_st},
+             {"frac_conflicting", t.frac_conflicting},
+             {"frac_over_aligned", t.frac_over_aligned},
+             {"codebook_entropy", t.codebook_entropy},
+             {"live_centroids", static_cast<double>(t.live_centroids)},
+             {"delta_ratio", t.delta_ratio}}) {
+      out.emplace_back(prefix + stat, value);
+    }
+  }
+  return out;
+}
+
+}  // namespace gpt2

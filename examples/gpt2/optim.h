@@ -1,0 +1,47 @@
+#pragma once
+// The three optimizers of the comparison, built for a GPT model (kept in one small translation
+// unit so the trainer does not depend on how each is configured).
+//
+//   adamw  AdamW on everything; weight decay on matrices and embeddings only (as nanoGPT)
+//   muon   fogo::Muon on the transformer's matrices, AdamW on embeddings (the tied head),
+//          LayerNorm weights and biases (the paper's "standard Muon hybrid")
+//   fogo   fogo::FOGO with presets::gpt2() on the same matrices, one codebook per parameter
+//          shape (c_attn, attn c_proj, c_fc, mlp c_proj), AdamW on the rest
+
+#include <fogo/hybrid.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpt2 {
+
+struct OptimizerConfig {
+  std::string name = "fogo";  ///< adamw | muon | fogo
+  double lr = 6e-4;           ///< AdamW's lr (and the matrix side's unless matrix_lr is set)
+  std::optional<double> matrix_lr;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double muon_momentum = 0.95;
+  /// Muon's lr rule: "match_rms" (0.2 sqrt(max(A, B)): the update RMS of AdamW, so the shared
+  /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does) or "original".
+  std::string muon_adjust = "match_rms";
+};
+
+/// Throws naming the offending flag.
+void validate(const OptimizerConfig& config);
+
+struct Optimizer {
+  fogo::HybridOptimizer hybrid;
+  /// Names of the matrix side's param groups (FOGO codebooks), for telemetry columns.
+  std::vector<std::string> matrix_groups;
+};
+
+Optimizer make_optimizer(const OptimizerConfig& config, const torch::nn::Module& model);
+
+/// FOGO's per-codebook statistics of the last step as (column, value) pairs, named
+/// "fogo_<group>_<stat>"; empty for adamw and muon.
+std::vector<std::pair<std::string, double>> telemetry(Optimizer& optimizer);
+
+}  // namespace gpt2

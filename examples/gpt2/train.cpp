@@ -1,0 +1,475 @@
+#include "train.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "common/checkpoint.h"
+#include "common/metrics.h"
+#include "common/progress.h"
+#include "common/report.h"
+#include "common/runtime.h"
+
+namespace gpt2 {
+
+namespace tr = fogo::trainer;
+
+GPTConfig model_config(const TrainConfig& cfg, int64_t data_vocab) {
+  GPTConfig c = GPTConfig::preset(cfg.model, parse_arch(cfg.arch), data_vocab);
+  if (cfg.n_layer) c.n_layer = *cfg.n_layer;
+  if (cfg.n_head) c.n_head = *cfg.n_head;
+  if (cfg.n_embd) c.n_embd = *cfg.n_embd;
+  if (cfg.block_size) c.block_size = *cfg.block_size;
+  if (cfg.vocab_size) {
+    TORCH_CHECK(*cfg.vocab_size >= data_vocab, "--vocab-size ", *cfg.vocab_size,
+                " is smaller than the data's vocabulary (", data_vocab, ")");
+    c.vocab_size = *cfg.vocab_size;
+  }
+  c.dropout = cfg.dropout;
+  c.validate();
+  return c;
+}
+
+double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac,
+                  double min_factor) {
+  if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const int64_t decay = static_cast<int64_t>(std::llround(decay_frac * static_cast<double>(steps)));
+  const int64_t decay_start = steps - decay;
+  if (decay <= 0 || step < decay_start) return 1.0;
+  // Linear from 1 at decay_start to min_factor after the last step.
+  const double progress = static_cast<double>(step - decay_start + 1) / static_cast<double>(decay);
+  return 1.0 - (1.0 - min_factor) * progress;
+}
+
+namespace {
+
+void validate(const TrainConfig& c) {
+  TORCH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
+  TORCH_CHECK(c.grad_accum >= 1, "--grad-accum must be >= 1, got ", c.grad_accum);
+  TORCH_CHECK(c.max_steps >= 0, "--steps must be >= 0, got ", c.max_steps);
+  TORCH_CHECK(c.max_steps > 0 || c.tokens > 0, "--tokens must be > 0 when --steps is not given");
+  TORCH_CHECK(c.decay_frac >= 0.0 && c.decay_frac <= 1.0, "--decay-frac must be in [0, 1], got ",
+              c.decay_frac);
+  TORCH_CHECK(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0,
+              "--min-lr-factor must be in [0, 1], got ", c.min_lr_factor);
+  TORCH_CHECK(c.grad_clip >= 0.0, "--grad-clip must be >= 0, got ", c.grad_clip);
+  TORCH_CHECK(c.eval_every >= 1, "--eval-every must be >= 1, got ", c.eval_every);
+  TORCH_CHECK(c.eval_batches >= 1, "--eval-batches must be >= 1, got ", c.eval_batches);
+  TORCH_CHECK(c.log_every >= 1, "--log-every must be >= 1, got ", c.log_every);
+  TORCH_CHECK(c.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", c.ckpt_every);
+  TORCH_CHECK(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got ", c.stop_at_step);
+  TORCH_CHECK(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off",
+              "--autocast: expected auto, bf16 or off, got '", c.autocast, "'");
+  TORCH_CHECK(!c.out_dir.empty(), "--out: no directory given");
+}
+
+// bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType type, bool enabled) : type_(type), enabled_(enabled) {
+    if (!enabled_) return;
+    previous_ = at::autocast::is_autocast_enabled(type_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    // The cast-weight cache lives for the outermost autocast region, as in Python.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(type_, previous_);
+    at::autocast::set_autocast_dtype(type_, previous_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool enabled_, previous_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
+};
+
+double evaluate(GPT& model, const Batcher& val, const TrainConfig& cfg, torch::Device device,
+                bool autocast) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  double sum = 0;
+  for (int64_t k = 0; k < cfg.eval_batches; ++k) {
+    auto [x, y] = val.eval_batch(k, cfg.eval_batches, cfg.batch_size);
+    AutocastGuard guard(device.type(), autocast);
+    sum += model->loss(x.to(device), y.to(device)).item<double>();
+  }
+  model->train();
+  return sum / static_cast<double>(cfg.eval_batches);
+}
+
+torch::Tensor to_tensor(const std::vector<Point>& points) {
+  auto t = torch::empty({static_cast<int64_t>(points.size()), 3}, torch::kDouble);
+  auto a = t.accessor<double, 2>();
+  for (size_t i = 0; i < points.size(); ++i) {
+    a[i][0] = static_cast<double>(points[i].step);
+    a[i][1] = static_cast<double>(points[i].tokens);
+    a[i][2] = points[i].value;
+  }
+  return t;
+}
+
+std::vector<Point> from_tensor(const torch::Tensor& t) {
+  auto cpu = t.to(torch::kCPU, torch::kDouble);
+  auto a = cpu.accessor<double, 2>();
+  std::vector<Point> out(static_cast<size_t>(cpu.size(0)));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = {static_cast<int64_t>(a[i][0]), static_cast<int64_t>(a[i][1]), a[i][2]};
+  }
+  return out;
+}
+
+// What a checkpoint must agree on with the command that resumes it, so that the continuation
+// is the run that was interrupted (same model, optimizer, data order and schedule).
+std::map<std::string, std::string> identity(const TrainConfig& cfg, const GPTConfig& model,
+                                            const Corpus& corpus, int64_t steps,
+                                            int64_t tokens_per_step, int64_t warmup) {
+  std::ostringstream opt;
+  const auto& o = cfg.optimizer;
+  opt << o.name << " lr " << o.lr << " matrix_lr " << o.matrix_lr.value_or(o.lr) << " wd "
+      << o.weight_decay << " betas " << o.beta1 << "," << o.beta2 << " muon " << o.muon_adjust;
+  std::ostringstream schedule;
+  schedule << "steps " << steps << " tokens/step " << tokens_per_step << " warmup " << warmup
+           << " decay " << cfg.decay_frac << " min " << cfg.min_lr_factor << " clip "
+           << cfg.grad_clip;
+  return {{"model", model.describe()},
+          {"optimizer", opt.str()},
+          {"data", corpus.description + " seed " + std::to_string(cfg.data_seed)},
+          {"schedule", schedule.str()}};
+}
+
+void write_model_config(tr::CheckpointWriter& w, const GPTConfig& c) {
+  w.put("arch", to_string(c.arch));
+  w.put("vocab_size", c.vocab_size);
+  w.put("block_size", c.block_size);
+  w.put("n_layer", c.n_layer);
+  w.put("n_head", c.n_head);
+  w.put("n_embd", c.n_embd);
+  w.put("dropout", c.dropout);
+  w.put("rope_base", c.rope_base);
+}
+
+GPTConfig read_model_config(tr::CheckpointReader& r) {
+  GPTConfig c;
+  c.arch = parse_arch(r.get_string("arch"));
+  c.vocab_size = r.get_int("vocab_size");
+  c.block_size = r.get_int("block_size");
+  c.n_layer = r.get_int("n_layer");
+  c.n_head = r.get_int("n_head");
+  c.n_embd = r.get_int("n_embd");
+  c.dropout = r.get_double("dropout");
+  c.rope_base = r.get_double("rope_base");
+  c.validate();
+  return c;
+}
+
+std::string format_double(double v, int precision) {
+  if (!std::isfinite(v)) return "n/a";
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(precision) << v;
+  return s.str();
+}
+
+}  // namespace
+
+RunResult train(const TrainConfig& cfg, std::ostream& log) {
+  validate(cfg);
+  validate(cfg.optimizer);
+  const torch::Device device = tr::parse_device(cfg.device);
+  tr::set_threads(cfg.threads);
+  if (cfg.deterministic) tr::make_deterministic(cfg.seed);
+  if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32
+  const bool autocast = cfg.autocast == "bf16" || (cfg.autocast == "auto" && device.is_cuda());
+
+  const Corpus corpus = load_corpus(cfg.data);
+  const GPTConfig mc = model_config(cfg, corpus.vocab_size);
+  const Batcher train_data(corpus.train, "train", mc.block_size, mc.vocab_size, cfg.data_seed);
+  const Batcher val_data(corpus.val, "val", mc.block_size, mc.vocab_size, cfg.data_seed);
+
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+  GPT model(mc);
+  model->to(device);
+  Optimizer opt = make_optimizer(cfg.optimizer, *model);
+
+  const int64_t tokens_per_step = cfg.batch_size * cfg.grad_accum * mc.block_size;
+  const int64_t steps =
+      cfg.max_steps > 0 ? cfg.max_steps : (cfg.tokens + tokens_per_step - 1) / tokens_per_step;
+  const int64_t warmup =
+      cfg.warmup_steps >= 0 ? cfg.warmup_steps : std::llround(0.02 * static_cast<double>(steps));
+  TORCH_CHECK(warmup <= steps, "--warmup-steps ", warmup, " exceeds the run's ", steps, " steps");
+  const double peak_tflops =
+      cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device.is_cuda() ? 989.0 : 0.0);
+
+  RunResult result;
+  result.optimizer = cfg.optimizer.name;
+  result.model = mc;
+  result.steps = steps;
+  result.tokens_per_step = tokens_per_step;
+  result.device = tr::describe_runtime(device) + (autocast ? ", bf16 autocast" : ", fp32");
+
+  // Resume: everything a step depends on is the step index (batches, schedule, dropout seed)
+  // or lives in the checkpoint (weights, optimizer state, history and interval accumulators).
+  const std::string ckpt_path = (std::filesystem::path(cfg.out_dir) / "ckpt.pt").string();
+  const auto id = identity(cfg, mc, corpus, steps, tokens_per_step, warmup);
+  int64_t start = 0;
+  double interval_sum = 0;
+  int64_t interval_count = 0;
+  if (cfg.resume && tr::checkpoint_exists(ckpt_path)) {
+    tr::CheckpointReader in(ckpt_path, device);
+    for (const auto& [key, value] : id) {
+      const std::string saved = in.get_string("id_" + key);
+      TORCH_CHECK(saved == value, "--resume: ", ckpt_path, " was made with ", key, " '", saved,
+                  "' but this run has '", value, "'; use another --out or drop --resume");
+    }
+    in.load_module("model", *model);
+    in.load_optimizer("optimizer", opt.hybrid);
+    start = in.get_int("step");
+    result.train_seconds = in.get_double("train_seconds");
+    interval_sum = in.get_double("interval_loss_sum");
+    interval_count = in.get_int("interval_count");
+    result.train_loss = from_tensor(in.get_tensor("history_train"));
+    result.val_loss = from_tensor(in.get_tensor("history_val"));
+    log << "resumed " << ckpt_path << " at step " << start << "/" << steps << "\n";
+  }
+
+  const std::filesystem::path out(cfg.out_dir);
+  auto open_metrics = [&](const char* name) {
+    const std::string path = (out / name).string();
+    return start > 0 ? tr::MetricsWriter::resume(path, start) : tr::MetricsWriter::create(path);
+  };
+  std::vector<tr::MetricsWriter> metrics;
+  metrics.push_back(open_metrics("metrics.jsonl"));
+  metrics.push_back(open_metrics("metrics.csv"));
+
+  log << "[" << cfg.optimizer.name << "] " << result.device << "\n"
+      << "  model " << mc.describe() << ", " << mc.num_parameters() << " parameters\n"
+      << "  data " << corpus.description << "\n"
+      << "  " << steps << " steps x " << tokens_per_step << " tokens (batch " << cfg.batch_size
+      << " x accum " << cfg.grad_accum << " x context " << mc.block_size << "), warmup " << warmup
+      << ", lr " << cfg.optimizer.lr << "\n";
+
+  auto save = [&](int64_t step) {
+    tr::CheckpointWriter w;
+    for (const auto& [key, value] : id) w.put("id_" + key, value);
+    write_model_config(w, mc);
+    w.put("data_format", to_string(corpus.format));
+    w.put("step", step);
+    w.put("train_seconds", result.train_seconds);
+    w.put("interval_loss_sum", interval_sum);
+    w.put("interval_count", interval_count);
+    w.put_tensor("history_train", to_tensor(result.train_loss));
+    w.put_tensor("history_val", to_tensor(result.val_loss));
+    w.put_module("model", *model);
+    w.put_optimizer("optimizer", opt.hybrid);
+    w.commit(ckpt_path);
+  };
+
+  const int64_t end = cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps) : steps;
+  if (start == 0) {
+    result.val_loss.push_back({0, 0, evaluate(model, val_data, cfg, device, autocast)});
+  }
+  std::unique_ptr<tr::Progress> progress;
+  if (!cfg.quiet) {
+    progress = std::make_unique<tr::Progress>(
+        steps, start, tr::ProgressOptions{.label = cfg.optimizer.name, .unit = "tokens"}, log);
+  }
+  const auto params = model->parameters();
+  const double max_norm =
+      cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity();
+  model->train();
+
+  for (int64_t step = start; step < end; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double factor = wsd_factor(step, steps, warmup, cfg.decay_frac, cfg.min_lr_factor);
+    opt.hybrid.set_lr_factor(factor);
+    torch::manual_seed(static_cast<uint64_t>(cfg.seed) + static_cast<uint64_t>(step));  // dropout
+    auto loss_sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat));
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      auto [x, y] = train_data.train_batch(step, micro, cfg.batch_size);
+      torch::Tensor loss;
+      {
+        AutocastGuard guard(device.type(), autocast);
+        loss = model->loss(x.to(device), y.to(device));
+      }
+      (loss / static_cast<double>(cfg.grad_accum)).backward();
+      loss_sum += loss.detach();
+    }
+    // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
+    const double grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
+    const double train_loss = loss_sum.item<double>() / static_cast<double>(cfg.grad_accum);
+    TORCH_CHECK(std::isfinite(grad_norm) && std::isfinite(train_loss), "step ", step + 1,
+                ": non-finite loss (", train_loss, ") or gradient norm (", grad_norm,
+                "); no update was applied. Lower --lr or check the data");
+    opt.hybrid.step();
+    opt.hybrid.zero_grad();
+    if (device.is_cuda()) torch::cuda::synchronize();
+    result.train_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    const int64_t done = step + 1, tokens = done * tokens_per_step;
+    interval_sum += train_loss;
+    ++interval_count;
+    const bool eval_now = done % cfg.eval_every == 0 || done == steps;
+    double val_loss = std::numeric_limits<double>::quiet_NaN();
+    if (eval_now) {
+      val_loss = evaluate(model, val_data, cfg, device, autocast);
+      result.val_loss.push_back({done, tokens, val_loss});
+    }
+    const double tps = static_cast<double>(tokens) / result.train_seconds;
+    const double mfu = peak_tflops > 0 ? mc.flops_per_token() * tps / (peak_tflops * 1e12) : -1;
+    // Records fall on the same steps whether or not the run was interrupted (a stop keeps its
+    // partial interval in the checkpoint), so a resumed metrics file equals an uninterrupted one.
+    if (eval_now || done % cfg.log_every == 0) {
+      const double mean = interval_sum / static_cast<double>(interval_count);
+      result.train_loss.push_back({done, tokens, mean});
+      interval_sum = 0;
+      interval_count = 0;
+      tr::Record rec;
+      rec.set("step", done)
+          .set("tokens", tokens)
+          .set("optimizer", cfg.optimizer.name)
+          .set("lr", cfg.optimizer.lr * factor)
+          .set("train_loss", mean)
+          .set("val_loss", val_loss)
+          .set("grad_norm", grad_norm)
+          .set("tokens_per_s", tps)
+          .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
+          .set("train_seconds", result.train_seconds);
+      for (const auto& [key, value] : telemetry(opt)) rec.set(key, value);
+      for (auto& m : metrics) m.write(rec);
+    }
+    if (progress) {
+      std::ostringstream extra;
+      extra << "lr " << std::scientific << std::setprecision(2) << cfg.optimizer.lr * factor
+            << "  |g| " << std::fixed << std::setprecision(3) << grad_norm;
+      if (mfu >= 0) extra << "  MFU " << std::setprecision(1) << 100 * mfu << "%";
+      progress->update(done, tokens_per_step, {.loss = train_loss, .extra = extra.str()});
+      if (eval_now) {
+        progress->note("[" + cfg.optimizer.name + "] step " + std::to_string(done) + "  tokens " +
+                       std::to_string(tokens) + "  val loss " + format_double(val_loss, 4));
+      }
+    }
+    if ((cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == end) save(done);
+  }
+  if (progress) progress->finish();
+
+  const int64_t trained = end * tokens_per_step;
+  result.tokens_per_second =
+      result.train_seconds > 0 ? static_cast<double>(trained) / result.train_seconds : 0.0;
+  if (peak_tflops > 0) {
+    result.mfu = mc.flops_per_token() * result.tokens_per_second / (peak_tflops * 1e12);
+  }
+  result.trained = model;
+  return result;
+}
+
+std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,
+                               std::ostream& log) {
+  TORCH_CHECK(!names.empty(), "--optimizers: no optimizer given");
+  std::vector<RunResult> runs;
+  for (const auto& name : names) {
+    TrainConfig c = config;
+    c.optimizer.name = name;
+    c.out_dir = (std::filesystem::path(config.out_dir) / name).string();
+    runs.push_back(train(c, log));
+    runs.back().trained = GPT(nullptr);  // keep one model in memory at a time
+  }
+
+  // Same schedule and eval cadence for every run, so the evaluated token counts coincide.
+  std::vector<std::string> header{"tokens"};
+  for (const auto& r : runs) header.push_back(r.optimizer);
+  tr::Table curve(header);
+  for (size_t i = 0; i < runs[0].val_loss.size(); ++i) {
+    std::vector<std::string> row{std::to_string(runs[0].val_loss[i].tokens)};
+    for (const auto& r : runs) {
+      row.push_back(i < r.val_loss.size() ? format_double(r.val_loss[i].value, 4) : "n/a");
+    }
+    curve.add_row(row);
+  }
+  tr::Table summary(
+      {"optimizer", "final val loss", "best val loss", "tokens/s", "MFU", "train time (s)"});
+  for (const auto& r : runs) {
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& p : r.val_loss) best = std::min(best, p.value);
+    summary.add_row({r.optimizer, format_double(r.val_loss.back().value, 4), format_double(best, 4),
+                     format_double(r.tokens_per_second, 0),
+                     r.mfu >= 0 ? format_double(100 * r.mfu, 2) + "%" : "n/a",
+                     format_double(r.train_seconds, 1)});
+  }
+
+  const std::filesystem::path out(config.out_dir);
+  const auto& first = runs.front();
+  std::ostringstream md;
+  md << "model " << first.model.describe() << " (" << first.model.num_parameters()
+     << " parameters), " << first.steps << " steps x " << first.tokens_per_step
+     << " tokens = " << first.steps * first.tokens_per_step << " tokens\n"
+     << first.device << "\n\n### Validation loss vs training tokens\n\n"
+     << curve.to_markdown() << "\n### Summary\n\n"
+     << summary.to_markdown();
+  {
+    std::ofstream f(out / "compare.md");
+    TORCH_CHECK(f << md.str(), "compare: cannot write ", (out / "compare.md").string());
+  }
+  log << "\n" << curve.to_text() << "\n" << summary.to_text();
+
+  auto series = [&](auto member) {
+    std::vector<tr::Series> all;
+    for (const auto& r : runs) {
+      tr::Series s{r.optimizer, {}, {}, {}};
+      for (const auto& p : r.*member) {
+        s.x.push_back(static_cast<double>(p.tokens));
+        s.y.push_back(p.value);
+      }
+      all.push_back(std::move(s));
+    }
+    return all;
+  };
+  tr::plot_png((out / "loss.png").string(),
+               {{"GPT-2 training loss", "tokens", "loss", series(&RunResult::train_loss)},
+                {"GPT-2 validation loss", "tokens", "loss", series(&RunResult::val_loss)}},
+               2, log);
+  log << "wrote " << (out / "compare.md").string() << " and " << (out / "loss.png").string()
+      << "\n";
+  return runs;
+}
+
+std::string sample(const SampleConfig& config) {
+  const torch::Device device = tr::parse_device(config.device);
+  tr::CheckpointReader in(config.checkpoint, device);
+  GPT model(read_model_config(in));
+  in.load_module("model", *model);
+  model->to(device);
+  const bool bytes = in.get_string("data_format") == to_string(DataFormat::Text);
+
+  std::vector<int64_t> prompt = config.prompt_ids;
+  if (prompt.empty()) {
+    TORCH_CHECK(bytes, "sample: ", config.checkpoint,
+                " was trained on GPT-2 token ids, which this "
+                "program cannot encode or decode; give the prompt as --prompt-ids");
+    TORCH_CHECK(!config.prompt.empty(), "--prompt: empty prompt");
+    prompt = ByteTokenizer::encode(config.prompt);
+  }
+  auto ids = model->generate(torch::tensor(prompt, torch::kLong), config.tokens, config.temperature,
+                             config.top_k, static_cast<uint64_t>(config.seed));
+  std::vector<int64_t> out(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+  if (bytes) return ByteTokenizer::decode(out);
+  std::ostringstream s;
+  for (size_t i = 0; i < out.size(); ++i) s << (i ? " " : "") << out[i];
+  return s.str();
+}
+
+}  // namespace gpt2

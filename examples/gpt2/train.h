@@ -1,0 +1,107 @@
+#pragma once
+// The GPT-2 training loop: warmup-stable-decay schedule, gradient accumulation and clipping,
+// bf16 autocast on CUDA, fixed-set validation, metrics, atomic checkpoints with exact resume,
+// and a comparison of several optimizers on the same data order and token budget.
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+
+namespace gpt2 {
+
+struct TrainConfig {
+  // Model: a named size, optionally overridden field by field.
+  std::string model = "mini";
+  std::string arch = "paper";
+  std::optional<int64_t> n_layer, n_head, n_embd, block_size, vocab_size;
+  double dropout = 0.0;
+
+  DataOptions data{.path = "runs/kjv/kjv.txt"};
+  OptimizerConfig optimizer;
+
+  // Budget: max_steps, or when 0, enough steps for `tokens` training tokens.
+  int64_t max_steps = 0;
+  int64_t tokens = 2'000'000;
+  int64_t batch_size = 16;  ///< sequences per micro-batch
+  int64_t grad_accum = 1;   ///< micro-batches per step
+  /// Warmup-stable-decay: linear warmup over warmup_steps (-1: 2% of the steps, the paper's
+  /// 2K of 100K), constant, then linear decay to min_lr_factor over the last decay_frac.
+  int64_t warmup_steps = -1;
+  double decay_frac = 0.2;
+  double min_lr_factor = 0.0;
+  double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
+
+  int64_t eval_every = 100;  ///< steps between validations (the last step is always evaluated)
+  int64_t eval_batches = 8;  ///< fixed validation batches of batch_size sequences
+  int64_t log_every = 10;    ///< steps between metrics records
+
+  std::string out_dir = "runs/gpt2";
+  int64_t ckpt_every = 0;    ///< steps between checkpoints (0: only at the end)
+  bool resume = false;       ///< continue from out_dir/ckpt.pt when it exists
+  int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step: simulates a crash
+
+  std::string device = "auto";
+  std::string autocast = "auto";  ///< auto (bf16 on CUDA, off on CPU) | bf16 | off
+  bool deterministic = true;
+  int64_t seed = 1337;       ///< model init and dropout
+  int64_t data_seed = 1337;  ///< batch order
+  int64_t threads = 0;
+  double peak_tflops = -1;  ///< for MFU; < 0: 989 (H100/H200 bf16 dense) on CUDA, none on CPU
+  bool quiet = false;       ///< no progress line (tests)
+};
+
+/// Model configuration from the named size and overrides; vocab from the data when not given.
+GPTConfig model_config(const TrainConfig& config, int64_t data_vocab);
+
+/// Learning-rate factor of the warmup-stable-decay schedule at `step` (0-based) of `steps`.
+double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac,
+                  double min_factor);
+
+struct Point {
+  int64_t step = 0, tokens = 0;
+  double value = 0;
+};
+
+struct RunResult {
+  std::string optimizer;
+  GPTConfig model;
+  int64_t steps = 0, tokens_per_step = 0;
+  std::vector<Point> train_loss;  ///< mean training loss of each logging interval
+  std::vector<Point> val_loss;
+  double train_seconds = 0;  ///< training time without validation and checkpoints
+  double tokens_per_second = 0, mfu = -1;
+  std::string device;
+  GPT trained{nullptr};  ///< the final model
+};
+
+/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt. Progress goes to
+/// `log`. Throws on bad configuration, bad data, or a non-finite loss or gradient.
+RunResult train(const TrainConfig& config, std::ostream& log);
+
+/// Trains each optimizer with otherwise identical settings into out_dir/<optimizer>, then
+/// writes out_dir/compare.md (val loss at each evaluated token count, throughput) and
+/// out_dir/loss.png (train and val loss vs tokens). Returns the runs.
+std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,
+                               std::ostream& log);
+
+struct SampleConfig {
+  std::string checkpoint;
+  std::string prompt = "\n";        ///< text (byte-level models)
+  std::vector<int64_t> prompt_ids;  ///< token ids (models trained on GPT-2 tokens)
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  int64_t seed = 0;
+  std::string device = "cpu";
+};
+
+/// Generates from a checkpoint; returns the text (byte models) or space-separated token ids.
+std::string sample(const SampleConfig& config);
+
+}  // namespace gpt2
