@@ -1,0 +1,513 @@
+// fogo::FOGO end to end: the memory-disabled reduction to slow-stream Muon (checked against a
+// hand computation in double precision), protection at task boundaries, checkpoints, and bad
+// or extreme input.
+#include <fogo/fogo.h>
+#include <fogo/projection.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+namespace {
+
+fogo::FOGOOptions memory_disabled(double lr) {
+  return fogo::FOGOOptions(lr).xi(0).gamma_hi(0).gamma_st_min(0).gamma_st_max(0).gamma_lt(0);
+}
+
+double max_abs(const torch::Tensor& x) { return x.abs().max().item<double>(); }
+
+// Plain-loop double-precision reference of slow-stream Muon with RMS scaling (ALGORITHM.md's
+// memory-disabled reduction): B = mu B + G; X0 = B/(|B|_F + eps) on the wide orientation;
+// 5 quintic NS steps; p -= lr sigma sqrt(mn) O / |O|_F.
+using Mat = std::vector<std::vector<double>>;
+Mat matmul(const Mat& a, const Mat& b) {
+  Mat c(a.size(), std::vector<double>(b[0].size(), 0.0));
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t k = 0; k < b.size(); ++k)
+      for (size_t j = 0; j < b[0].size(); ++j) c[i][j] += a[i][k] * b[k][j];
+  return c;
+}
+Mat transpose(const Mat& a) {
+  Mat t(a[0].size(), std::vector<double>(a.size()));
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[0].size(); ++j) t[j][i] = a[i][j];
+  return t;
+}
+double fro(const Mat& a) {
+  double s = 0;
+  for (const auto& row : a)
+    for (double v : row) s += v * v;
+  return std::sqrt(s);
+}
+Mat hand_ns(Mat X) {
+  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  const bool tall = X.size() > X[0].size();
+  if (tall) X = transpose(X);
+  const double norm = fro(X) + 1e-8;
+  for (auto& row : X)
+    for (double& v : row) v /= norm;
+  for (int k = 0; k < 5; ++k) {
+    const Mat A = matmul(X, transpose(X));
+    const Mat A2 = matmul(A, A);
+    Mat poly = A;
+    for (size_t i = 0; i < A.size(); ++i)
+      for (size_t j = 0; j < A.size(); ++j) poly[i][j] = b * A[i][j] + c * A2[i][j];
+    const Mat PX = matmul(poly, X);
+    for (size_t i = 0; i < X.size(); ++i)
+      for (size_t j = 0; j < X[0].size(); ++j) X[i][j] = a * X[i][j] + PX[i][j];
+  }
+  return tall ? transpose(X) : X;
+}
+Mat to_mat(const torch::Tensor& t) {
+  const auto d = t.to(torch::kDouble).contiguous();
+  Mat m(d.size(0), std::vector<double>(d.size(1)));
+  for (int64_t i = 0; i < d.size(0); ++i)
+    for (int64_t j = 0; j < d.size(1); ++j) m[i][j] = d[i][j].item<double>();
+  return m;
+}
+
+}  // namespace
+
+TEST(FOGO, MemoryDisabledMatchesHandComputedTwoSteps) {
+  for (auto shape : {std::vector<int64_t>{2, 3}, {3, 2}}) {
+    torch::manual_seed(0);
+    const auto init = torch::randn(shape);
+    const auto grads = torch::randn({2, shape[0], shape[1]});
+    auto p = init.clone().requires_grad_(true);
+    const double lr = 0.1, sigma = 0.2, mu = 0.95;
+    fogo::FOGO opt({p}, memory_disabled(lr).sigma(sigma).mu_s(mu).proj_dim(4).codebook_size(3));
+
+    Mat P = to_mat(init), B(shape[0], std::vector<double>(shape[1], 0.0));
+    for (int64_t step = 0; step < 2; ++step) {
+      p.mutable_grad() = grads[step].clone();
+      opt.step();
+      const Mat G = to_mat(grads[step]);
+      for (int64_t i = 0; i < shape[0]; ++i)
+        for (int64_t j = 0; j < shape[1]; ++j) B[i][j] = mu * B[i][j] + G[i][j];
+      const Mat O = hand_ns(B);
+      const double scale = lr * sigma * std::sqrt(6.0) / (fro(O) + 1e-8);
+      for (int64_t i = 0; i < shape[0]; ++i)
+        for (int64_t j = 0; j < shape[1]; ++j) P[i][j] -= scale * O[i][j];
+      for (int64_t i = 0; i < shape[0]; ++i)
+        for (int64_t j = 0; j < shape[1]; ++j)
+          EXPECT_NEAR(p[i][j].item<double>(), P[i][j], 1e-6) << shape[0] << "x" << shape[1];
+    }
+  }
+}
+
+TEST(FOGO, MemoryDisabledIsSlowStreamMuonWithRmsScaling) {
+  // ALGORITHM.md's first check: Ohat == O_s up to the eps terms of the row normalisations
+  // (relative difference below 1e-6). The parameter is reset to zero before each step (the state
+  // does not depend on it), so with weight decay 0 it then holds exactly -lr gamma_t Ohat.
+  torch::manual_seed(1);
+  for (auto shape : {std::vector<int64_t>{24, 64}, {64, 24}, {16, 4, 3, 3}}) {
+    auto p = torch::zeros(shape).requires_grad_(true);
+    fogo::FOGO opt({p}, memory_disabled(1.0).sigma(1.0).proj_dim(16).codebook_size(8));
+    const int64_t rows = shape[0], cols = p.numel() / rows;
+    const bool tall = rows > cols;
+    torch::Tensor Bs = torch::zeros({rows, cols}), Bf = torch::zeros({rows, cols});
+    fogo::NSConfig ns;
+    ns.compute_dtype = torch::kFloat;
+    ns.eps = 1e-8;
+    ns.normalization = fogo::NSNormalization::AddEps;
+    for (int step = 0; step < 3; ++step) {
+      const auto G = torch::randn({rows, cols});
+      p.mutable_grad() = G.reshape(shape);
+      {
+        torch::NoGradGuard guard;
+        p.zero_();
+      }
+      opt.step();
+      Bs = 0.95 * Bs + G;
+      Bf = 0.35 * Bf + G;
+      // The same batched call FOGO makes (both streams in one chain), on the wide orientation.
+      auto Os = fogo::newton_schulz(tall ? torch::stack({Bs.t(), Bf.t()}) : torch::stack({Bs, Bf}),
+                                    ns)[0];
+      if (tall) Os = Os.t();
+      const auto expected = -std::sqrt(static_cast<double>(rows * cols)) * Os / (Os.norm() + 1e-8);
+      const auto actual = p.detach().reshape({rows, cols});
+      EXPECT_LT((actual - expected).norm().item<double>() / expected.norm().item<double>(), 1e-6)
+          << shape << " step " << step;
+    }
+  }
+}
+
+namespace {
+
+// Gradients of a fixed low-rank structure plus noise, so the codebook has directions to learn.
+torch::Tensor structured_grad(const torch::Tensor& basis, int64_t rows, int64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randn({rows, basis.size(0)}).mm(basis) + 0.1 * torch::randn({rows, basis.size(1)});
+}
+
+fogo::FOGOOptions small_options() {
+  return fogo::FOGOOptions(0.01)
+      .proj_dim(16)
+      .codebook_size(8)
+      .reseed_every(5)
+      .freeze_per_task(4)
+      .weight_decay(0);
+}
+
+}  // namespace
+
+TEST(FOGO, FilteringPathRunsAndTelemetryIsSane) {
+  torch::manual_seed(2);
+  auto a = torch::randn({12, 48}).requires_grad_(true);
+  auto b = torch::randn({40, 10}).requires_grad_(true);
+  fogo::FOGO opt({a, b}, small_options());
+  const auto basis_a = torch::randn({3, 48}), basis_b = torch::randn({3, 10});
+  for (int64_t step = 0; step < 12; ++step) {
+    a.mutable_grad() = structured_grad(basis_a, 12, step);
+    b.mutable_grad() = structured_grad(basis_b, 40, 100 + step);
+    opt.step();
+  }
+  EXPECT_TRUE(torch::isfinite(a).all().item<bool>() && torch::isfinite(b).all().item<bool>());
+  const auto t = opt.telemetry().at(0);
+  EXPECT_EQ(t.step, 12);
+  EXPECT_GE(t.gamma_st, 0.10);
+  EXPECT_LE(t.gamma_st, 0.30);
+  EXPECT_GT(t.rbar, 0.0);
+  for (double f : {t.frac_conflicting, t.frac_over_aligned, t.frac_lt_protected}) {
+    EXPECT_GE(f, 0.0);
+    EXPECT_LE(f, 1.0);
+  }
+  EXPECT_GT(t.frac_over_aligned, 0.0);  // structured gradients align with learned centroids
+  EXPECT_EQ(t.frac_lt_protected, 0.0);  // nothing frozen yet
+  EXPECT_GE(t.codebook_entropy, 0.0);
+  EXPECT_LE(t.codebook_entropy, std::log(8.0) + 1e-6);
+  EXPECT_GE(t.live_centroids, 1);
+  EXPECT_LE(t.live_centroids, 8);
+  EXPECT_GT(t.delta_ratio, 0.0);
+  const auto mem = opt.memory(0);
+  EXPECT_LT(max_abs(torch::linalg_vector_norm(mem.centroids, 2, {1}) - 1), 1e-5);
+}
+
+TEST(FOGO, ConsolidationFreezesCentroidsAndProtectionSuppressesThem) {
+  // Task A teaches the codebook some directions; after the boundary, task B's gradients have the
+  // same structure. Measured: the cosines between the rows of the first task-B update, projected
+  // by Pi, and the frozen directions, with protection (gamma_lt = 1, every centroid active) and
+  // without (gamma_lt = 0), the only difference between the two runs.
+  torch::manual_seed(7);
+  const auto basis = torch::randn({2, 64});
+  auto cosines = [&](double gamma_lt, int64_t freeze) {
+    torch::manual_seed(3);
+    auto p = torch::randn({8, 64}).requires_grad_(true);
+    fogo::FOGO opt({p}, small_options().freeze_per_task(freeze).eps_lt(0.0).gamma_lt(gamma_lt));
+    for (int64_t step = 0; step < 20; ++step) {
+      p.mutable_grad() = structured_grad(basis, 8, step);
+      opt.step();
+    }
+    opt.task_boundary();
+    EXPECT_EQ(opt.memory(0).frozen.size(0), freeze);
+    EXPECT_NEAR(opt.memory(0).frozen_nu.sum().item<double>(), 1.0, 1e-5);
+    EXPECT_EQ(opt.telemetry()[0].frozen, freeze);
+    const auto before = p.detach().clone();
+    p.mutable_grad() = structured_grad(basis, 8, 999);
+    opt.step();
+    const auto update = p.detach() - before;  // weight_decay 0: the update alone
+    const auto Pi = fogo::rademacher(0, 64, 16, fogo::ProjectionScale::Unit, torch::kCPU);
+    const auto rows = update.mm(Pi);
+    const auto unit_rows = rows / torch::linalg_vector_norm(rows, 2, {1}, true);
+    return std::make_pair(unit_rows.mm(opt.memory(0).frozen.t()), opt.memory(0).frozen_nu);
+  };
+  // One frozen direction (nu = 1): protection removes the component along it; what is left is
+  // the lift's distortion (2 lambda M (I + 2 lambda M)^-1 is close to, not exactly, I).
+  const auto [free1, nu1] = cosines(0.0, 1);
+  const auto [kept1, unused] = cosines(1.0, 1);
+  EXPECT_GT(max_abs(free1), 0.3);
+  EXPECT_LT(max_abs(kept1), 0.1);
+  // Four (importance-weighted): the Omega-weighted energy sum_k nu_k cos_k^2 drops, row by row
+  // (Theorem 4 in the projected space, up to the lift).
+  const auto [free4, nu4] = cosines(0.0, 4);
+  const auto [kept4, nu4b] = cosines(1.0, 4);
+  const auto energy_free = (free4.pow(2) * nu4).sum(1), energy_kept = (kept4.pow(2) * nu4b).sum(1);
+  EXPECT_TRUE((energy_kept < energy_free).all().item<bool>()) << energy_free << energy_kept;
+  EXPECT_LT(energy_kept.sum().item<double>(), 0.8 * energy_free.sum().item<double>());
+}
+
+TEST(FOGO, BeginTaskResetsMomentaAndConflictEma) {
+  auto p = torch::randn({6, 20}).requires_grad_(true);
+  fogo::FOGO opt({p}, small_options());
+  for (int64_t step = 0; step < 3; ++step) {
+    p.mutable_grad() = torch::randn({6, 20});
+    opt.step();
+  }
+  opt.begin_task();
+  const auto& st = static_cast<fogo::FOGOParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+  EXPECT_EQ(max_abs(st.slow_momentum()) + max_abs(st.fast_momentum()), 0.0);
+  p.mutable_grad() = torch::randn({6, 20});
+  opt.step();
+  // rbar restarted from 0: one EMA step of r_t, so rbar <= (1 - beta_r) * max r_t (r_t <= ~2).
+  EXPECT_LT(opt.telemetry()[0].rbar, 0.05 * 2.5);
+}
+
+namespace {
+
+// Two groups (one with a conv weight and a tall matrix), re-seeding every 3 steps, a task
+// boundary at step 4 and candidate sampling (more frozen centroids than candidates): every piece
+// of state takes part.
+struct Scenario {
+  torch::Tensor a, b, c;
+  std::unique_ptr<fogo::FOGO> opt;
+  Scenario() {
+    torch::manual_seed(4);
+    a = torch::randn({10, 30}).requires_grad_(true);
+    b = torch::randn({8, 3, 3, 3}).requires_grad_(true);
+    c = torch::randn({50, 12}).requires_grad_(true);
+    auto options = fogo::FOGOOptions(0.02)
+                       .proj_dim(8)
+                       .codebook_size(6)
+                       .reseed_every(3)
+                       .freeze_per_task(3)
+                       .lt_candidates(2)
+                       .weight_decay(0.01);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{a, b});
+    groups.emplace_back(std::vector<torch::Tensor>{c},
+                        std::make_unique<fogo::FOGOOptions>(options.codebook_size(5)));
+    opt = std::make_unique<fogo::FOGO>(groups, options);
+  }
+  void steps(int64_t from, int64_t to) {
+    for (int64_t k = from; k < to; ++k) {
+      torch::manual_seed(500 + k);
+      a.mutable_grad() = torch::randn(a.sizes());
+      b.mutable_grad() = torch::randn(b.sizes());
+      c.mutable_grad() = torch::randn(c.sizes());
+      opt->step();
+      if (k == 3 || k == 6) opt->task_boundary();
+    }
+  }
+};
+
+}  // namespace
+
+TEST(FOGO, SaveLoadContinueEqualsUninterrupted) {
+  Scenario straight;
+  straight.steps(0, 12);
+
+  Scenario first;
+  first.steps(0, 7);
+  std::stringstream checkpoint;
+  torch::save(*first.opt, checkpoint);
+  Scenario resumed;  // same initial values; parameters copied from the interrupted run
+  {
+    torch::NoGradGuard guard;
+    resumed.a.copy_(first.a);
+    resumed.b.copy_(first.b);
+    resumed.c.copy_(first.c);
+  }
+  torch::load(*resumed.opt, checkpoint);
+  resumed.steps(7, 12);
+
+  EXPECT_TRUE(torch::equal(straight.a, resumed.a));
+  EXPECT_TRUE(torch::equal(straight.b, resumed.b));
+  EXPECT_TRUE(torch::equal(straight.c, resumed.c));
+  for (size_t g = 0; g < 2; ++g) {
+    const auto x = straight.opt->memory(g), y = resumed.opt->memory(g);
+    EXPECT_TRUE(torch::equal(x.centroids, y.centroids));
+    EXPECT_TRUE(torch::equal(x.N, y.N));
+    EXPECT_TRUE(torch::equal(x.frozen, y.frozen));
+    EXPECT_EQ(straight.opt->telemetry()[g].step, resumed.opt->telemetry()[g].step);
+  }
+  EXPECT_EQ(straight.opt->memory(0).frozen.size(0), 6);  // two boundaries x 3
+}
+
+TEST(FOGO, MismatchedCheckpointsAreRejectedAndChangeNothing) {
+  Scenario source;
+  source.steps(0, 5);
+  std::stringstream checkpoint;
+  torch::save(*source.opt, checkpoint);
+
+  auto expect_rejected = [&](fogo::FOGO& target, const std::string& needle) {
+    checkpoint.clear();
+    checkpoint.seekg(0);
+    const auto lr = target.param_groups()[0].options().get_lr();
+    try {
+      torch::load(target, checkpoint);
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(target.state().empty());
+    EXPECT_DOUBLE_EQ(target.param_groups()[0].options().get_lr(), lr);
+  };
+  // Other shapes.
+  auto x = torch::randn({10, 31}).requires_grad_(true),
+       y = torch::randn({8, 27}).requires_grad_(true);
+  auto z = torch::randn({50, 12}).requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{x, y});
+  groups.emplace_back(std::vector<torch::Tensor>{z});
+  fogo::FOGO other_shapes(groups, fogo::FOGOOptions(0.5).proj_dim(8).codebook_size(6));
+  expect_rejected(other_shapes, "different model");
+  // Another group layout.
+  fogo::FOGO one_group({torch::randn({10, 30}).requires_grad_(true)}, fogo::FOGOOptions(0.5));
+  expect_rejected(one_group, "parameter group");
+}
+
+TEST(FOGO, CheckpointWithOtherCodebookSizeIsRejected) {
+  auto p = torch::randn({6, 20}).requires_grad_(true);
+  fogo::FOGO source({p}, fogo::FOGOOptions().codebook_size(8).proj_dim(16));
+  p.mutable_grad() = torch::randn({6, 20});
+  source.step();
+  std::stringstream checkpoint;
+  torch::save(source, checkpoint);
+  // The options travel with the checkpoint, so a mismatch can only come from a corrupted or
+  // foreign memory archive: edit the saved options' codebook size by loading into an optimizer
+  // and changing it, then saving again.
+  fogo::FOGO edited({p}, fogo::FOGOOptions().codebook_size(8).proj_dim(16));
+  torch::load(edited, checkpoint);
+  static_cast<fogo::FOGOOptions&>(edited.param_groups()[0].options()).codebook_size(9);
+  std::stringstream bad;
+  torch::save(edited, bad);
+  fogo::FOGO target({p}, fogo::FOGOOptions().codebook_size(8).proj_dim(16));
+  try {
+    torch::load(target, bad);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("codebook_size"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(static_cast<fogo::FOGOOptions&>(target.param_groups()[0].options()).codebook_size(), 8);
+}
+
+TEST(FOGO, EdgeShapesAndScalesStayFinite) {
+  torch::manual_seed(6);
+  for (auto shape : {std::vector<int64_t>{1, 1}, {1, 40}, {40, 1}, {4, 7}, {64, 3, 3, 3}}) {
+    for (double scale : {0.0, 1e-30, 1e-12, 1.0, 1e12, 1e30}) {
+      auto p = torch::randn(shape).requires_grad_(true);
+      // d = 32 exceeds n for all but the conv weight (n = 27 < 32 too).
+      fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(32).codebook_size(4).weight_decay(0.1));
+      for (int step = 0; step < 3; ++step) {
+        p.mutable_grad() = torch::randn(shape) * scale;
+        if (step == 1 && shape[0] > 1) p.mutable_grad()[0].zero_();  // a zero row
+        opt.step();
+        ASSERT_TRUE(torch::isfinite(p).all().item<bool>()) << shape << " scale " << scale;
+      }
+    }
+  }
+}
+
+TEST(FOGO, ZeroGradientOnlyDecays) {
+  auto p = torch::randn({5, 9}).requires_grad_(true);
+  const auto p0 = p.detach().clone();
+  fogo::FOGO opt({p}, fogo::FOGOOptions(0.1).weight_decay(0.5));
+  p.mutable_grad() = torch::zeros({5, 9});
+  opt.step();
+  EXPECT_LT(max_abs(p.detach() - p0 * (1 - 0.1 * 0.5)), 1e-7);
+}
+
+TEST(FOGO, Bf16ParametersKeepFp32State) {
+  auto p = torch::randn({12, 32}).to(torch::kBFloat16).requires_grad_(true);
+  fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4));
+  for (int step = 0; step < 3; ++step) {
+    p.mutable_grad() = torch::randn({12, 32}).to(torch::kBFloat16);
+    opt.step();
+  }
+  EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  const auto& st = static_cast<fogo::FOGOParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+  EXPECT_EQ(st.slow_momentum().scalar_type(), torch::kFloat);
+}
+
+TEST(FOGO, NonFiniteGradientsRaiseOrSkipAndChangeNothing) {
+  auto a = torch::randn({4, 8}).requires_grad_(true), b = torch::randn({4, 8}).requires_grad_(true);
+  fogo::FOGO opt({a, b}, fogo::FOGOOptions().proj_dim(4).codebook_size(2));
+  a.mutable_grad() = torch::randn({4, 8});
+  b.mutable_grad() = torch::randn({4, 8});
+  opt.step();
+  const auto a1 = a.detach().clone(), b1 = b.detach().clone();
+  b.mutable_grad()[2][3] = INFINITY;
+  try {
+    opt.step();
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 1 of group 0"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(a, a1) && torch::equal(b, b1));
+  EXPECT_EQ(opt.telemetry()[0].step, 1);
+
+  static_cast<fogo::FOGOOptions&>(opt.param_groups()[0].options())
+      .nonfinite(fogo::NonFinitePolicy::Skip);
+  b.mutable_grad()[0][0] = NAN;
+  opt.step();  // skipped
+  EXPECT_TRUE(torch::equal(a, a1) && torch::equal(b, b1));
+  EXPECT_EQ(opt.telemetry()[0].step, 1);
+}
+
+TEST(FOGO, RejectsBadOptionsAndShapes) {
+  auto p = [] { return torch::randn({4, 6}).requires_grad_(true); };
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions(NAN)); }, "'lr'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().xi(1.5)); }, "'xi'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().proj_dim(0)); }, "'proj_dim'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().codebook_size(0)); }, "'codebook_size'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().mu_s(1.0 + 1e-9)); }, "'mu_s'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().lambda_prox(0)); }, "'lambda_prox'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().gamma_st_min(0.5).gamma_st_max(0.1)); },
+               "'gamma_st_max'");
+  expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().ns_steps_fast(100)); }, "ns_steps_fast");
+  expect_error([&] { fogo::FOGO({torch::zeros({5}).requires_grad_(true)}); }, "AdamW");
+  auto q = p();
+  fogo::FOGO opt({q});
+  q.mutable_grad() = torch::randn({4, 6}).to_sparse();
+  expect_error([&] { opt.step(); }, "sparse");
+}
+
+TEST(FOGO, WorksInTheHybridWithShapeGroupsAndSchedulers) {
+  torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
+                            torch::nn::ReLU(), torch::nn::Linear(32, 32), torch::nn::Linear(32, 4));
+  fogo::ParamSplitRules rules;
+  rules.rest_patterns = {R"(^5\.)"};  // the last layer is the head
+  auto opt =
+      fogo::make_hybrid<fogo::FOGO>(*net, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4),
+                                    torch::optim::AdamWOptions(1e-3), rules, fogo::shape_key);
+  ASSERT_EQ(opt.matrix()->param_groups().size(), 2u);  // 32x16 and 32x32 (two of them)
+  EXPECT_EQ(opt.matrix()->param_groups()[1].params().size(), 2u);
+  torch::optim::StepLR scheduler(*opt.matrix(), 1, 0.5);
+  const auto x = torch::randn({64, 16});
+  const auto y = torch::randint(0, 4, {64});
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_LT(last, first);
+  scheduler.step();
+  scheduler.step();
+  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups()[0].options().get_lr(), 0.005);
+}
+
+TEST(FOGOPresets, MatchThePapersTable) {
+  for (const auto& o :
+       {fogo::presets::class_imbalanced_backbone(), fogo::presets::class_imbalanced_head(),
+        fogo::presets::domain_il_backbone(), fogo::presets::domain_il_head(),
+        fogo::presets::class_il_backbone(), fogo::presets::class_il_head_fc(),
+        fogo::presets::class_il_classifier(), fogo::presets::gpt2(), fogo::presets::lora()}) {
+    EXPECT_NO_THROW(o.validate());
+  }
+  const auto gpt2 = fogo::presets::gpt2();
+  EXPECT_EQ(gpt2.codebook_size(), 256);
+  EXPECT_EQ(gpt2.proj_dim(), 512);
+  EXPECT_DOUBLE_EQ(gpt2.mu_f(), 0.15);
+  EXPECT_EQ(gpt2.reseed_every(), 200);
+  EXPECT_DOUBLE_EQ(gpt2.lr(), 6e-4);
+  const auto cil = fogo::presets::class_il_backbone();
+  EXPECT_EQ(cil.proj_dim(), 256);
+  EXPECT_EQ(cil.ns_steps_slow(), 4);
+  EXPECT_DOUBLE_EQ(cil.eps_lt(), 0.001);
+  EXPECT_EQ(cil.lt_candidates(), 48);
+  EXPECT_EQ(fogo::presets::class_il_classifier().proj_dim(), 16);
+  EXPECT_DOUBLE_EQ(fogo::presets::domain_il_head().gamma_lt(), 0.4);
+  EXPECT_DOUBLE_EQ(fogo::presets::lora().lambda_prox(), 0.8);
+}
