@@ -13,6 +13,7 @@
 
 #include "fogo/codebook.h"
 #include "fogo/detail/checks.h"
+#include "fogo/ops.h"
 #include "fogo/projected.h"
 #include "fogo/projection.h"
 
@@ -77,7 +78,8 @@ void FOGOOptions::validate() const {
 #define FOGO_OPTION_FIELDS(X)                                                                 \
   X(double, lr)                                                                               \
   X(double, weight_decay)                                                                     \
-  X(double, sigma) X(double, eps) X(double, mu_s) X(double, mu_f) X(int64_t, ns_steps_slow)   \
+  X(double, sigma)                                                                            \
+  X(double, eps) X(double, mu_s) X(double, mu_f) X(int64_t, ns_steps_slow)                    \
       X(int64_t, ns_steps_fast) X(coefficients_t, ns_coefficients) X(int64_t, proj_dim)       \
           X(double, xi) X(int64_t, codebook_size) X(double, beta_cb) X(double, lambda_c)      \
               X(int64_t, r_dec) X(int64_t, reseed_every) X(double, reseed_threshold)          \
@@ -368,83 +370,59 @@ torch::Tensor FOGO::step(LossClosure closure) {
     }
     const at::Tensor Ps = at::cat(Ps_parts), Pf = at::cat(Pf_parts);
 
-    // Step 4: slerp fusion; step 5: query and memory read against the pre-update codebook.
-    const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), eps);
-    const at::Tensor q = normalize_rows(z, eps);
-    const at::Tensor valid = at::linalg_vector_norm(z, 2, {1}) > 0;
+    // Steps 4-7 in the projected space (projected.h). On a group's first step the codebook is
+    // initialised from that step's queries and nothing is filtered (ALGORITHM.md).
     const bool first = !mem.initialized;
     if (first) {
-      mem.book = init_codebook(q, valid, o.codebook_size(), mem.gen);
+      const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), eps);
+      mem.book = init_codebook(normalize_rows(z, eps), at::linalg_vector_norm(z, 2, {1}) > 0,
+                               o.codebook_size(), mem.gen);
       mem.start = mem.book.centroids.clone();
-      mem.rbar = at::zeros({}, q.options());
+      mem.rbar = at::zeros({}, z.options());
       mem.initialized = true;
     }
-    const at::Tensor& cbar = mem.book.centroids;
-    const at::Tensor sim = q.mm(cbar.t());
-    const Assignments acc = assign(q, sim, valid);
-
-    at::Tensor stats = at::zeros({kNumStats}, q.options());
-    at::Tensor zbar = z;
-    if (!first) {  // the codebook has no history on a group's first step: no filtering
-      // Step 6: short-term angular-band filter with adaptive gamma_st (r_t is a group mean, so
-      // all components are computed before rbar is updated and applied).
-      const ShortTermComponents st =
-          short_term_components(z, sim, cbar, {o.eps_st(), o.tau_plus(), o.tau_minus()});
-      const at::Tensor r_t = conflict_ratio(z, st, o.lambda_hi(), eps).mean();
-      mem.rbar = o.beta_r() * mem.rbar + (1.0 - o.beta_r()) * r_t;
-      const at::Tensor gamma_st = o.gamma_st_min() + (o.gamma_st_max() - o.gamma_st_min()) *
-                                                         mem.rbar / (mem.rbar + o.kappa());
-      const at::Tensor ztilde = z - o.gamma_hi() * st.z_hi - gamma_st * st.z_conf;
-      stats[kGammaSt] = gamma_st;
-      stats[kFracConflicting] = st.any_conflict.to(at::kFloat).mean();
-      stats[kFracOverAligned] = st.any_over.to(at::kFloat).mean();
-
-      // Step 7: long-term protection against the frozen bank (a sample of it when large).
-      zbar = ztilde;
-      if (mem.frozen.defined() && mem.frozen.size(0) > 0) {
-        at::Tensor frozen = mem.frozen, nu = mem.frozen_nu;
-        if (frozen.size(0) > o.lt_candidates()) {
-          const at::Tensor pick = at::multinomial(mem.frozen_nu.to(at::kDouble).cpu() + 1e-12,
-                                                  o.lt_candidates(), /*replacement=*/false, mem.gen)
-                                      .to(frozen.device());
-          frozen = frozen.index_select(0, pick);
-          nu = nu.index_select(0, pick);
-        }
-        const LongTermResult lt = long_term_protect(
-            ztilde, frozen, nu, {o.eps_lt(), o.gamma_lt(), eps, o.spectral_scaling()});
-        zbar = lt.zbar;
-        stats[kFracLtProtected] = lt.protected_rows.to(at::kFloat).mean();
-      }
+    at::Tensor frozen = mem.frozen, nu = mem.frozen_nu;
+    if (!first && frozen.defined() && frozen.size(0) > o.lt_candidates()) {
+      // A_t: lt_candidates of the frozen bank, sampled by importance.
+      const at::Tensor pick = at::multinomial(nu.to(at::kDouble).cpu() + 1e-12, o.lt_candidates(),
+                                              /*replacement=*/false, mem.gen)
+                                  .to(frozen.device());
+      frozen = frozen.index_select(0, pick);
+      nu = nu.index_select(0, pick);
     }
+    const ProjectedStepResult r =
+        ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
+                            {o.xi(),
+                             eps,
+                             {o.eps_st(), o.tau_plus(), o.tau_minus()},
+                             o.lambda_hi(),
+                             o.gamma_hi(),
+                             o.gamma_st_min(),
+                             o.gamma_st_max(),
+                             o.beta_r(),
+                             o.kappa(),
+                             {o.eps_lt(), o.gamma_lt(), eps, o.spectral_scaling()},
+                             /*filter=*/!first});
+    mem.rbar = r.rbar;
 
     // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.
-    const at::Tensor dz = zbar - Ps;
-    at::Tensor delta_ratio = at::zeros({}, q.options());
+    at::Tensor delta_ratio = at::zeros({}, Ps.options());
     int64_t row = 0;
-    for (const auto& w : work) {
-      const at::Tensor delta = proximal_lift(dz.slice(0, row, row + w.m), *w.Pi, *w.L);
+    for (auto& w : work) {
+      const at::Tensor delta = proximal_lift(r.dz.slice(0, row, row + w.m), *w.Pi, *w.L);
       row += w.m;
-      const at::Tensor Ohat = w.Os + delta;
-      delta_ratio += delta.norm() / (w.Os.norm() + eps);
-      const at::Tensor gamma_t =
-          o.sigma() * std::sqrt(static_cast<double>(w.m * w.n)) / (Ohat.norm() + eps);
-      const at::Tensor update = (w.transposed ? Ohat.t() : Ohat).reshape(w.param.sizes());
-      at::Tensor p = w.param;
-      if (p.scalar_type() == at::kFloat) {
-        p.mul_(1.0 - o.lr() * o.weight_decay()).sub_(update * (o.lr() * gamma_t));
-      } else {  // low-precision parameters: the arithmetic in fp32, one rounding at the end
-        p.copy_(p.to(at::kFloat)
-                    .mul_(1.0 - o.lr() * o.weight_decay())
-                    .sub_(update * (o.lr() * gamma_t)));
-      }
+      delta_ratio += ops::apply_rms_update(w.param, w.Os, delta, w.transposed,
+                                           {o.lr(), o.weight_decay(), o.sigma(), eps});
     }
 
     // Codebook flush (after all parameters of the group have stepped), then re-seeding.
-    flush(mem.book, acc, {o.beta_cb(), o.lambda_c(), eps, o.r_dec()});
+    ops::codebook_flush(mem.book, {r.m, r.s}, {o.beta_cb(), o.lambda_c(), eps, o.r_dec()});
     ++mem.step;
     if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
-      reseed(mem.book, q, valid, o.reseed_threshold(), mem.gen);
+      reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
     }
+    at::Tensor stats = at::zeros({kNumStats}, Ps.options());
+    stats.slice(0, kGammaSt, kGammaSt + 4).copy_(r.stats);
     stats[kRbar] = mem.rbar;
     stats[kEntropy] = entropy(mem.book.N);
     stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();

@@ -4,6 +4,8 @@
 
 #include <limits>
 
+#include "fogo/codebook.h"
+
 namespace fogo {
 
 at::Tensor normalize_rows(const at::Tensor& x, double eps) {
@@ -63,6 +65,40 @@ LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& fro
     gamma = gamma * at::clamp_max(1.0 / trace.clamp_min(std::numeric_limits<float>::min()), 1.0);
   }
   return {ztilde - gamma * z_lt, active.any(1)};
+}
+
+ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
+                                   const at::Tensor& cbar, const at::Tensor& frozen,
+                                   const at::Tensor& nu, const at::Tensor& rbar,
+                                   const ProjectedStepParams& p) {
+  // Step 4: slerp fusion; step 5: query and memory read against the pre-update codebook.
+  const at::Tensor z = slerp_fuse(Ps, Pf, p.xi, p.eps);
+  const at::Tensor q = normalize_rows(z, p.eps);
+  const at::Tensor valid = at::linalg_vector_norm(z, 2, {1}) > 0;
+  const at::Tensor sim = q.mm(cbar.t());
+  const Assignments acc = assign(q, sim, valid);
+  at::Tensor stats = at::zeros({4}, q.options());
+  if (!p.filter) return {z - Ps, q, valid, acc.m, acc.s, rbar, stats};
+
+  // Step 6: short-term filter with adaptive gamma_st. r_t is a group mean, so every row's
+  // components come first, then rbar is updated, then the correction is applied.
+  const ShortTermComponents st = short_term_components(z, sim, cbar, p.short_term);
+  const at::Tensor r_t = conflict_ratio(z, st, p.lambda_hi, p.eps).mean();
+  const at::Tensor rbar_new = p.beta_r * rbar + (1.0 - p.beta_r) * r_t;
+  const at::Tensor gamma_st =
+      p.gamma_st_min + (p.gamma_st_max - p.gamma_st_min) * rbar_new / (rbar_new + p.kappa);
+  at::Tensor zbar = z - p.gamma_hi * st.z_hi - gamma_st * st.z_conf;
+  stats[0] = gamma_st;
+  stats[1] = st.any_conflict.to(at::kFloat).mean();
+  stats[2] = st.any_over.to(at::kFloat).mean();
+
+  // Step 7: long-term protection against the frozen candidates.
+  if (frozen.defined() && frozen.size(0) > 0) {
+    const LongTermResult lt = long_term_protect(zbar, frozen, nu, p.long_term);
+    zbar = lt.zbar;
+    stats[3] = lt.protected_rows.to(at::kFloat).mean();
+  }
+  return {zbar - Ps, q, valid, acc.m, acc.s, rbar_new, stats};
 }
 
 }  // namespace fogo

@@ -51,4 +51,29 @@ struct LongTermResult {
 LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& frozen,
                                  const at::Tensor& nu, const LongTermParams& p);
 
+struct ProjectedStepParams {
+  double xi, eps;
+  ShortTermParams short_term;
+  double lambda_hi, gamma_hi, gamma_st_min, gamma_st_max, beta_r, kappa;
+  LongTermParams long_term;
+  bool filter;  ///< false on a group's first step: the codebook has no history yet
+};
+
+/// Everything a group's step does in R^d, rows of all its parameters at once:
+/// slerp (4), query and memory read against the pre-update codebook (5), short-term filter with
+/// the rbar/gamma_st update (6) and long-term protection (7), ending in dz = zbar - Ps.
+struct ProjectedStepResult {
+  at::Tensor dz;     ///< [R, d]  zbar - Ps, to be lifted
+  at::Tensor q;      ///< [R, d]  queries (for re-seeding)
+  at::Tensor valid;  ///< [R]     non-zero queries
+  at::Tensor m, s;   ///< [C], [C, d] this step's assignment counts and query sums
+  at::Tensor rbar;   ///< 0-d     updated conflict EMA (unchanged when !filter)
+  at::Tensor stats;  ///< [4]     gamma_st, frac conflicting, frac over-aligned, frac protected
+};
+/// `frozen` [K, d] / `nu` [K]: the long-term candidates (K may be 0 or the tensors undefined).
+ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
+                                   const at::Tensor& cbar, const at::Tensor& frozen,
+                                   const at::Tensor& nu, const at::Tensor& rbar,
+                                   const ProjectedStepParams& p);
+
 }  // namespace fogo
