@@ -60,6 +60,18 @@ void BM_MuonStep_fp32(benchmark::State& state) {
                                         fogo::MuonOptions(0.02).ns_dtype(torch::kFloat));
   });
 }
+// The paper's GPT-2 configuration (C = 256, d = 512), fp32 Newton–Schulz (FOGO's default) and bf16.
+void BM_FOGOStep_fp32(benchmark::State& state) {
+  optimizer_step(state, [](torch::Tensor p) {
+    return std::make_unique<fogo::FOGO>(std::vector<torch::Tensor>{p}, fogo::presets::gpt2());
+  });
+}
+void BM_FOGOStep_bf16(benchmark::State& state) {
+  optimizer_step(state, [](torch::Tensor p) {
+    return std::make_unique<fogo::FOGO>(std::vector<torch::Tensor>{p},
+                                        fogo::presets::gpt2().ns_dtype(torch::kBFloat16));
+  });
+}
 void BM_AdamWStep(benchmark::State& state) {
   optimizer_step(state, [](torch::Tensor p) {
     return std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{p},
@@ -99,6 +111,8 @@ void ns_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MuonStep_fp32)->Apply(shapes_on)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MuonStep_bf16)->Apply(shapes_on)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FOGOStep_fp32)->Apply(shapes_on)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FOGOStep_bf16)->Apply(shapes_on)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AdamWStep)->Apply(shapes_on)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_NewtonSchulz)->Apply(ns_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
