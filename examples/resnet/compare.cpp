@@ -1,0 +1,157 @@
+// run_comparison(): every optimizer x seed of a config, then the mean ± sd table and the plots.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include "common/metrics.h"
+#include "common/report.h"
+#include "common/runtime.h"
+#include "trainer.h"
+
+namespace fogo::resnet {
+namespace {
+
+std::string label(const std::string& metric) {
+  static const std::map<std::string, std::string> names = {
+      {"acc", "acc (%)"},
+      {"rare_acc", "rare acc (%)"},
+      {"nonrare_acc", "non-rare acc (%)"},
+      {"rare_forgetting", "rare forgetting (%)"},
+      {"mean_rare_forgetting", "mean rare forgetting (%)"},
+      {"AP", "AP (%)"},
+      {"AF", "AF (%)"},
+      {"BWT", "BWT (%)"}};
+  const auto it = names.find(metric);
+  return it == names.end() ? metric : it->second;
+}
+
+// Mean ± sd over the seeds of one optimizer at every x of `curve`; an sd band only when the
+// seeds share their x values (they do unless a run was stopped early).
+trainer::Series series_of(const std::string& name, const std::vector<const RunResult*>& runs,
+                          size_t curve) {
+  trainer::Series s{name, {}, {}, {}};
+  const auto& x = runs.front()->x;
+  for (size_t i = 0; i < x.size(); ++i) {
+    std::vector<double> ys;
+    for (const auto* r : runs) {
+      if (r->x.size() == x.size()) ys.push_back(r->curve[i][curve]);
+    }
+    const trainer::MeanSd m = trainer::mean_sd(ys);
+    s.x.push_back(x[i]);
+    s.y.push_back(m.mean);
+    s.sd.push_back(m.n > 1 ? m.sd : 0.0);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
+  if (config.optimizers.empty()) throw std::invalid_argument("--optimizers: none given");
+  if (config.seeds.empty()) throw std::invalid_argument("--seeds: none given");
+  // Resolve every run first so a bad flag fails before any training.
+  std::vector<Config> runs;
+  for (const auto& opt : config.optimizers) {
+    for (const int64_t seed : config.seeds) runs.push_back(resolve(config, opt, seed));
+  }
+  const DataSplit data = load_data(runs.front());
+  out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
+      << " train, " << data.test.size() << " test images)\n";
+
+  std::vector<RunResult> results;
+  for (const auto& run : runs) results.push_back(train_run(run, data, out));
+
+  // Table: one row per optimizer, mean ± sd over its seeds.
+  const auto& names = results.front().summary_names;
+  std::vector<std::string> header{"optimizer", "seeds"};
+  for (const auto& n : names) header.push_back(label(n));
+  header.push_back("train time (s)");
+  trainer::Table table(header);
+  std::map<std::string, std::vector<const RunResult*>> by_opt;
+  for (const auto& r : results) by_opt[r.config.optimizer].push_back(&r);
+  bool incomplete = false;
+  for (const auto& opt : config.optimizers) {
+    const auto& rs = by_opt[opt];
+    if (rs.empty()) continue;
+    std::vector<std::string> row{opt, std::to_string(rs.size())};
+    for (size_t k = 0; k < names.size(); ++k) {
+      std::vector<double> v;
+      for (const auto* r : rs) v.push_back(r->summary[k]);
+      row.push_back(trainer::format_mean_sd(trainer::mean_sd(v), 2));
+    }
+    std::vector<double> secs;
+    for (const auto* r : rs) {
+      secs.push_back(r->seconds);
+      incomplete = incomplete || !r->completed();
+    }
+    row.push_back(trainer::format_mean_sd(trainer::mean_sd(secs), 0));
+    table.add_row(row);
+    by_opt[opt] = rs;
+  }
+  const Config& first = runs.front();
+  std::ostringstream what;
+  what << first.scenario << " on " << data.name << ", ResNet-18 width " << first.width << ", "
+       << *first.epochs << " epoch(s)" << (first.scenario == "class-imbalanced" ? "" : " per task")
+       << ", batch " << first.batch_size << ", seeds";
+  for (const int64_t s : config.seeds) what << " " << s;
+  out << "\n"
+      << what.str() << (incomplete ? " (some runs stopped early: --stop-after)" : "") << "\n"
+      << table.to_text();
+
+  std::filesystem::create_directories(config.out);
+  {
+    std::ofstream md(config.out + "/summary.md");
+    md << what.str() << "\n\n" << table.to_markdown();
+    if (!md) throw std::runtime_error("--out: cannot write " + config.out + "/summary.md");
+  }
+  auto all = trainer::MetricsWriter::create(config.out + "/runs." + config.metrics_format);
+  for (const auto& r : results) {
+    trainer::Record rec;
+    rec.set("optimizer", r.config.optimizer).set("seed", r.config.seed).set("steps", r.steps);
+    rec.set("completed", r.completed()).set("train_seconds", r.seconds);
+    for (size_t k = 0; k < names.size(); ++k) rec.set(names[k], r.summary[k]);
+    all.write(rec);
+  }
+
+  if (config.plots) {
+    const auto& curves = results.front().curve_names;
+    const std::string x = results.front().x_name;
+    auto panel = [&](const std::string& curve, const std::string& title) {
+      trainer::Panel p{title, x, label(curve), {}};
+      const size_t k = std::find(curves.begin(), curves.end(), curve) - curves.begin();
+      for (const auto& opt : config.optimizers) {
+        if (!by_opt[opt].empty() && !by_opt[opt].front()->x.empty()) {
+          p.series.push_back(series_of(opt, by_opt[opt], k));
+        }
+      }
+      return p;
+    };
+    bool drawn;
+    if (first.scenario == "class-imbalanced") {
+      drawn = trainer::plot_png(
+          config.out + "/accuracy.png",
+          {panel("rare_acc", "Rare-class accuracy"),
+           panel("nonrare_acc", "Non-rare-class accuracy"), panel("acc", "Overall accuracy")},
+          3, out);
+      drawn = trainer::plot_png(
+                  config.out + "/forgetting.png",
+                  {panel("rare_forgetting", "Rare-class forgetting (best-so-far drop)")}, 1, out) &&
+              drawn;
+    } else {
+      drawn = trainer::plot_png(config.out + "/accuracy.png",
+                                {panel("AP", "Average performance over seen tasks")}, 1, out);
+      drawn = trainer::plot_png(
+                  config.out + "/forgetting.png",
+                  {panel("AF", "Average forgetting"), panel("BWT", "Backward transfer")}, 2, out) &&
+              drawn;
+    }
+    if (drawn)
+      out << "plots: " << config.out << "/accuracy.png, " << config.out << "/forgetting.png\n";
+  }
+  out << "summary: " << config.out << "/summary.md, " << config.out << "/runs."
+      << config.metrics_format << "\n";
+  return results;
+}
+
+}  // namespace fogo::resnet

@@ -1,0 +1,227 @@
+#include "config.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/cli.h"
+
+namespace fogo::resnet {
+namespace {
+
+std::invalid_argument bad(const std::string& flag, const std::string& what) {
+  return std::invalid_argument("--" + flag + ": " + what);
+}
+
+template <class T>
+std::string text(const T& v) {
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+
+template <class T>
+std::string text(const std::vector<T>& v) {
+  std::string out;
+  for (size_t k = 0; k < v.size(); ++k) out += (k ? "," : "") + text(v[k]);
+  return out;
+}
+
+}  // namespace
+
+void add_flags(trainer::Cli& cli, Config& c) {
+  cli.section("Scenario and data");
+  cli.choice("scenario", &c.scenario, {"class-imbalanced", "class-il", "domain-il"},
+             "experiment protocol");
+  cli.choice("dataset", &c.dataset, {"fashion-mnist", "cifar10"}, "image dataset");
+  cli.flag("data-dir", &c.data_dir,
+           "dataset folder (default: /usr/share/datasets/fashion-mnist; required for cifar10)");
+  cli.flag("train-per-class", &c.train_per_class,
+           "use at most this many training images per class, before the scenario's own "
+           "selection (0 = all)");
+  cli.flag("test-per-class", &c.test_per_class, "test images per class (0 = all)");
+  cli.flag("rare-classes", &c.rare_classes, "class-imbalanced: the rare classes");
+  cli.flag("rare-fraction", &c.rare_fraction,
+           "class-imbalanced: fraction of each rare class's training images kept");
+  cli.flag(
+      "task-order", &c.task_order,
+      "class-il: paper, order1, order2 (the paper's extra orders) or e.g. 0,1/2,3/4,5/6,7/8,9");
+  cli.choice("domains", &c.domains, {"rotate", "permute"},
+             "domain-il: domain k rotates images by k * rotation-step degrees, or shuffles pixels "
+             "by permutation k (domain 0 is the original data)");
+  cli.flag("num-domains", &c.num_domains, "domain-il: number of domains");
+  cli.flag("rotation-step", &c.rotation_step, "domain-il: degrees between rotation domains");
+  cli.flag("domain-order", &c.domain_order, "domain-il: order the domains are trained in");
+  cli.choice("replay", &c.replay, {"none", "er", "derpp"},
+             "class-il/domain-il: replay buffer method (ER, or DER++ as in the paper)");
+  cli.flag("buffer-size", &c.buffer_size, "replay buffer capacity (samples)");
+  cli.flag("replay-batch", &c.replay_batch, "replay samples per step (per term for DER++)");
+  cli.flag("replay-alpha", &c.replay_alpha,
+           "weight of the replay term: ER cross-entropy (1.0), DER++ logit MSE (0.1)");
+  cli.flag("der-beta", &c.der_beta, "DER++: weight of the replayed-label cross-entropy");
+  cli.flag("augment", &c.augment, "random crop and horizontal flip of training batches");
+  cli.flag("crop-pad", &c.crop_pad, "padding of the random crop (cifar10 4, fashion-mnist 2)");
+
+  cli.section("Model");
+  cli.flag("width", &c.width,
+           "channels of the first stage (64 = the standard ResNet-18; 8 or 16 for a CPU)");
+  cli.flag("head-fc", &c.head_fc,
+           "width of an extra ReLU FC layer before the classifier (class-il: 8 * width, the "
+           "paper's head; otherwise 0 = none)");
+
+  cli.section("Optimization");
+  cli.flag("optimizers", &c.optimizers,
+           "optimizers to run, each with every seed: adam, adamw, muon, fogo (muon and fogo are "
+           "hybrids: AdamW on the 1-D parameters)");
+  cli.flag("seeds", &c.seeds, "seeds to run (model init, data selection and order, augmentation)");
+  cli.flag("lr", &c.lr,
+           "learning rate (class-imbalanced/domain-il: adam, adamw, fogo 1e-3, muon 1e-2; "
+           "class-il: 2e-3)");
+  cli.flag("adamw-lr", &c.adamw_lr,
+           "muon/fogo: lr of the AdamW side (1-D parameters) (class-il fogo 5e-4, else 1e-3; "
+           "class-il muon 2e-3)");
+  cli.flag("head-lr", &c.head_lr, "fogo: lr of the head codebook groups (class-il 5e-4, else lr)");
+  cli.flag("weight-decay", &c.weight_decay, "weight decay (adamw 1e-2, others 0)");
+  cli.flag("clip", &c.clip, "clip the global gradient norm to this (class-il 2.0, else off: 0)");
+  cli.flag("epochs", &c.epochs,
+           "epochs (per task in class-il/domain-il; class-imbalanced 50, class-il 20, "
+           "domain-il 15)");
+  cli.flag("batch-size", &c.batch_size, "training batch size");
+  cli.flag("eval-batch-size", &c.eval_batch_size, "evaluation batch size");
+
+  cli.section("Run control and output");
+  cli.flag("out", &c.out, "output folder (one sub-folder per run, summary and plots at the top)");
+  cli.choice("metrics-format", &c.metrics_format, {"jsonl", "csv"}, "format of the metric files");
+  cli.flag("log-every", &c.log_every, "write a training record every N steps");
+  cli.flag("eval-every", &c.eval_every,
+           "also evaluate every N steps (0: only at the end of each epoch / task)");
+  cli.flag("ckpt-every", &c.ckpt_every,
+           "checkpoint every N steps (0: at the end of every epoch); always at the end");
+  cli.flag("resume", &c.resume, "continue each run from its checkpoint when there is one");
+  cli.flag("stop-after", &c.stop_after,
+           "stop after this many steps of a run, with a checkpoint (0 = run to the end)");
+  cli.flag("device", &c.device, "cpu, cuda, cuda:N or auto");
+  cli.flag("threads", &c.threads,
+           "CPU threads for torch (0 = torch's default; 1 is much faster on a machine whose "
+           "cores are busy with other work)");
+  cli.flag("plots", &c.plots, "write PNG plots with gnuplot");
+}
+
+Config resolve(const Config& config, const std::string& optimizer, int64_t seed) {
+  Config c = config;
+  c.optimizer = optimizer;
+  c.seed = seed;
+  const bool class_il = c.scenario == "class-il", domain_il = c.scenario == "domain-il";
+  const bool continual = class_il || domain_il;
+  if (optimizer != "adam" && optimizer != "adamw" && optimizer != "muon" && optimizer != "fogo") {
+    throw bad("optimizers", "unknown optimizer '" + optimizer + "' (adam, adamw, muon, fogo)");
+  }
+
+  if (c.data_dir.empty()) {
+    if (c.dataset == "cifar10") {
+      throw bad("data-dir", "cifar10 needs the folder holding data_batch_1.bin .. test_batch.bin");
+    }
+    c.data_dir = "/usr/share/datasets/fashion-mnist";
+  }
+  if (!c.crop_pad) c.crop_pad = c.dataset == "cifar10" ? 4 : 2;
+  if (!c.head_fc) c.head_fc = class_il ? 8 * c.width : 0;
+  if (!c.epochs) c.epochs = class_il ? 20 : domain_il ? 15 : 50;
+  if (!c.clip) c.clip = class_il ? 2.0 : 0.0;
+  if (!c.lr) c.lr = class_il ? 2e-3 : optimizer == "muon" ? 1e-2 : 1e-3;
+  if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
+  if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;
+  if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
+  if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
+
+  if (c.train_per_class < 0) throw bad("train-per-class", "must be >= 0");
+  if (c.test_per_class < 0) throw bad("test-per-class", "must be >= 0");
+  if (!(c.rare_fraction > 0 && c.rare_fraction <= 1)) {
+    throw bad("rare-fraction", "must be in (0, 1], got " + text(c.rare_fraction));
+  }
+  for (const int64_t r : c.rare_classes) {
+    if (r < 0 || r >= 10) throw bad("rare-classes", "class " + text(r) + " is not in [0, 10)");
+    if (std::count(c.rare_classes.begin(), c.rare_classes.end(), r) > 1) {
+      throw bad("rare-classes", "class " + text(r) + " is listed twice");
+    }
+  }
+  if (c.num_domains < 1 || c.num_domains > 64) throw bad("num-domains", "must be in 1..64");
+  if (c.domain_order.empty()) {
+    for (int64_t d = 0; d < c.num_domains; ++d) c.domain_order.push_back(d);
+  }
+  {
+    auto sorted = c.domain_order;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 0; k < sorted.size(); ++k) {
+      if (sorted[k] != static_cast<int64_t>(k) ||
+          sorted.size() != static_cast<size_t>(c.num_domains)) {
+        throw bad("domain-order", "must be a permutation of 0.." + text(c.num_domains - 1) +
+                                      ", got " + text(c.domain_order));
+      }
+    }
+  }
+  if (c.replay != "none" && !continual) {
+    throw bad("replay", "replay applies to the continual scenarios (class-il, domain-il)");
+  }
+  if (c.buffer_size < 1) throw bad("buffer-size", "must be >= 1");
+  if (c.replay_batch < 1) throw bad("replay-batch", "must be >= 1");
+  if (*c.replay_alpha < 0) throw bad("replay-alpha", "must be >= 0");
+  if (c.der_beta < 0) throw bad("der-beta", "must be >= 0");
+  if (*c.crop_pad < 0 || *c.crop_pad > 16) throw bad("crop-pad", "must be in 0..16");
+  if (c.width < 1 || c.width > 1024) throw bad("width", "must be in 1..1024");
+  if (*c.head_fc < 0) throw bad("head-fc", "must be >= 0");
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"lr", *c.lr},
+                                {"adamw-lr", *c.adamw_lr},
+                                {"head-lr", *c.head_lr}}) {
+    if (!(v > 0 && v < 10)) throw bad(flag, "must be in (0, 10), got " + text(v));
+  }
+  if (*c.weight_decay < 0 || *c.weight_decay >= 1) throw bad("weight-decay", "must be in [0, 1)");
+  if (*c.clip < 0) throw bad("clip", "must be >= 0 (0 = off)");
+  if (*c.epochs < 1) throw bad("epochs", "must be >= 1");
+  if (c.batch_size < 2) throw bad("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
+  if (c.eval_batch_size < 1) throw bad("eval-batch-size", "must be >= 1");
+  if (c.log_every < 1) throw bad("log-every", "must be >= 1");
+  if (c.eval_every < 0) throw bad("eval-every", "must be >= 0");
+  if (c.ckpt_every < 0) throw bad("ckpt-every", "must be >= 0");
+  if (c.stop_after < 0) throw bad("stop-after", "must be >= 0");
+  if (c.threads < 0) throw bad("threads", "must be >= 0");
+  if (c.out.empty()) throw bad("out", "must not be empty");
+  return c;
+}
+
+std::vector<std::pair<std::string, std::string>> run_signature(const Config& c) {
+  return {{"scenario", c.scenario},
+          {"dataset", c.dataset},
+          {"train-per-class", text(c.train_per_class)},
+          {"test-per-class", text(c.test_per_class)},
+          {"rare-classes", text(c.rare_classes)},
+          {"rare-fraction", text(c.rare_fraction)},
+          {"task-order", c.task_order},
+          {"domains", c.domains},
+          {"num-domains", text(c.num_domains)},
+          {"rotation-step", text(c.rotation_step)},
+          {"domain-order", text(c.domain_order)},
+          {"replay", c.replay},
+          {"buffer-size", text(c.buffer_size)},
+          {"replay-batch", text(c.replay_batch)},
+          {"replay-alpha", text(*c.replay_alpha)},
+          {"der-beta", text(c.der_beta)},
+          {"augment", c.augment ? "true" : "false"},
+          {"crop-pad", text(*c.crop_pad)},
+          {"width", text(c.width)},
+          {"head-fc", text(*c.head_fc)},
+          {"optimizer", c.optimizer},
+          {"seed", text(c.seed)},
+          {"lr", text(*c.lr)},
+          {"adamw-lr", text(*c.adamw_lr)},
+          {"head-lr", text(*c.head_lr)},
+          {"weight-decay", text(*c.weight_decay)},
+          {"clip", text(*c.clip)},
+          {"epochs", text(*c.epochs)},
+          {"batch-size", text(c.batch_size)},
+          {"eval-every", text(c.eval_every)}};
+}
+
+std::string run_dir(const Config& c) { return c.out + "/" + c.optimizer + "-seed" + text(c.seed); }
+
+}  // namespace fogo::resnet

@@ -1,0 +1,81 @@
+#pragma once
+// Configuration of the ResNet-18 trainer: one struct, bound to command-line flags by add_flags(),
+// completed per run (optimizer, seed) by resolve(), which also fills every "auto" default from
+// the paper's protocol for the scenario and optimizer.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fogo::trainer {
+class Cli;
+}
+
+namespace fogo::resnet {
+
+struct Config {
+  // Scenario and data.
+  std::string scenario = "class-imbalanced";  ///< class-imbalanced | class-il | domain-il
+  std::string dataset = "fashion-mnist";      ///< fashion-mnist | cifar10
+  std::string data_dir;                       ///< "" = /usr/share/datasets/fashion-mnist
+  int64_t train_per_class = 0;                ///< 0 = all
+  int64_t test_per_class = 0;
+  std::vector<int64_t> rare_classes{4, 5, 6, 7, 8};
+  double rare_fraction = 0.1;
+  std::string task_order = "paper";
+  std::string domains = "rotate";  ///< rotate | permute
+  int64_t num_domains = 4;
+  double rotation_step = 45.0;
+  std::vector<int64_t> domain_order;  ///< empty = 0..num_domains-1
+  std::string replay = "none";        ///< none | er | derpp
+  int64_t buffer_size = 200;
+  int64_t replay_batch = 32;
+  std::optional<double> replay_alpha;  ///< ER 1.0, DER++ 0.1
+  double der_beta = 0.5;
+  bool augment = true;
+  std::optional<int64_t> crop_pad;  ///< CIFAR 4, Fashion-MNIST 2
+
+  // Model.
+  int64_t width = 64;
+  std::optional<int64_t> head_fc;  ///< class-il: 8 * width (the paper's head FC), else 0
+
+  // Optimization.
+  std::vector<std::string> optimizers{"fogo", "muon", "adam"};
+  std::vector<int64_t> seeds{0};
+  std::string optimizer = "adam";  ///< of one run (set by resolve)
+  int64_t seed = 0;                ///< of one run (set by resolve)
+  std::optional<double> lr, adamw_lr, head_lr, weight_decay, clip;
+  std::optional<int64_t> epochs;  ///< per task in the continual scenarios
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 1000;
+
+  // Run control and output.
+  std::string out = "runs/resnet";
+  std::string metrics_format = "jsonl";  ///< jsonl | csv
+  int64_t log_every = 10;
+  int64_t eval_every = 0;  ///< steps; 0 = at the end of every epoch (class-imbalanced) or task
+  int64_t ckpt_every = 0;  ///< steps; 0 = at the end of every epoch
+  bool resume = false;
+  int64_t stop_after = 0;  ///< stop (with a checkpoint) once this many steps are done; 0 = never
+  std::string device = "auto";
+  int64_t threads = 0;
+  bool plots = true;
+};
+
+/// Registers every flag of `config` with `cli` (defaults are the current values).
+void add_flags(trainer::Cli& cli, Config& config);
+
+/// A copy of `config` for one run of `optimizer` with `seed`, every optional filled in, checked.
+/// Throws std::invalid_argument naming the flag at fault.
+Config resolve(const Config& config, const std::string& optimizer, int64_t seed);
+
+/// The values that define a run's trajectory ("name=value" pairs of a resolved config): stored
+/// in checkpoints so that --resume refuses to continue a run under different settings.
+std::vector<std::pair<std::string, std::string>> run_signature(const Config& resolved);
+
+/// The folder of one run: <out>/<optimizer>-seed<seed>.
+std::string run_dir(const Config& resolved);
+
+}  // namespace fogo::resnet

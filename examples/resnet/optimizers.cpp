@@ -1,0 +1,147 @@
+#include "optimizers.h"
+
+#include <fogo/fogo.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "common/checkpoint.h"
+#include "common/metrics.h"
+
+namespace fogo::resnet {
+namespace {
+
+bool is_head(const std::string& stage) { return stage == "head_fc" || stage == "fc"; }
+
+fogo::FOGOOptions preset(const std::string& scenario, const std::string& stage) {
+  namespace p = fogo::presets;
+  if (scenario == "class-il") {
+    if (stage == "fc") return p::class_il_classifier();
+    if (stage == "head_fc") return p::class_il_head_fc();
+    return p::class_il_backbone();
+  }
+  if (scenario == "domain-il")
+    return is_head(stage) ? p::domain_il_head() : p::domain_il_backbone();
+  return is_head(stage) ? p::class_imbalanced_head() : p::class_imbalanced_backbone();
+}
+
+std::string lr_text(double lr) {
+  std::ostringstream out;
+  out << lr;
+  return out.str();
+}
+
+}  // namespace
+
+TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
+  const double lr = *c.lr, wd = *c.weight_decay;
+  if (c.optimizer == "adam" || c.optimizer == "adamw") {
+    if (c.optimizer == "adam") {
+      single_ = std::make_unique<torch::optim::Adam>(
+          model->parameters(), torch::optim::AdamOptions(lr).weight_decay(wd));
+    } else {
+      single_ = std::make_unique<torch::optim::AdamW>(
+          model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(wd));
+    }
+    description_ = c.optimizer + " lr " + lr_text(lr) + " on all " +
+                   std::to_string(model->parameters().size()) + " tensors";
+    return;
+  }
+
+  // Every >= 2-D weight, the classifier included, goes to the matrix side: the paper gives the
+  // classifier head its own FOGO codebook, and Muon is run on the same split for a like-for-like
+  // comparison.
+  fogo::ParamSplitRules rules;
+  rules.rest_patterns.clear();
+  const fogo::ParamSplit split = fogo::split_parameters(*model, rules);
+  const auto adamw = torch::optim::AdamWOptions(*c.adamw_lr).weight_decay(wd);
+  std::unique_ptr<torch::optim::Optimizer> matrix;
+  std::ostringstream desc;
+  if (c.optimizer == "muon") {
+    matrix =
+        std::make_unique<fogo::Muon>(split.matrix.params, fogo::MuonOptions(lr).weight_decay(wd));
+    desc << "muon lr " << lr << " on " << split.matrix.size() << " matrices";
+  } else if (c.optimizer == "fogo") {
+    std::vector<std::vector<torch::Tensor>> members;
+    for (size_t k = 0; k < split.matrix.size(); ++k) {
+      const std::string s = stage(split.matrix.names[k]);
+      auto it = std::find(group_names_.begin(), group_names_.end(), s);
+      if (it == group_names_.end()) {
+        group_names_.push_back(s);
+        members.emplace_back();
+        it = group_names_.end() - 1;
+      }
+      members[it - group_names_.begin()].push_back(split.matrix.params[k]);
+    }
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    desc << "fogo";
+    for (size_t g = 0; g < group_names_.size(); ++g) {
+      const std::string& s = group_names_[g];
+      const double group_lr = is_head(s) ? *c.head_lr : lr;
+      auto options = preset(c.scenario, s);
+      options.lr(group_lr).weight_decay(wd).seed(c.seed);
+      options.validate();
+      groups.emplace_back(members[g], std::make_unique<fogo::FOGOOptions>(options));
+      desc << (g ? ", " : " ") << s << " (" << members[g].size() << ", C "
+           << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
+    }
+    matrix = std::make_unique<fogo::FOGO>(groups, preset(c.scenario, "stem").lr(lr));
+  } else {
+    throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
+  }
+  desc << "; AdamW lr " << *c.adamw_lr << " on " << split.rest.size() << " other tensors";
+  description_ = desc.str();
+  std::unique_ptr<torch::optim::Optimizer> rest =
+      split.rest.size() ? std::make_unique<torch::optim::AdamW>(split.rest.params, adamw) : nullptr;
+  hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest));
+}
+
+TrainOptimizer::~TrainOptimizer() = default;
+
+void TrainOptimizer::zero_grad() {
+  if (single_) single_->zero_grad(/*set_to_none=*/true);
+  if (hybrid_) hybrid_->zero_grad(/*set_to_none=*/true);
+}
+
+void TrainOptimizer::step() {
+  if (single_) single_->step();
+  if (hybrid_) hybrid_->step();
+}
+
+void TrainOptimizer::task_boundary() {
+  if (!hybrid_) return;
+  if (auto* f = dynamic_cast<fogo::FOGO*>(hybrid_->matrix())) f->task_boundary();
+}
+
+void TrainOptimizer::add_telemetry(trainer::Record& record) const {
+  if (!hybrid_) return;
+  const auto* f = dynamic_cast<const fogo::FOGO*>(hybrid_->matrix());
+  if (!f) return;
+  const auto& t = f->telemetry();
+  for (size_t g = 0; g < t.size() && g < group_names_.size(); ++g) {
+    const std::string p = "fogo/" + group_names_[g] + "/";
+    record.set(p + "rbar", t[g].rbar)
+        .set(p + "gamma_st", t[g].gamma_st)
+        .set(p + "frac_conflicting", t[g].frac_conflicting)
+        .set(p + "frac_over_aligned", t[g].frac_over_aligned)
+        .set(p + "frac_lt_protected", t[g].frac_lt_protected)
+        .set(p + "codebook_entropy", t[g].codebook_entropy)
+        .set(p + "live_centroids", t[g].live_centroids)
+        .set(p + "delta_ratio", t[g].delta_ratio)
+        .set(p + "frozen", t[g].frozen);
+  }
+}
+
+void TrainOptimizer::save(trainer::CheckpointWriter& out, const std::string& key) const {
+  if (single_) out.put_optimizer(key, *single_);
+  if (hybrid_) out.put_optimizer(key, *hybrid_);
+}
+
+void TrainOptimizer::load(trainer::CheckpointReader& in, const std::string& key) {
+  if (single_) in.load_optimizer(key, *single_);
+  if (hybrid_) in.load_optimizer(key, *hybrid_);
+}
+
+}  // namespace fogo::resnet

@@ -1,0 +1,60 @@
+#pragma once
+// The four update rules of the trainer behind one interface:
+//   adam, adamw   LibTorch's, on every parameter
+//   muon          fogo::Muon on every >= 2-D weight (convs as [out, in*k*k], the classifier too),
+//                 AdamW on BatchNorm weights and biases
+//   fogo          fogo::FOGO likewise, one codebook group per network stage (stem, layer1..4,
+//                 head_fc, fc) with the paper's preset for the scenario and stage:
+//                   class-imbalanced  backbone stages: class_imbalanced_backbone;
+//                                     head_fc, fc: class_imbalanced_head
+//                   class-il          backbone: class_il_backbone; head_fc: class_il_head_fc;
+//                                     fc: class_il_classifier (both heads at --head-lr)
+//                   domain-il         backbone: domain_il_backbone; head_fc, fc: domain_il_head
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "resnet.h"
+
+namespace fogo {
+class HybridOptimizer;
+}
+namespace fogo::trainer {
+class CheckpointWriter;
+class CheckpointReader;
+class Record;
+}  // namespace fogo::trainer
+
+namespace fogo::resnet {
+
+class TrainOptimizer {
+ public:
+  /// Builds the optimizer a resolved config asks for over `model`'s parameters.
+  TrainOptimizer(const Config& config, ResNet18& model);
+  ~TrainOptimizer();
+
+  void zero_grad();
+  void step();
+  /// End of a task in the continual scenarios: FOGO consolidates its codebooks and starts the
+  /// next task (fogo::FOGO::task_boundary()); the other rules have nothing to do.
+  void task_boundary();
+  /// FOGO's per-group statistics of the last step as "fogo/<group>/<name>" fields.
+  void add_telemetry(trainer::Record& record) const;
+  /// One line: the rule, its parameter groups and learning rates.
+  const std::string& description() const { return description_; }
+
+  void save(trainer::CheckpointWriter& out, const std::string& key) const;
+  void load(trainer::CheckpointReader& in, const std::string& key);
+
+ private:
+  std::unique_ptr<torch::optim::Optimizer> single_;
+  std::unique_ptr<fogo::HybridOptimizer> hybrid_;
+  std::vector<std::string> group_names_;  ///< FOGO's param groups, by stage
+  std::string description_;
+};
+
+}  // namespace fogo::resnet

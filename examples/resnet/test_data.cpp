@@ -1,0 +1,292 @@
+// Readers (on files written here in the exact IDX and CIFAR-10 formats), the model's size, the
+// scenario selections and the continual-learning metrics.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/cli.h"
+#include "config.h"
+#include "continual.h"
+#include "data.h"
+#include "resnet.h"
+
+namespace fs = std::filesystem;
+using namespace fogo::resnet;
+
+namespace {
+
+// A fresh directory per call (std::filesystem::remove_all is unsafe with the torch wheel).
+std::string temp_dir() {
+  std::string pattern = (fs::temp_directory_path() / "fogo_resnet_XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  return pattern;
+}
+
+std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data,
+                               uint8_t type = 0x08) {
+  std::vector<uint8_t> out{0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (const uint32_t d : dims) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
+  }
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// 3 images of 2x2 with pixel values 0..11, labels 2, 0, 9.
+const std::vector<uint8_t> kPixels{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+const std::vector<uint8_t> kLabels{2, 0, 9};
+
+}  // namespace
+
+TEST(Idx, ReadsGzipAndPlainFiles) {
+  const std::string dir = temp_dir();
+  write_gz(dir + "/img.gz", idx_bytes({3, 2, 2}, kPixels));
+  write_raw(dir + "/lab", idx_bytes({3}, kLabels));
+  const Dataset d = read_idx_dataset(dir + "/img.gz", dir + "/lab");
+  EXPECT_EQ(d.images.sizes(), (std::vector<int64_t>{3, 1, 2, 2}));
+  EXPECT_EQ(d.images.dtype(), torch::kUInt8);
+  EXPECT_EQ(d.images[1][0][1][0].item<int>(), 6);
+  EXPECT_TRUE(torch::equal(d.labels, torch::tensor({2, 0, 9}, torch::kLong)));
+}
+
+TEST(Idx, ClearErrorsOnBadFiles) {
+  const std::string dir = temp_dir();
+  auto full = idx_bytes({3, 2, 2}, kPixels);
+  write_raw(dir + "/short", std::vector<uint8_t>(full.begin(), full.end() - 1));
+  EXPECT_NE(error_of([&] { read_idx(dir + "/short"); }).find("truncated: the header promises 12"),
+            std::string::npos);
+  // A truncated gzip stream.
+  write_gz(dir + "/full.gz", full);
+  std::ifstream in(dir + "/full.gz", std::ios::binary);
+  std::vector<char> gz((std::istreambuf_iterator<char>(in)), {});
+  std::ofstream(dir + "/cut.gz", std::ios::binary)
+      .write(gz.data(), static_cast<long>(gz.size() / 2));
+  EXPECT_NE(error_of([&] { read_idx(dir + "/cut.gz"); }).find("truncated"), std::string::npos);
+  auto bad = full;
+  bad[0] = 0x1f;
+  write_raw(dir + "/magic", bad);
+  const std::string magic = error_of([&] { read_idx(dir + "/magic"); });
+  EXPECT_NE(magic.find("not an IDX file: magic number 0x1f000803"), std::string::npos) << magic;
+  EXPECT_NE(magic.find(dir + "/magic"), std::string::npos);
+  write_raw(dir + "/float", idx_bytes({1}, {0, 0, 0, 0}, 0x0D));
+  EXPECT_NE(error_of([&] { read_idx(dir + "/float"); }).find("element type 0x0d"),
+            std::string::npos);
+  write_raw(dir + "/long", idx_bytes({2}, {1, 2, 3}));
+  EXPECT_NE(error_of([&] { read_idx(dir + "/long"); }).find("1 unexpected bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_idx(dir + "/none"); }).find("no such file"), std::string::npos);
+  write_raw(dir + "/img", full);
+  write_raw(dir + "/lab", idx_bytes({3}, {2, 0, 10}));
+  EXPECT_NE(error_of([&] {
+              read_idx_dataset(dir + "/img", dir + "/lab");
+            }).find("label 10 at sample 2 is not a class in [0, 10)"),
+            std::string::npos);
+  write_raw(dir + "/lab2", idx_bytes({2}, {2, 0}));
+  EXPECT_NE(error_of([&] {
+              read_idx_dataset(dir + "/img", dir + "/lab2");
+            }).find("2 labels for 3 images"),
+            std::string::npos);
+}
+
+TEST(Cifar10, ReadsRecordsAndRejectsBadFiles) {
+  const std::string dir = temp_dir();
+  std::vector<uint8_t> bytes;
+  for (int r = 0; r < 3; ++r) {
+    bytes.push_back(static_cast<uint8_t>(7 - r));
+    for (int k = 0; k < 3072; ++k) bytes.push_back(static_cast<uint8_t>((k / 1024) * 10 + r));
+  }
+  write_raw(dir + "/b1.bin", bytes);
+  write_raw(dir + "/b2.bin", std::vector<uint8_t>(bytes.begin(), bytes.begin() + 3073));
+  const Dataset d = read_cifar10({dir + "/b1.bin", dir + "/b2.bin"});
+  EXPECT_EQ(d.images.sizes(), (std::vector<int64_t>{4, 3, 32, 32}));
+  EXPECT_TRUE(torch::equal(d.labels, torch::tensor({7, 6, 5, 7}, torch::kLong)));
+  EXPECT_EQ(d.images[1][2][31][31].item<int>(), 21);  // blue plane of record 1
+  EXPECT_EQ(d.images[2][0][0][0].item<int>(), 2);
+
+  write_raw(dir + "/cut.bin", std::vector<uint8_t>(bytes.begin(), bytes.end() - 100));
+  EXPECT_NE(error_of([&] {
+              read_cifar10({dir + "/cut.bin"});
+            }).find("truncated or not CIFAR-10 binary: 9119 bytes"),
+            std::string::npos);
+  auto badlabel = bytes;
+  badlabel[3073] = 200;
+  write_raw(dir + "/lab.bin", badlabel);
+  EXPECT_NE(error_of([&] { read_cifar10({dir + "/lab.bin"}); }).find("label 200 at sample 1"),
+            std::string::npos);
+  // A whole folder: the loader names the missing batch and the flag.
+  EXPECT_NE(error_of([&] { load_cifar10(dir); }).find("--data-dir: data_batch_1.bin not found"),
+            std::string::npos);
+}
+
+TEST(Model, StandardResNet18HasTheKnownSize) {
+  ResNet18 standard;
+  EXPECT_EQ(count_parameters(*standard), 11173962);
+  ResNet18 small(ResNetOptions{1, 10, 8, 16});
+  const auto y = small->forward(torch::randn({2, 1, 28, 28}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 10}));
+  std::set<std::string> stages;
+  for (const auto& p : small->named_parameters()) stages.insert(stage(p.key()));
+  EXPECT_EQ(stages, (std::set<std::string>{"stem", "layer1", "layer2", "layer3", "layer4",
+                                           "head_fc", "fc"}));
+}
+
+TEST(Selection, ImbalanceKeepsTheRareFraction) {
+  // 10 classes, class k has 20 + k samples.
+  std::vector<int64_t> labels;
+  for (int64_t k = 0; k < 10; ++k) labels.insert(labels.end(), 20 + k, k);
+  const auto y = torch::tensor(labels);
+  const auto keep = imbalanced_subset(y, {4, 5, 6, 7, 8}, 0.1, 10, 3);
+  const auto counts = torch::bincount(y.index_select(0, keep), {}, 10);
+  for (int64_t k = 0; k < 10; ++k) {
+    const int64_t n = 20 + k;
+    const int64_t expect = (k >= 4 && k <= 8) ? (n + 9) / 10 : n;  // ceil(0.1 n)
+    EXPECT_EQ(counts[k].item<int64_t>(), expect) << "class " << k;
+  }
+  EXPECT_TRUE(torch::equal(keep, std::get<0>(keep.sort())));  // dataset order kept
+  EXPECT_TRUE(torch::equal(keep, imbalanced_subset(y, {4, 5, 6, 7, 8}, 0.1, 10, 3)));
+  EXPECT_FALSE(torch::equal(keep, imbalanced_subset(y, {4, 5, 6, 7, 8}, 0.1, 10, 4)));
+
+  const auto few = per_class_subset(y, 5, 10, 1);
+  EXPECT_TRUE(torch::equal(torch::bincount(y.index_select(0, few), {}, 10),
+                           torch::full({10}, 5, torch::kLong)));
+  const auto task = class_subset(y, {3, 9});
+  EXPECT_EQ(task.numel(), 23 + 29);
+  EXPECT_TRUE(((y.index_select(0, task) == 3) | (y.index_select(0, task) == 9)).all().item<bool>());
+}
+
+TEST(Selection, TaskOrdersAndDomains) {
+  EXPECT_EQ(parse_task_order("paper", 10),
+            (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}));
+  EXPECT_EQ(parse_task_order("order1", 10),
+            (std::vector<std::vector<int64_t>>{{0, 1}, {8, 9}, {3, 5}, {4, 7}, {2, 6}}));
+  EXPECT_EQ(parse_task_order("order2", 10),
+            (std::vector<std::vector<int64_t>>{{3, 7, 9, 0}, {1, 5}, {4, 8}, {2}, {6}}));
+  EXPECT_EQ(parse_task_order("5,1/2", 10), (std::vector<std::vector<int64_t>>{{5, 1}, {2}}));
+  EXPECT_NE(error_of([] { parse_task_order("0,1/1,2", 10); }).find("class 1 appears twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_task_order("0,10", 10); }).find("--task-order: class 10"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_task_order("0//1", 10); }).find("an empty task"),
+            std::string::npos);
+
+  Dataset d{torch::arange(2 * 16, torch::kUInt8).view({2, 1, 4, 4}), torch::tensor({0, 1})};
+  EXPECT_TRUE(torch::equal(rotated(d, 0).images, d.images));
+  // 90 degrees about the centre of a 4x4 image is an exact pixel rotation.
+  const auto r = rotated(d, 90).images;
+  EXPECT_TRUE(torch::equal(r, d.images.rot90(1, {2, 3})) ||
+              torch::equal(r, d.images.rot90(-1, {2, 3})));
+  const auto p = permuted(d, 1).images;
+  EXPECT_TRUE(torch::equal(std::get<0>(p.view({2, -1}).sort(1)), d.images.view({2, -1})));
+  EXPECT_FALSE(torch::equal(p, d.images));
+  EXPECT_TRUE(torch::equal(p, permuted(d, 1).images));
+}
+
+TEST(Augment, IsDeterministicAndKeepsShapes) {
+  const auto x = torch::randn({8, 3, 6, 6});
+  auto g1 = derived_generator({1, 2}), g2 = derived_generator({1, 2});
+  const auto a = augment(x, 2, g1), b = augment(x, 2, g2);
+  EXPECT_EQ(a.sizes(), x.sizes());
+  EXPECT_TRUE(torch::equal(a, b));
+  auto g3 = derived_generator({1, 2});
+  // With no padding only flips happen: every image is itself or its mirror.
+  const auto f = augment(x, 0, g3);
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(torch::equal(f[i], x[i]) || torch::equal(f[i], x[i].flip(2)));
+  }
+}
+
+TEST(Metrics, ApAfBwtOnAHandMadeMatrix) {
+  // Rows: after task i; columns: task j (only j <= i are used).
+  const AccuracyMatrix R{{90, 0, 0}, {60, 80, 0}, {50, 70, 85}};
+  EXPECT_DOUBLE_EQ(average_performance(R, 0), 90);
+  EXPECT_DOUBLE_EQ(average_performance(R, 1), 70);
+  EXPECT_DOUBLE_EQ(average_performance(R, 2), (50.0 + 70 + 85) / 3);
+  EXPECT_DOUBLE_EQ(average_forgetting(R, 0), 0);
+  EXPECT_DOUBLE_EQ(average_forgetting(R, 1), 30);
+  // Task 0: best before the end max(90, 60) = 90 -> 40; task 1: 80 -> 10.
+  EXPECT_DOUBLE_EQ(average_forgetting(R, 2), (40.0 + 10) / 2);
+  EXPECT_DOUBLE_EQ(backward_transfer(R, 2), ((50.0 - 90) + (70.0 - 80)) / 2);
+  // Forgetting uses the best earlier accuracy, BWT the one right after learning the task.
+  const AccuracyMatrix G{{50, 0, 0}, {70, 80, 0}, {60, 80, 85}};
+  EXPECT_DOUBLE_EQ(average_forgetting(G, 2), (10.0 + 0) / 2);
+  EXPECT_DOUBLE_EQ(backward_transfer(G, 2), (10.0 + 0) / 2);
+  EXPECT_THROW(average_performance(R, 3), std::out_of_range);
+}
+
+TEST(Replay, ReservoirKeepsCapacityAndCheckpointsTheSeenCount) {
+  ReplayBuffer buffer(5, 10);
+  auto gen = derived_generator({7});
+  for (int b = 0; b < 4; ++b) {
+    const auto labels = torch::full({3}, b, torch::kLong);
+    buffer.add(torch::full({3, 1, 2, 2}, b, torch::kUInt8), labels, torch::randn({3, 10}), gen);
+  }
+  EXPECT_EQ(buffer.size(), 5);
+  EXPECT_EQ(buffer.seen(), 12);
+  // Images and labels stay paired.
+  EXPECT_TRUE(
+      torch::equal(buffer.images().flatten(1).select(1, 0).to(torch::kLong), buffer.labels()));
+  const auto idx = buffer.sample(3, gen);
+  EXPECT_EQ(std::get<0>(torch::_unique(idx)).numel(), 3);
+}
+
+TEST(Config, ResolveFillsPaperDefaultsAndNamesBadFlags) {
+  Config c;
+  Config a = resolve(c, "adam", 0), m = resolve(c, "muon", 0), f = resolve(c, "fogo", 0);
+  EXPECT_DOUBLE_EQ(*a.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(*m.lr, 1e-2);
+  EXPECT_DOUBLE_EQ(*f.lr, 1e-3);
+  EXPECT_EQ(*a.epochs, 50);
+  c.scenario = "class-il";
+  Config cf = resolve(c, "fogo", 0);
+  EXPECT_DOUBLE_EQ(*cf.lr, 2e-3);
+  EXPECT_DOUBLE_EQ(*cf.head_lr, 5e-4);
+  EXPECT_DOUBLE_EQ(*cf.clip, 2.0);
+  EXPECT_EQ(*cf.head_fc, 512);
+  EXPECT_EQ(*cf.epochs, 20);
+  c.rare_fraction = 0;
+  c.scenario = "class-imbalanced";
+  EXPECT_NE(error_of([&] { resolve(c, "adam", 0); }).find("--rare-fraction: must be in (0, 1]"),
+            std::string::npos);
+  c = Config{};
+  c.dataset = "cifar10";
+  EXPECT_NE(error_of([&] { resolve(c, "adam", 0); }).find("--data-dir"), std::string::npos);
+  c = Config{};
+  EXPECT_NE(error_of([&] { resolve(c, "sgd", 0); }).find("--optimizers: unknown optimizer 'sgd'"),
+            std::string::npos);
+  c.domain_order = {0, 0, 1, 2};
+  EXPECT_NE(error_of([&] { resolve(c, "adam", 0); }).find("--domain-order"), std::string::npos);
+
+  fogo::trainer::Cli cli("resnet_train", "");
+  Config parsed;
+  add_flags(cli, parsed);
+  std::vector<const char*> argv{"x", "--scenario", "domain-il", "--lr", "3e-3", "--seeds", "1,2"};
+  ASSERT_TRUE(cli.parse(static_cast<int>(argv.size()), argv.data()));
+  EXPECT_EQ(parsed.scenario, "domain-il");
+  EXPECT_DOUBLE_EQ(*resolve(parsed, "muon", 1).lr, 3e-3);
+  EXPECT_EQ(parsed.seeds, (std::vector<int64_t>{1, 2}));
+}

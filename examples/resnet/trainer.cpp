@@ -1,0 +1,501 @@
+#include "trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "common/checkpoint.h"
+#include "common/metrics.h"
+#include "common/progress.h"
+#include "common/runtime.h"
+#include "optimizers.h"
+#include "resnet.h"
+
+namespace fogo::resnet {
+namespace {
+
+using trainer::Record;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Purposes of derived generators, so the streams of one run never coincide.
+enum Stream : uint64_t { kOrder = 1, kStep = 2 };
+
+// What a run trains on and is tested on, already on the training device.
+struct Plan {
+  std::vector<std::string> task_names;
+  std::vector<Dataset> train, test;  ///< per task (class-imbalanced: one task, one test set)
+  Normalizer normalize;
+  int64_t in_channels = 1, num_classes = 10;
+};
+
+Plan make_plan(const Config& c, const DataSplit& data, const torch::Device& device) {
+  Plan plan;
+  plan.num_classes = data.num_classes;
+  plan.in_channels = data.train.images.size(1);
+  const Dataset train = data.train.select(
+      per_class_subset(data.train.labels, c.train_per_class, data.num_classes, c.seed));
+  const Dataset test = data.test.select(
+      per_class_subset(data.test.labels, c.test_per_class, data.num_classes, c.seed + 1));
+  plan.normalize = Normalizer(train.to(device));
+  if (c.scenario == "class-imbalanced") {
+    plan.task_names = {"all"};
+    plan.train = {train
+                      .select(imbalanced_subset(train.labels, c.rare_classes, c.rare_fraction,
+                                                data.num_classes, c.seed))
+                      .to(device)};
+    plan.test = {test.to(device)};
+  } else if (c.scenario == "class-il") {
+    for (const auto& classes : parse_task_order(c.task_order, data.num_classes)) {
+      std::string name;
+      for (const int64_t k : classes) name += (name.empty() ? "" : ",") + std::to_string(k);
+      plan.task_names.push_back("{" + name + "}");
+      plan.train.push_back(train.select(class_subset(train.labels, classes)).to(device));
+      plan.test.push_back(test.select(class_subset(test.labels, classes)).to(device));
+    }
+  } else {
+    const Dataset train_dev = train.to(device), test_dev = test.to(device);
+    for (const int64_t d : c.domain_order) {
+      // Domains do not depend on the run seed: every run of a comparison sees the same ones.
+      auto transform = [&](const Dataset& x) {
+        if (c.domains == "rotate") return rotated(x, static_cast<double>(d) * c.rotation_step);
+        return d == 0 ? x : permuted(x, static_cast<uint64_t>(d));
+      };
+      plan.task_names.push_back(c.domains + std::to_string(d));
+      plan.train.push_back(transform(train_dev));
+      plan.test.push_back(transform(test_dev));
+    }
+  }
+  for (size_t t = 0; t < plan.train.size(); ++t) {
+    if (plan.train[t].size() < c.batch_size) {
+      throw std::invalid_argument(
+          "--batch-size: task " + plan.task_names[t] + " has only " +
+          std::to_string(plan.train[t].size()) + " training images, fewer than one batch of " +
+          std::to_string(c.batch_size) + " (raise --train-per-class or lower --batch-size)");
+    }
+    if (plan.test[t].size() == 0) {
+      throw std::invalid_argument("--test-per-class: task " + plan.task_names[t] +
+                                  " has no test images");
+    }
+  }
+  return plan;
+}
+
+// Per-class correct and total counts of `model` on `data` ([num_classes] each, CPU int64).
+std::pair<torch::Tensor, torch::Tensor> class_counts(ResNet18& model, const Dataset& data,
+                                                     const Normalizer& normalize,
+                                                     int64_t batch_size, int64_t num_classes) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto correct = torch::zeros({num_classes}, torch::kLong).to(data.labels.device());
+  auto total = torch::zeros_like(correct);
+  for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
+    const int64_t end = std::min(begin + batch_size, data.size());
+    const auto y = data.labels.slice(0, begin, end);
+    const auto pred = model->forward(normalize(data.images.slice(0, begin, end))).argmax(1);
+    correct += torch::bincount(y.masked_select(pred == y), {}, num_classes);
+    total += torch::bincount(y, {}, num_classes);
+  }
+  model->train();
+  return {correct.cpu(), total.cpu()};
+}
+
+double percent(const torch::Tensor& correct, const torch::Tensor& total) {
+  const double n = static_cast<double>(total.sum().item<int64_t>());
+  return n > 0 ? 100.0 * static_cast<double>(correct.sum().item<int64_t>()) / n : kNaN;
+}
+
+std::string signature_text(const Config& c) {
+  std::string out;
+  for (const auto& [k, v] : run_signature(c)) out += k + "=" + v + "\n";
+  return out;
+}
+
+// "--lr: checkpoint 0.001, now 0.002; ..." for the keys whose values differ.
+std::string signature_diff(const std::string& stored, const std::string& now) {
+  auto parse = [](const std::string& s) {
+    std::vector<std::pair<std::string, std::string>> kv;
+    std::stringstream in(s);
+    for (std::string line; std::getline(in, line);) {
+      const size_t eq = line.find('=');
+      if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+    }
+    return kv;
+  };
+  const auto a = parse(stored), b = parse(now);
+  std::string diff;
+  for (const auto& [k, v] : b) {
+    std::string old = "(absent)";
+    for (const auto& [k2, v2] : a) {
+      if (k2 == k) old = v2;
+    }
+    if (old != v) diff += (diff.empty() ? "" : "; ") + ("--" + k + " was " + old + ", now " + v);
+  }
+  return diff;
+}
+
+torch::Tensor to_tensor(const std::vector<std::vector<double>>& rows, int64_t cols) {
+  auto t = torch::full({static_cast<int64_t>(rows.size()), cols}, kNaN, torch::kDouble);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < rows[i].size(); ++j) t[i][j] = rows[i][j];
+  }
+  return t;
+}
+
+std::vector<std::vector<double>> from_tensor(const torch::Tensor& t) {
+  const auto c = t.to(torch::kCPU, torch::kDouble).contiguous();
+  std::vector<std::vector<double>> rows(static_cast<size_t>(c.size(0)));
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    const double* p = c[i].data_ptr<double>();
+    rows[i].assign(p, p + c.size(1));
+  }
+  return rows;
+}
+
+// The whole of one run: state, events and persistence.
+class Run {
+ public:
+  Run(const Config& c, const DataSplit& data, std::ostream& log)
+      : c_(c),
+        log_(log),
+        device_(trainer::parse_device(c.device)),
+        dir_(run_dir(c)),
+        ckpt_path_(dir_ + "/checkpoint.pt") {
+    trainer::set_threads(c.threads);
+    trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
+    plan_ = make_plan(c, data, device_);
+    model_ = ResNet18(ResNetOptions{plan_.in_channels, plan_.num_classes, c.width, *c.head_fc});
+    model_->to(device_);
+    optimizer_ = std::make_unique<TrainOptimizer>(c, model_);
+    if (c.replay != "none") {
+      buffer_ = std::make_unique<ReplayBuffer>(c.buffer_size, plan_.num_classes);
+    }
+    const size_t T = plan_.train.size();
+    for (const auto& d : plan_.train) steps_per_epoch_.push_back(d.size() / c.batch_size);
+    for (const int64_t spe : steps_per_epoch_) total_ += spe * *c.epochs;
+    R_.assign(T, std::vector<double>(T, kNaN));
+    imbalanced_ = c.scenario == "class-imbalanced";
+    if (imbalanced_) {
+      result_.x_name = "epoch";
+      result_.curve_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting"};
+      result_.summary_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting",
+                               "mean_rare_forgetting"};
+    } else {
+      result_.x_name = "tasks learned";
+      result_.curve_names = {"AP", "AF", "BWT"};
+      result_.summary_names = {"AP", "AF", "BWT"};
+    }
+  }
+
+  RunResult run() {
+    const bool resumed = c_.resume && trainer::checkpoint_exists(ckpt_path_);
+    if (resumed) load_checkpoint();
+    const std::string ext = "." + c_.metrics_format;
+    auto open = [&](const std::string& name) {
+      const std::string path = dir_ + "/" + name + ext;
+      return resumed ? trainer::MetricsWriter::resume(path, step_)
+                     : trainer::MetricsWriter::create(path);
+    };
+    train_log_.emplace(open("train"));
+    eval_log_.emplace(open("eval"));
+    const int64_t last = c_.stop_after > 0 ? std::min(total_, c_.stop_after) : total_;
+    log_ << "run " << dir_ << ": " << c_.scenario << ", " << plan_.task_names.size() << " task(s), "
+         << total_ << " steps, " << count_parameters(*model_) << " parameters, "
+         << trainer::describe_runtime(device_) << "\n  " << optimizer_->description() << "\n";
+    if (resumed) log_ << "  resumed at step " << step_ << " from " << ckpt_path_ << "\n";
+
+    trainer::Progress progress(total_, step_,
+                               {c_.optimizer + " s" + std::to_string(c_.seed), "samples"});
+    const auto start = std::chrono::steady_clock::now();
+    const double seconds_before = seconds_;
+    int64_t epoch_begin = 0;
+    const int64_t T = static_cast<int64_t>(plan_.train.size());
+    for (int64_t t = 0; t < T && step_ < last; ++t) {
+      const int64_t spe = steps_per_epoch_[t];
+      for (int64_t e = 0; e < *c_.epochs && step_ < last; ++e, epoch_begin += spe) {
+        if (epoch_begin + spe <= step_) continue;  // finished before the checkpoint
+        auto order_gen = derived_generator({static_cast<uint64_t>(c_.seed), kOrder,
+                                            static_cast<uint64_t>(t), static_cast<uint64_t>(e)});
+        const auto order =
+            torch::randperm(plan_.train[t].size(), order_gen, torch::kLong).to(device_);
+        for (int64_t b = step_ - epoch_begin; b < spe && step_ < last; ++b) {
+          const auto [loss, acc] =
+              train_step(t, order.slice(0, b * c_.batch_size, (b + 1) * c_.batch_size));
+          ++step_;
+          seconds_ =
+              seconds_before +
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          trainer::ProgressFields f;
+          f.epoch = e + 1;
+          f.epochs = *c_.epochs;
+          f.loss = loss;
+          f.acc = acc / 100.0;
+          if (T > 1) f.extra = "task " + std::to_string(t + 1) + "/" + std::to_string(T);
+          progress.update(step_, c_.batch_size, f);
+          after_step(t, e, b == spe - 1, step_ == last, loss, acc, progress);
+        }
+      }
+    }
+    progress.finish();
+    return finish();
+  }
+
+ private:
+  torch::Tensor prepare(const torch::Tensor& images_u8, at::Generator& gen) const {
+    auto x = plan_.normalize(images_u8);
+    return c_.augment ? augment(x, *c_.crop_pad, gen) : x;
+  }
+
+  // One optimizer step on the batch `index` of task t; returns (loss, batch accuracy %).
+  std::pair<double, double> train_step(int64_t t, const torch::Tensor& index) {
+    const Dataset& data = plan_.train[t];
+    const auto images = data.images.index_select(0, index);
+    const auto labels = data.labels.index_select(0, index);
+    auto gen =
+        derived_generator({static_cast<uint64_t>(c_.seed), kStep, static_cast<uint64_t>(step_)});
+    model_->train();
+    const auto logits = model_->forward(prepare(images, gen));
+    auto loss = torch::cross_entropy_loss(logits, labels);
+    if (buffer_ && buffer_->size() > 0) {
+      const double alpha = *c_.replay_alpha;
+      const auto i = buffer_->sample(c_.replay_batch, gen);
+      const auto out = model_->forward(prepare(buffer_->images().index_select(0, i), gen));
+      if (c_.replay == "er") {
+        loss = loss + alpha * torch::cross_entropy_loss(out, buffer_->labels().index_select(0, i));
+      } else {  // DER++: match the stored logits, and the stored labels of a second sample
+        loss = loss + alpha * torch::mse_loss(out, buffer_->logits().index_select(0, i));
+        const auto j = buffer_->sample(c_.replay_batch, gen);
+        const auto out2 = model_->forward(prepare(buffer_->images().index_select(0, j), gen));
+        loss = loss +
+               c_.der_beta * torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, j));
+      }
+    }
+    const double loss_value = loss.item<double>();
+    if (!std::isfinite(loss_value)) {
+      throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
+                               " at step " + std::to_string(step_ + 1) +
+                               "; lower --lr or set --clip");
+    }
+    optimizer_->zero_grad();
+    loss.backward();
+    if (*c_.clip > 0) {
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.clip);
+    } else if ((step_ + 1) % c_.log_every == 0) {
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(),
+                                                     std::numeric_limits<double>::infinity());
+    }
+    optimizer_->step();
+    if (buffer_) buffer_->add(images, labels, logits.detach(), gen);
+    const double acc = 100.0 * (logits.argmax(1) == labels).sum().item<double>() /
+                       static_cast<double>(c_.batch_size);
+    return {loss_value, acc};
+  }
+
+  void after_step(int64_t t, int64_t e, bool epoch_end, bool last, double loss, double acc,
+                  trainer::Progress& progress) {
+    if (step_ % c_.log_every == 0) {
+      Record r;
+      r.set("step", step_)
+          .set("task", t)
+          .set("epoch", e + 1)
+          .set("loss", loss)
+          .set("acc", acc)
+          .set("grad_norm", grad_norm_)
+          .set("lr", *c_.lr)
+          .set("time_s", seconds_);
+      optimizer_->add_telemetry(r);
+      train_log_->write(r);
+    }
+    const bool task_end = epoch_end && e == *c_.epochs - 1;
+    const bool periodic = c_.eval_every > 0 && step_ % c_.eval_every == 0;
+    if (imbalanced_ && (epoch_end || periodic)) {
+      evaluate_imbalanced(progress);
+    } else if (!imbalanced_ && (task_end || periodic)) {
+      evaluate_tasks(t, task_end, progress);
+      if (task_end && t + 1 < static_cast<int64_t>(plan_.train.size())) {
+        optimizer_->task_boundary();
+      }
+    }
+    const bool due = c_.ckpt_every > 0 ? step_ % c_.ckpt_every == 0 : epoch_end;
+    if (due || last) save_checkpoint();
+  }
+
+  void evaluate_imbalanced(trainer::Progress& progress) {
+    const auto [correct, total] =
+        class_counts(model_, plan_.test[0], plan_.normalize, c_.eval_batch_size, plan_.num_classes);
+    auto rare = torch::zeros({plan_.num_classes}, torch::kBool);
+    for (const int64_t k : c_.rare_classes) rare[k] = true;
+    const double acc = percent(correct, total);
+    const double rare_acc = percent(correct.masked_select(rare), total.masked_select(rare));
+    const double nonrare_acc = percent(correct.masked_select(~rare), total.masked_select(~rare));
+    best_rare_ = std::max(best_rare_, rare_acc);
+    const double forgetting = best_rare_ - rare_acc;
+    const double epoch = static_cast<double>(step_) / static_cast<double>(steps_per_epoch_[0]);
+    result_.x.push_back(epoch);
+    result_.curve.push_back({acc, rare_acc, nonrare_acc, forgetting});
+    Record r;
+    r.set("step", step_)
+        .set("epoch", epoch)
+        .set("acc", acc)
+        .set("rare_acc", rare_acc)
+        .set("nonrare_acc", nonrare_acc)
+        .set("best_rare_acc", best_rare_)
+        .set("rare_forgetting", forgetting);
+    for (int64_t k = 0; k < plan_.num_classes; ++k) {
+      r.set("acc_class" + std::to_string(k),
+            percent(correct.slice(0, k, k + 1), total.slice(0, k, k + 1)));
+    }
+    eval_log_->write(r);
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "  eval epoch %.2f: acc %.2f%%  rare %.2f%%  non-rare %.2f%%  rare forgetting "
+                  "%.2f",
+                  epoch, acc, rare_acc, nonrare_acc, forgetting);
+    progress.note(line);
+  }
+
+  void evaluate_tasks(int64_t t, bool task_end, trainer::Progress& progress) {
+    const int64_t T = static_cast<int64_t>(plan_.train.size());
+    std::vector<double> accs;
+    Record r;
+    r.set("step", step_).set("task", t).set("kind", task_end ? "task_end" : "periodic");
+    double seen = 0;
+    for (int64_t j = 0; j < T; ++j) {
+      const auto [correct, total] = class_counts(model_, plan_.test[j], plan_.normalize,
+                                                 c_.eval_batch_size, plan_.num_classes);
+      accs.push_back(percent(correct, total));
+      r.set("acc_task" + std::to_string(j), accs.back());
+      if (j <= t) seen += accs.back() / static_cast<double>(t + 1);
+    }
+    r.set("acc_seen", seen);
+    double ap = kNaN, af = kNaN, bwt = kNaN;
+    if (task_end) {
+      R_[t] = accs;
+      ap = average_performance(R_, t);
+      af = average_forgetting(R_, t);
+      bwt = backward_transfer(R_, t);
+      result_.x.push_back(static_cast<double>(t + 1));
+      result_.curve.push_back({ap, af, bwt});
+    }
+    r.set("AP", ap).set("AF", af).set("BWT", bwt);
+    eval_log_->write(r);
+    std::ostringstream line;
+    line.precision(4);
+    line << "  eval after " << (task_end ? "task " : "step ")
+         << (task_end ? std::to_string(t + 1) + "/" + std::to_string(T) : std::to_string(step_))
+         << ": seen-task acc " << seen << "%";
+    if (task_end) line << "  AP " << ap << "  AF " << af << "  BWT " << bwt;
+    progress.note(line.str());
+  }
+
+  void save_checkpoint() {
+    trainer::CheckpointWriter w;
+    w.put("format", std::string("fogo-resnet-1"));
+    w.put("signature", signature_text(c_));
+    w.put("step", step_);
+    w.put("seconds", seconds_);
+    w.put("best_rare", best_rare_);
+    w.put_module("model", *model_);
+    optimizer_->save(w, "optimizer");
+    if (buffer_) buffer_->save(w, "replay");
+    w.put_tensor("curve_x", torch::tensor(result_.x, torch::kDouble));
+    w.put_tensor("curve",
+                 to_tensor(result_.curve, static_cast<int64_t>(result_.curve_names.size())));
+    w.put_tensor("R", to_tensor(R_, static_cast<int64_t>(R_.size())));
+    w.commit(ckpt_path_);
+  }
+
+  void load_checkpoint() {
+    trainer::CheckpointReader in(ckpt_path_, device_);
+    if (!in.has("format") || in.get_string("format") != "fogo-resnet-1") {
+      throw std::runtime_error("checkpoint '" + ckpt_path_ + "' was not written by resnet_train");
+    }
+    const std::string diff = signature_diff(in.get_string("signature"), signature_text(c_));
+    if (!diff.empty()) {
+      throw std::invalid_argument("--resume: checkpoint '" + ckpt_path_ +
+                                  "' belongs to a run with other settings (" + diff +
+                                  "); use another --out or drop --resume to start afresh");
+    }
+    step_ = in.get_int("step");
+    if (step_ < 0 || step_ > total_) {
+      throw std::runtime_error("checkpoint '" + ckpt_path_ + "': step " + std::to_string(step_) +
+                               " is outside this run's 0.." + std::to_string(total_));
+    }
+    seconds_ = in.get_double("seconds");
+    best_rare_ = in.get_double("best_rare");
+    in.load_module("model", *model_);
+    optimizer_->load(in, "optimizer");
+    if (buffer_) buffer_->load(in, "replay", device_);
+    const auto x = in.get_tensor("curve_x").to(torch::kCPU, torch::kDouble).contiguous();
+    result_.x.assign(x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
+    result_.curve = from_tensor(in.get_tensor("curve"));
+    R_ = from_tensor(in.get_tensor("R"));
+  }
+
+  RunResult finish() {
+    RunResult& res = result_;
+    res.config = c_;
+    res.steps = step_;
+    res.total_steps = total_;
+    res.seconds = seconds_;
+    res.R = R_;
+    res.summary.assign(res.summary_names.size(), kNaN);
+    if (imbalanced_ && !res.curve.empty()) {
+      const auto& lastp = res.curve.back();
+      double mean_forgetting = 0;
+      for (const auto& p : res.curve)
+        mean_forgetting += p[3] / static_cast<double>(res.curve.size());
+      res.summary = {lastp[0], lastp[1], lastp[2], lastp[3], mean_forgetting};
+    } else if (!imbalanced_ && res.completed()) {
+      const size_t t = R_.size() - 1;
+      res.summary = {average_performance(R_, t), average_forgetting(R_, t),
+                     backward_transfer(R_, t)};
+    }
+    Record r;
+    r.set("optimizer", c_.optimizer).set("seed", c_.seed).set("steps", step_);
+    r.set("completed", res.completed()).set("train_seconds", seconds_);
+    for (size_t k = 0; k < res.summary.size(); ++k) r.set(res.summary_names[k], res.summary[k]);
+    trainer::MetricsWriter::create(dir_ + "/result.jsonl").write(r);
+    return res;
+  }
+
+  Config c_;
+  std::ostream& log_;
+  torch::Device device_;
+  std::string dir_, ckpt_path_;
+  Plan plan_;
+  ResNet18 model_{nullptr};
+  std::unique_ptr<TrainOptimizer> optimizer_;
+  std::unique_ptr<ReplayBuffer> buffer_;
+  std::vector<int64_t> steps_per_epoch_;
+  int64_t total_ = 0, step_ = 0;
+  double seconds_ = 0, grad_norm_ = kNaN;
+  double best_rare_ = -std::numeric_limits<double>::infinity();
+  bool imbalanced_ = true;
+  AccuracyMatrix R_;
+  RunResult result_;
+  std::optional<trainer::MetricsWriter> train_log_, eval_log_;
+};
+
+}  // namespace
+
+DataSplit load_data(const Config& config) {
+  const std::string dir =
+      config.data_dir.empty() ? "/usr/share/datasets/fashion-mnist" : config.data_dir;
+  if (config.dataset == "cifar10") {
+    if (config.data_dir.empty()) {
+      throw std::invalid_argument("--data-dir: cifar10 needs the folder of its binary batches");
+    }
+    return load_cifar10(dir);
+  }
+  return load_fashion_mnist(dir);
+}
+
+RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log) {
+  Run run(config, data, log);
+  return run.run();
+}
+
+}  // namespace fogo::resnet

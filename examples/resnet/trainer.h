@@ -1,0 +1,53 @@
+#pragma once
+// One training run of the ResNet-18 trainer and the comparison of several.
+//
+// A run (one optimizer, one seed) writes into <out>/<optimizer>-seed<seed>/:
+//   train.jsonl|csv    every --log-every steps: step, task, epoch, loss, acc (%), grad_norm, lr,
+//                      and FOGO's telemetry (fogo/<group>/<field>)
+//   eval.jsonl|csv     every evaluation: the scenario's accuracies (%), forgetting, AP/AF/BWT
+//   result.jsonl       the run's summary (one record)
+//   checkpoint.pt      model, optimizer, replay buffer, evaluation history, step; replaced
+//                      atomically every --ckpt-every steps (or epoch) and at the end
+// Every random choice derives from (seed, position in the run), so --resume continues a run
+// bit for bit on the same device and thread count.
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "continual.h"
+#include "data.h"
+
+namespace fogo::resnet {
+
+struct RunResult {
+  Config config;  ///< resolved
+  /// Summary metrics (percent), in display order; NaN when the run stopped before they exist.
+  std::vector<std::string> summary_names;
+  std::vector<double> summary;
+  /// Curves for plots: x (epochs, or tasks learned) and one value per curve name per point.
+  std::string x_name;
+  std::vector<std::string> curve_names;
+  std::vector<double> x;
+  std::vector<std::vector<double>> curve;
+  AccuracyMatrix R;  ///< continual scenarios: R[i][j] in percent (NaN until measured)
+  int64_t steps = 0, total_steps = 0;
+  double seconds = 0;  ///< training wall time over all sessions of the run
+  bool completed() const { return steps == total_steps; }
+};
+
+/// Trains (or, with --resume, continues or just reloads) the run `config` describes: a config
+/// from resolve(). `data` is the whole dataset on the CPU; the run selects from it and moves what
+/// it uses to its device.
+RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log);
+
+/// Reads the dataset `config` names (resolved or not) and checks it.
+DataSplit load_data(const Config& config);
+
+/// Runs every optimizer x seed of `config`, then prints the mean ± sd table to `out` and writes
+/// <out>/summary.md, <out>/runs.<fmt> and the plots (accuracy.png, forgetting.png).
+/// Returns the results in run order.
+std::vector<RunResult> run_comparison(const Config& config, std::ostream& out);
+
+}  // namespace fogo::resnet
