@@ -249,35 +249,68 @@ NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
   return ns;
 }
 
-// Step 2 for a whole group: both streams of every same-shape parameter through one batched
-// Newton–Schulz chain (two chains when K_s != K_f).
-void orthogonalize(std::vector<Work>& work, const FOGOOptions& o) {
+// Steps 2-3 for a whole group, per shape (m, n) of the working orientation: the slow streams of
+// all same-shape parameters through one batched Newton–Schulz chain, the fast streams likewise
+// (both in one chain when K_s == K_f and the fast one takes the plain route), and the projections
+// P = O Pi as one GEMM per shape and stream. Sets each w.Os (fp32, for the update) and returns
+// (Ps, Pf) [R, d] with the rows in `work` order.
+//
+// Only P_f = O_f Pi of the fast stream is ever used: newton_schulz_projected computes it from
+// m x m Gram iterations when that takes fewer multiply-adds, with fp32/fp64 compute only (in bf16
+// the Gram matrix squares the conditioning; newton_schulz.h).
+//
+// With unit-scale Pi (entries +-1, exact in bf16), a bf16 O times Pi is exact products summed in
+// fp32: on CUDA that projection runs as a bf16 GEMM with fp32 output (tensor cores) instead of an
+// fp32 one, the same result up to summation order.
+std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const FOGOOptions& o) {
   std::map<std::pair<int64_t, int64_t>, std::vector<Work*>> buckets;
   for (auto& w : work) buckets[{w.m, w.n}].push_back(&w);
+  const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
+  std::vector<at::Tensor> Ps_parts(work.size()), Pf_parts(work.size());
   for (auto& [shape, members] : buckets) {
+    const auto [m, n] = shape;
+    const at::Tensor& Pi = *members.front()->Pi;  // one Pi per n
+    const bool unit_scale = o.projection_scale() == ProjectionScale::Unit;
+    const auto project = [&](const at::Tensor& O) {  // [P, m, n] -> [P, m, d], fp32
+      const at::Tensor rows = O.reshape({-1, n});
+      const bool tensor_cores = O.is_cuda() && O.scalar_type() == at::kBFloat16 && unit_scale;
+      const at::Tensor out = tensor_cores ? at::mm(rows, Pi.to(at::kBFloat16), at::kFloat)
+                                          : rows.to(at::kFloat).mm(Pi);
+      return out.view({-1, m, Pi.size(1)});
+    };
     std::vector<at::Tensor> slow, fast;
     for (Work* w : members) {
       slow.push_back(w->Bs);
       fast.push_back(w->Bf);
     }
     const int64_t P = static_cast<int64_t>(members.size());
-    if (o.ns_steps_slow() == o.ns_steps_fast()) {
+    const bool gram =
+        full_precision && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast());
+    at::Tensor Os, Ps, Pf;
+    if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
       slow.insert(slow.end(), fast.begin(), fast.end());
-      const at::Tensor O =
-          newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow())).to(at::kFloat);
-      for (int64_t k = 0; k < P; ++k) {
-        members[k]->Os = O[k];
-        members[k]->Of = O[P + k];
-      }
+      const at::Tensor O = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
+      const at::Tensor projected = project(O);
+      Os = O.slice(0, 0, P);
+      Ps = projected.slice(0, 0, P);
+      Pf = projected.slice(0, P);
     } else {
-      const at::Tensor Os = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
-      const at::Tensor Of = newton_schulz(at::stack(fast), ns_config(o, o.ns_steps_fast()));
-      for (int64_t k = 0; k < P; ++k) {
-        members[k]->Os = Os[k].to(at::kFloat);
-        members[k]->Of = Of[k].to(at::kFloat);
-      }
+      Os = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
+      Ps = project(Os);
+      const at::Tensor Bf = at::stack(fast);
+      const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
+      Pf = gram ? newton_schulz_projected(Bf, Pi, ns_fast).to(at::kFloat)
+                : project(newton_schulz(Bf, ns_fast));
+    }
+    Os = Os.to(at::kFloat);
+    for (int64_t k = 0; k < P; ++k) {
+      members[k]->Os = Os[k];
+      const size_t index = static_cast<size_t>(members[k] - work.data());
+      Ps_parts[index] = Ps[k];
+      Pf_parts[index] = Pf[k];
     }
   }
+  return {at::cat(Ps_parts), at::cat(Pf_parts)};
 }
 
 at::Tensor entropy(const at::Tensor& N) {
@@ -362,13 +395,7 @@ torch::Tensor FOGO::step(LossClosure closure) {
     if (work.empty()) continue;
 
     // Step 2: Newton–Schulz; step 3: projection. Rows of all parameters form one batch.
-    orthogonalize(work, o);
-    std::vector<at::Tensor> Ps_parts, Pf_parts;
-    for (const auto& w : work) {
-      Ps_parts.push_back(w.Os.mm(*w.Pi));
-      Pf_parts.push_back(w.Of.mm(*w.Pi));
-    }
-    const at::Tensor Ps = at::cat(Ps_parts), Pf = at::cat(Pf_parts);
+    const auto [Ps, Pf] = orthogonalize(work, o);
 
     // Steps 4-7 in the projected space (projected.h). On a group's first step the codebook is
     // initialised from that step's queries and nothing is filtered (ALGORITHM.md).

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace fogo {
@@ -60,6 +61,52 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
     }
   }
   return tall ? X.transpose(-2, -1) : X;
+}
+
+at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
+                                   const NSConfig& config) {
+  validate(config);
+  TORCH_CHECK(B.dim() == 2 || B.dim() == 3,
+              "newton_schulz_projected: input must be [m, n] or [batch, m, n], got shape ",
+              B.sizes());
+  TORCH_CHECK(at::isFloatingType(B.scalar_type()),
+              "newton_schulz_projected: input must be real floating point, got ", B.scalar_type());
+  TORCH_CHECK(B.size(-2) <= B.size(-1),
+              "newton_schulz_projected: input must be wide (rows <= cols), got shape ", B.sizes());
+  TORCH_CHECK(Pi.dim() == 2 && Pi.size(0) == B.size(-1),
+              "newton_schulz_projected: Pi must be [n, d] with n = ", B.size(-1), ", got shape ",
+              Pi.sizes());
+  const auto [a, b, c] = config.coefficients;
+  at::Tensor X = (B.dim() == 3 ? B : B.unsqueeze(0)).to(config.compute_dtype);
+  const at::Tensor norms = at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true);
+  X = X / (config.normalization == NSNormalization::ClampMin ? norms.clamp_min(config.eps)
+                                                             : norms + config.eps);
+  at::Tensor Y = at::matmul(X, Pi.to(config.compute_dtype));  // Y_0 = X_0 Pi
+  if (config.steps > 0) {
+    at::Tensor A = at::bmm(X, X.transpose(-2, -1));
+    for (int64_t k = 0; k < config.steps; ++k) {
+      // Q_k = a I + P with P = b A + c A^2; `a` enters through beta, never as a rounded diagonal.
+      const at::Tensor P = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
+      Y = at::baddbmm(Y, P, Y, /*beta=*/a, /*alpha=*/1.0);
+      if (k + 1 < config.steps) {
+        const at::Tensor QA = at::baddbmm(A, P, A, /*beta=*/a, /*alpha=*/1.0);
+        A = at::baddbmm(QA, P, QA, /*beta=*/a, /*alpha=*/1.0);  // Q A Q: the factors commute
+      }
+    }
+  }
+  return B.dim() == 3 ? Y : Y.squeeze(0);
+}
+
+bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps) {
+  // Multiply-adds per matrix. Plain: each step X X^T (m^2 n), A^2 (m^3) and the polynomial times
+  // X (m^2 n), then X Pi (m n d). Gram: X_0 X_0^T (m^2 n, when iterating) and X_0 Pi (m n d) once,
+  // each step A^2 (m^3) and Q Y (m^2 d), every step but the last Q A and Q (Q A) (2 m^3).
+  const double M = static_cast<double>(m), N = static_cast<double>(n), D = static_cast<double>(d);
+  const double K = static_cast<double>(steps);
+  const double plain = K * (2 * M * M * N + M * M * M) + M * N * D;
+  const double gram = (steps > 0 ? M * M * N : 0.0) + M * N * D + K * (M * M * M + M * M * D) +
+                      std::max(K - 1, 0.0) * 2 * M * M * M;
+  return gram < plain;
 }
 
 }  // namespace fogo

@@ -1,6 +1,27 @@
 #include "fogo/ops.h"
 
+#ifdef FOGO_WITH_CUDA
+#include <initializer_list>
+
+#include "ops_cuda.h"
+#endif
+
 namespace fogo::ops {
+
+#ifdef FOGO_WITH_CUDA
+namespace {
+
+// The fused kernels are written for fp32 state on a CUDA device; anything else (CPU tensors,
+// double precision in tests) takes the ATen reference.
+bool cuda_f32(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    if (!t->is_cuda() || t->scalar_type() != at::kFloat) return false;
+  }
+  return true;
+}
+
+}  // namespace
+#endif
 
 bool cuda_kernels_available() {
 #ifdef FOGO_WITH_CUDA
@@ -14,15 +35,32 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
                                    const at::Tensor& nu, const at::Tensor& rbar,
                                    const ProjectedStepParams& p) {
+#ifdef FOGO_WITH_CUDA
+  const bool protect = frozen.defined() && frozen.size(0) > 0;
+  if (Ps.size(0) > 0 && cuda_f32({&Ps, &Pf, &cbar, &rbar}) &&
+      (!protect || cuda_f32({&frozen, &nu})))
+    return cuda::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
+#endif
   return fogo::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
+#ifdef FOGO_WITH_CUDA
+  if (cuda_f32({&book.centroids, &book.S, &book.N, &acc.m, &acc.s}) && book.S.is_contiguous() &&
+      book.N.is_contiguous())
+    return cuda::codebook_flush(book, acc, p);
+#endif
   fogo::flush(book, acc, p);
 }
 
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
                             bool transposed, const UpdateParams& p) {
+#ifdef FOGO_WITH_CUDA
+  const auto type = param.scalar_type();
+  if (param.is_cuda() && param.is_contiguous() &&
+      (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && cuda_f32({&Os, &delta}))
+    return cuda::apply_rms_update(param, Os, delta, transposed, p);
+#endif
   return fogo::apply_rms_update(param, Os, delta, transposed, p);
 }
 

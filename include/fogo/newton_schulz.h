@@ -47,4 +47,23 @@ void validate(const NSConfig& config);
 /// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`.
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config = {});
 
+/// NS(B) Pi without forming NS(B), for a wide B ([m, n] or [batch, m, n], m <= n) and Pi [n, d];
+/// returns [m, d] (or [batch, m, d]) in `config.compute_dtype`. Each iteration multiplies X by a
+/// polynomial in X X^T, so every iterate is X_k = P_k X_0 with P_k a polynomial in
+/// A_0 = X_0 X_0^T, and with Q_k = a I + b A_k + c A_k^2
+///
+///   A_{k+1} = Q_k A_k Q_k,   Y_{k+1} = Q_k Y_k,   Y_0 = X_0 Pi,   Y_K = NS(B) Pi:
+///
+/// m x m and m x d products instead of m x n ones (FOGO needs only P_f = O_f Pi of its fast
+/// stream). Cheaper than newton_schulz plus the projection when n is large against m and d
+/// (newton_schulz_projected_is_cheaper). Accuracy: like the plain chain in fp32 (relative 1e-5
+/// on ill-conditioned inputs); in bf16 the Gram matrix squares the condition number and the small
+/// singular directions are lost, so it is meant for fp32/fp64 compute.
+at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
+                                   const NSConfig& config = {});
+
+/// Whether newton_schulz_projected takes fewer multiply-adds than newton_schulz followed by the
+/// projection, for a wide [m, n] matrix, Pi [n, d] and `steps` iterations.
+bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps);
+
 }  // namespace fogo

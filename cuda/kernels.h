@@ -1,0 +1,129 @@
+#pragma once
+// fogo's CUDA kernels, as plain launchers over raw device pointers (no ATen here, so the .cu files
+// compile quickly). Every launcher enqueues on `stream` and never synchronises with the host.
+// ops_cuda.cpp allocates the tensors, runs the GEMMs through ATen and calls these in order.
+//
+// Symbols follow the paper / ALGORITHM.md: rows i of a codebook group (R rows, projected dim d),
+// centroids j (C of them), frozen centroids k (K of them).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fogo::cuda {
+
+/// Rows handled by one block of the row-wise kernels (one warp per row); per-block partial
+/// sums are indexed by blockIdx.x, so callers size them with row_blocks(R).
+constexpr int kRowsPerBlock = 8;
+inline int64_t row_blocks(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
+// ---------------------------------------------------------------------------------------------
+// Projected step (ALGORITHM.md steps 4-7). All [R, d] arrays are fp32, row-major, contiguous.
+
+/// Step 4 and the query of step 5: z_i = |Ps_i| Slerp(Ps_i, Pf_i; xi), q_i = z_i/(|z_i|+eps),
+/// znorm_i = |z_i|, valid_i = |z_i| > 0. Writes z - Ps instead of z when `subtract_ps` (a
+/// group's first step, where dz = z - Ps is the whole answer). `clamp_lo/hi` bound the cosine
+/// before acos (-1+eps, 1-eps, rounded to fp32 as the reference does).
+void launch_fuse_rows(const float* Ps, const float* Pf, int64_t R, int64_t d, float xi, float eps,
+                      float clamp_lo, float clamp_hi, bool subtract_ps, float* z, float* q,
+                      float* znorm, bool* valid, cudaStream_t stream);
+
+struct ShortTermArgs {
+  float eps_st, tau_plus, tau_minus, eps;
+};
+
+/// Step 5's memory read and step 6's set weights, from sim = q cbar^T [R, C]:
+/// a_i = argmax_j sim_ij; for valid rows m[a_i] += 1 and s[a_i] += q_i (atomics; m, s zeroed by
+/// the caller). When `W` is non-null (filtering), also W [2, R, C]:
+///   W[0]_ij = alpha+_ij <z_i, cbar_j>  over H_i = {sim_ij > eps_st},
+///   W[1]_ij = alpha-_ij <z_i, cbar_j>  over C_i = {sim_ij < -eps_st},
+/// alpha the softmax of tau_plus sim (tau_minus |sim|) over the set, zero off the set, with
+/// <z_i, cbar_j> = (|z_i| + eps) sim_ij (z_i = (|z_i| + eps) q_i), and per block the number of
+/// rows with non-empty C_i / H_i in conflict_partial / over_partial [row_blocks(R)].
+void launch_memory_read(const float* sim, const float* q, const float* znorm, const bool* valid,
+                        int64_t R, int64_t C, int64_t d, ShortTermArgs args, float* m, float* s,
+                        float* W, float* conflict_partial, float* over_partial,
+                        cudaStream_t stream);
+
+/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps) from zhc = [z_hi; z_conf] [2R, d],
+/// summed per block into r_partial [row_blocks(R)].
+void launch_conflict_ratio(const float* zhc, const float* znorm, int64_t R, int64_t d,
+                           float lambda_hi, float eps, float* r_partial, cudaStream_t stream);
+
+struct AdaptiveArgs {
+  float beta_r, gamma_st_min, gamma_st_max, kappa;
+};
+
+/// One block: r_t = sum(r_partial)/R, rbar_out = beta_r rbar + (1-beta_r) r_t,
+/// gamma_st = gmin + (gmax-gmin) rbar_out/(rbar_out+kappa); stats[0] = gamma_st,
+/// stats[1] = #conflicting rows/R, stats[2] = #over-aligned rows/R. Sums in a fixed order.
+void launch_short_term_reduce(const float* r_partial, const float* conflict_partial,
+                              const float* over_partial, int64_t blocks, int64_t R,
+                              const float* rbar, AdaptiveArgs args, float* rbar_out, float* stats,
+                              cudaStream_t stream);
+
+/// Step 6's correction with gamma_st = stats[0]: z~_i = z_i - gamma_hi z_hi_i - gamma_st z_conf_i,
+/// dz_i = z~_i - Ps_i. With `ztilde` non-null (long-term protection follows) also writes z~
+/// (may alias z) and its row norms.
+void launch_short_term_apply(const float* z, const float* zhc, const float* Ps, const float* stats,
+                             int64_t R, int64_t d, float gamma_hi, float* dz, float* ztilde,
+                             float* ztnorm, cudaStream_t stream);
+
+struct LongTermArgs {
+  float eps_lt, gamma_lt, eps;
+  bool spectral_scaling;
+};
+
+/// Step 7's coefficients from F = z~ frozen^T [R, K]: B_i = {k : |F_ik|/(|z~_i|+eps) > eps_lt},
+/// gamma_lt_i = gamma_lt min(1, 1/sum_{B_i} nu_k) with spectral scaling (else gamma_lt), and
+/// Wlt_ik = gamma_lt_i nu_k F_ik on B_i, 0 elsewhere, so that zbar = z~ - Wlt frozen. Rows with
+/// non-empty B_i are counted per block in protected_partial [row_blocks(R)].
+void launch_long_term_weights(const float* F, const float* ztnorm, const float* nu, int64_t R,
+                              int64_t K, LongTermArgs args, float* Wlt, float* protected_partial,
+                              cudaStream_t stream);
+
+/// One block: stats[3] = sum(protected_partial)/R.
+void launch_protected_reduce(const float* protected_partial, int64_t blocks, int64_t R,
+                             float* stats, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Codebook flush ("After all parameters of group g have stepped"). [C, d] fp32 contiguous.
+
+/// One block per centroid: S_j = beta S_j + (1-beta) s_j, N_j = beta N_j + (1-beta) m_j (in
+/// place), chat_j = unit(S_j/(N_j+eps)).
+void launch_flush_ema(float* S, float* N, const float* s, const float* m, int64_t C, int64_t d,
+                      float beta, float eps, float* chat, cudaStream_t stream);
+
+/// One block per centroid: R_j = the r entries l != j of corr = chat prev^T [C, C] with the
+/// largest |corr_jl| (ties to the lower index; r = 0: none, corr unused),
+/// h_j = sum_{R_j} corr_jl prev_l, raw_j = S_j/(N_j+eps) - lambda_c h_j,
+/// out_j = prev_j if N_j <= eps or |raw_j| <= eps, else raw_j/(|raw_j|+eps).
+void launch_flush_decorrelate(const float* S, const float* N, const float* corr, const float* prev,
+                              int64_t C, int64_t d, int64_t r, float lambda_c, float eps,
+                              float* out, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// RMS-scaled update (step 9). Os and delta: [m, n] fp32 contiguous, the working orientation.
+
+enum class ParamType { Float, BFloat16, Half };
+
+/// Blocks of the norm reduction; partials hold 3 x this many doubles.
+int rms_partial_blocks(int64_t numel);
+
+/// Per block: sum (Os+delta)^2, sum delta^2, sum Os^2 into partials [3, rms_partial_blocks].
+void launch_rms_norms(const float* Os, const float* delta, int64_t numel, double* partials,
+                      cudaStream_t stream);
+
+struct UpdateArgs {
+  double lr, weight_decay, sigma, eps;
+};
+
+/// theta <- (1 - lr wd) theta - lr gamma_t Ohat, gamma_t = sigma sqrt(mn)/(|Ohat|_F + eps),
+/// Ohat = Os + delta, in fp32 whatever the parameter's type (one rounding at the store). The
+/// parameter is [m, n] row-major, or [n, m] holding Ohat^T when `transposed`. ratio (a scalar)
+/// = |delta|_F / (|Os|_F + eps).
+void launch_rms_apply(void* param, ParamType type, const float* Os, const float* delta, int64_t m,
+                      int64_t n, bool transposed, const double* partials, UpdateArgs args,
+                      float* ratio, cudaStream_t stream);
+
+}  // namespace fogo::cuda

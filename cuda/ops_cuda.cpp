@@ -1,0 +1,202 @@
+// Orchestration of fogo's CUDA kernels (kernels.h): allocations, the GEMMs (cuBLAS through
+// ATen) and the launches, all on the current stream with no host synchronisation.
+//
+// Projected step, per group (R rows, C centroids, K frozen candidates):
+//   fuse_rows          slerp, q, |z|, valid                       (step 4, query of step 5)
+//   sim = q cbar^T     GEMM [R, C]
+//   memory_read        argmax, m/s accumulation, softmax set weights W [2R, C]   (steps 5-6)
+//   [z_hi; z_conf] = W cbar           GEMM [2R, d]
+//   conflict_ratio     r_i per block                                (step 6)
+//   short_term_reduce  r_t, rbar, gamma_st, set statistics (one block)
+//   short_term_apply   z~ = z - gamma_hi z_hi - gamma_st z_conf, dz = z~ - Ps
+//   F = z~ frozen^T    GEMM [R, K]                                  (step 7, if K > 0)
+//   long_term_weights  B_i, gamma_lt_i, Wlt
+//   dz -= Wlt frozen   GEMM
+// The R x C x d and R x K x d contractions are GEMMs because cuBLAS runs them faster than a
+// hand-fused loop over centroids would (the similarity work is GEMM-shaped: every row meets every
+// centroid); the row-wise kernels fuse everything between them.
+#include "ops_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "kernels.h"
+
+namespace fogo::cuda {
+namespace {
+
+float* f32(const at::Tensor& t) { return t.data_ptr<float>(); }
+
+void check_f32_cuda(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat, "fogo CUDA kernels: ", what,
+              " must be a CUDA fp32 tensor, got ", t.scalar_type(), " on ", t.device());
+}
+
+}  // namespace
+
+ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf_in,
+                                   const at::Tensor& cbar_in, const at::Tensor& frozen_in,
+                                   const at::Tensor& nu_in, const at::Tensor& rbar,
+                                   const ProjectedStepParams& p) {
+  for (const at::Tensor* t : {&Ps_in, &Pf_in, &cbar_in, &rbar})
+    check_f32_cuda(*t, "projected_step input");
+  TORCH_CHECK(Ps_in.dim() == 2 && Ps_in.sizes() == Pf_in.sizes() && Ps_in.size(0) > 0 &&
+                  cbar_in.dim() == 2 && cbar_in.size(1) == Ps_in.size(1),
+              "fogo CUDA projected_step: Ps, Pf [R >= 1, d] and cbar [C, d] expected, got ",
+              Ps_in.sizes(), ", ", Pf_in.sizes(), ", ", cbar_in.sizes());
+  const c10::cuda::CUDAGuard guard(Ps_in.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor Ps = Ps_in.contiguous(), Pf = Pf_in.contiguous(), cbar = cbar_in.contiguous();
+  const int64_t R = Ps.size(0), d = Ps.size(1), C = cbar.size(0);
+  const auto options = Ps.options();
+  const float eps = static_cast<float>(p.eps);
+
+  // Step 4 and the query. On a group's first step nothing is filtered and z - Ps is the answer,
+  // written straight into the z buffer.
+  at::Tensor z = at::empty({R, d}, options), q = at::empty({R, d}, options);
+  at::Tensor znorm = at::empty({R}, options), valid = at::empty({R}, options.dtype(at::kBool));
+  launch_fuse_rows(f32(Ps), f32(Pf), R, d, static_cast<float>(p.xi), eps,
+                   static_cast<float>(-1.0 + p.eps), static_cast<float>(1.0 - p.eps), !p.filter,
+                   f32(z), f32(q), f32(znorm), valid.data_ptr<bool>(), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  // Step 5: memory read against the pre-update codebook.
+  const at::Tensor sim = at::mm(q, cbar.t());
+  at::Tensor m = at::zeros({C}, options), s = at::zeros({C, d}, options);
+  at::Tensor stats = at::zeros({4}, options);
+  const ShortTermArgs st{static_cast<float>(p.short_term.eps_st),
+                         static_cast<float>(p.short_term.tau_plus),
+                         static_cast<float>(p.short_term.tau_minus), eps};
+  if (!p.filter) {
+    launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
+                       f32(s), nullptr, nullptr, nullptr, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {z, q, valid, m, s, rbar, stats};
+  }
+
+  // Step 6: set weights with the read, the components as one GEMM, then r_t -> rbar -> gamma_st
+  // on the device, then the correction.
+  const int64_t blocks = row_blocks(R);
+  at::Tensor partials = at::empty({4, blocks}, options);  // conflict, over, r, protected
+  at::Tensor W = at::empty({2 * R, C}, options);
+  launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
+                     f32(s), f32(W), f32(partials[0]), f32(partials[1]), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const at::Tensor zhc = at::mm(W, cbar);  // [z_hi; z_conf]
+  launch_conflict_ratio(f32(zhc), f32(znorm), R, d, static_cast<float>(p.lambda_hi), eps,
+                        f32(partials[2]), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor rbar_new = at::empty({}, options);
+  launch_short_term_reduce(f32(partials[2]), f32(partials[0]), f32(partials[1]), blocks, R,
+                           f32(rbar.contiguous()),
+                           {static_cast<float>(p.beta_r), static_cast<float>(p.gamma_st_min),
+                            static_cast<float>(p.gamma_st_max), static_cast<float>(p.kappa)},
+                           f32(rbar_new), f32(stats), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  at::Tensor dz = at::empty({R, d}, options);
+  const bool protect = frozen_in.defined() && frozen_in.size(0) > 0;
+  if (!protect) {
+    launch_short_term_apply(f32(z), f32(zhc), f32(Ps), f32(stats), R, d,
+                            static_cast<float>(p.gamma_hi), f32(dz), nullptr, nullptr, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {dz, q, valid, m, s, rbar_new, stats};
+  }
+
+  // Step 7: z~ overwrites z, then zbar - Ps = (z~ - Ps) - Wlt frozen.
+  check_f32_cuda(frozen_in, "frozen");
+  check_f32_cuda(nu_in, "nu");
+  const at::Tensor frozen = frozen_in.contiguous(), nu = nu_in.contiguous();
+  const int64_t K = frozen.size(0);
+  TORCH_CHECK(frozen.dim() == 2 && frozen.size(1) == d && nu.numel() == K,
+              "fogo CUDA projected_step: frozen [K, d] and nu [K] expected, got ", frozen.sizes(),
+              " and ", nu.sizes());
+  at::Tensor ztnorm = at::empty({R}, options);
+  launch_short_term_apply(f32(z), f32(zhc), f32(Ps), f32(stats), R, d,
+                          static_cast<float>(p.gamma_hi), f32(dz), f32(z), f32(ztnorm), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const at::Tensor F = at::mm(z, frozen.t());
+  at::Tensor Wlt = at::empty({R, K}, options);
+  const LongTermArgs lt{static_cast<float>(p.long_term.eps_lt),
+                        static_cast<float>(p.long_term.gamma_lt),
+                        static_cast<float>(p.long_term.eps), p.long_term.spectral_scaling};
+  launch_long_term_weights(f32(F), f32(ztnorm), f32(nu), R, K, lt, f32(Wlt), f32(partials[3]),
+                           stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  dz.addmm_(Wlt, frozen, /*beta=*/1.0, /*alpha=*/-1.0);
+  launch_protected_reduce(f32(partials[3]), blocks, R, f32(stats), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dz, q, valid, m, s, rbar_new, stats};
+}
+
+void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
+  for (const at::Tensor* t :
+       std::initializer_list<const at::Tensor*>{&book.centroids, &book.S, &book.N, &acc.m, &acc.s})
+    check_f32_cuda(*t, "codebook_flush input");
+  TORCH_CHECK(book.S.is_contiguous() && book.N.is_contiguous(),
+              "fogo CUDA codebook_flush: S and N are updated in place and must be contiguous");
+  const c10::cuda::CUDAGuard guard(book.centroids.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor prev = book.centroids.contiguous();
+  const int64_t C = prev.size(0), d = prev.size(1);
+  const float eps = static_cast<float>(p.eps);
+  at::Tensor chat = at::empty({C, d}, prev.options());
+  launch_flush_ema(f32(book.S), f32(book.N), f32(acc.s.contiguous()), f32(acc.m.contiguous()), C, d,
+                   static_cast<float>(p.beta_cb), eps, f32(chat), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // As fogo::flush: no decorrelation term without a weight or a neighbour.
+  const int64_t r = p.lambda_c == 0.0 ? 0 : std::min<int64_t>(p.r_dec, C - 1);
+  const at::Tensor corr = r > 0 ? at::mm(chat, prev.t()) : at::Tensor();
+  at::Tensor out = at::empty({C, d}, prev.options());
+  launch_flush_decorrelate(f32(book.S), f32(book.N), r > 0 ? f32(corr) : nullptr, f32(prev), C, d,
+                           r, static_cast<float>(p.lambda_c), eps, f32(out), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  book.centroids = out;
+}
+
+at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at::Tensor& delta_in,
+                            bool transposed, const UpdateParams& p) {
+  check_f32_cuda(Os_in, "O_s");
+  check_f32_cuda(delta_in, "delta");
+  TORCH_CHECK(Os_in.dim() == 2 && Os_in.sizes() == delta_in.sizes() &&
+                  param.numel() == Os_in.numel() && param.is_contiguous() && param.is_cuda(),
+              "fogo CUDA apply_rms_update: O_s, delta [m, n] and a contiguous CUDA parameter of "
+              "m n elements expected, got ",
+              Os_in.sizes(), ", ", delta_in.sizes(), ", ", param.sizes());
+  ParamType type;
+  switch (param.scalar_type()) {
+    case at::kFloat:
+      type = ParamType::Float;
+      break;
+    case at::kBFloat16:
+      type = ParamType::BFloat16;
+      break;
+    case at::kHalf:
+      type = ParamType::Half;
+      break;
+    default:
+      TORCH_CHECK(false, "fogo CUDA apply_rms_update: unsupported parameter dtype ",
+                  param.scalar_type());
+  }
+  const c10::cuda::CUDAGuard guard(param.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor Os = Os_in.contiguous(), delta = delta_in.contiguous();
+  const int64_t m = Os.size(0), n = Os.size(1);
+  at::Tensor partials = at::empty({3 * rms_partial_blocks(m * n)}, Os.options().dtype(at::kDouble));
+  at::Tensor ratio = at::empty({}, Os.options());
+  launch_rms_norms(f32(Os), f32(delta), m * n, partials.data_ptr<double>(), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_rms_apply(param.data_ptr(), type, f32(Os), f32(delta), m, n, transposed,
+                   partials.data_ptr<double>(), {p.lr, p.weight_decay, p.sigma, p.eps}, f32(ratio),
+                   stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would, for autograd
+  return ratio;
+}
+
+}  // namespace fogo::cuda

@@ -1,0 +1,26 @@
+#pragma once
+// The CUDA implementations behind fogo::ops (ops.h), for CUDA fp32 tensors (bf16/fp16 parameters
+// in the update). ops.cpp decides when they apply; these only check their preconditions.
+// Same contracts and results as the ATen references (projected.h, codebook.h, update.h), up to
+// floating-point summation order.
+
+#include <fogo/codebook.h>
+#include <fogo/projected.h>
+#include <fogo/update.h>
+
+namespace fogo::cuda {
+
+/// Rows R >= 1; Ps, Pf [R, d]; cbar [C, d]; frozen [K, d] and nu [K] (K may be 0 or undefined).
+ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
+                                   const at::Tensor& cbar, const at::Tensor& frozen,
+                                   const at::Tensor& nu, const at::Tensor& rbar,
+                                   const ProjectedStepParams& p);
+
+/// book.S and book.N are updated in place (contiguous); book.centroids is replaced.
+void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
+
+/// `param` contiguous, fp32, bf16 or fp16; Os and delta [m, n] fp32.
+at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
+                            bool transposed, const UpdateParams& p);
+
+}  // namespace fogo::cuda
