@@ -247,13 +247,37 @@ std::string Cli::help() const {
     }
     std::string head = "  --" + f.name;
     if (!std::holds_alternative<bool*>(f.target)) head += " <value>";
-    out << head;
-    out << (head.size() < 30 ? std::string(30 - head.size(), ' ') : "\n" + std::string(30, ' '));
-    out << f.help;
+    std::string text = f.help;
     if (!f.choices.empty()) {
-      out << " {" << join(f.choices, [](const std::string& s) { return s; }) << "}";
+      text += " {" + join(f.choices, [](const std::string& s) { return s; }) + "}";
     }
-    out << " [default: " << (f.default_text.empty() ? "\"\"" : f.default_text) << "]\n";
+    text += " [default: " + (f.default_text.empty() ? std::string("\"\"") : f.default_text) + "]";
+    // Help text in a column from 30 to 100, wrapped at spaces.
+    constexpr size_t kIndent = 30, kWidth = 100;
+    out << head;
+    size_t column = head.size();
+    if (column >= kIndent) {
+      out << "\n";
+      column = 0;
+    }
+    std::istringstream words(text);
+    bool first = true;
+    for (std::string word; words >> word; first = false) {
+      if (!first && column + 1 + word.size() > kWidth) {
+        out << "\n";
+        column = 0;
+      }
+      if (column < kIndent) {
+        out << std::string(kIndent - column, ' ');
+        column = kIndent;
+      } else {
+        out << ' ';
+        ++column;
+      }
+      out << word;
+      column += word.size();
+    }
+    out << "\n";
   }
   out << "\n  --help, -h                  this text\n";
   return out.str();

@@ -74,7 +74,7 @@ std::string first_existing(const std::vector<std::string>& candidates, const std
   }
   std::string tried;
   for (const auto& c : candidates) tried += (tried.empty() ? "" : ", ") + c;
-  throw std::runtime_error("--data-dir: " + what + " not found (looked for " + tried + ")");
+  throw std::invalid_argument("--data-dir: " + what + " not found (looked for " + tried + ")");
 }
 
 uint64_t mix(uint64_t h, uint64_t v) {
@@ -195,10 +195,15 @@ DataSplit load_fashion_mnist(const std::string& dir) {
   auto file = [&](const std::string& stem) {
     return first_existing({dir + "/" + stem + ".gz", dir + "/" + stem}, stem);
   };
+  // Looked up one by one, in this order, so a missing file is reported predictably.
+  const std::string train_images = file("train-images-idx3-ubyte");
+  const std::string train_labels = file("train-labels-idx1-ubyte");
+  const std::string test_images = file("t10k-images-idx3-ubyte");
+  const std::string test_labels = file("t10k-labels-idx1-ubyte");
   DataSplit split;
   split.name = "fashion-mnist";
-  split.train = read_idx_dataset(file("train-images-idx3-ubyte"), file("train-labels-idx1-ubyte"));
-  split.test = read_idx_dataset(file("t10k-images-idx3-ubyte"), file("t10k-labels-idx1-ubyte"));
+  split.train = read_idx_dataset(train_images, train_labels);
+  split.test = read_idx_dataset(test_images, test_labels);
   return split;
 }
 
