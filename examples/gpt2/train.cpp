@@ -431,17 +431,18 @@ std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std:
     for (const auto& r : runs) {
       tr::Series s{r.optimizer, {}, {}, {}};
       for (const auto& p : r.*member) {
-        s.x.push_back(static_cast<double>(p.tokens));
+        s.x.push_back(static_cast<double>(p.tokens) / 1e6);
         s.y.push_back(p.value);
       }
       all.push_back(std::move(s));
     }
     return all;
   };
-  tr::plot_png((out / "loss.png").string(),
-               {{"GPT-2 training loss", "tokens", "loss", series(&RunResult::train_loss)},
-                {"GPT-2 validation loss", "tokens", "loss", series(&RunResult::val_loss)}},
-               2, log);
+  tr::plot_png(
+      (out / "loss.png").string(),
+      {{"GPT-2 training loss", "tokens (millions)", "loss", series(&RunResult::train_loss)},
+       {"GPT-2 validation loss", "tokens (millions)", "loss", series(&RunResult::val_loss)}},
+      2, log);
   log << "wrote " << (out / "compare.md").string() << " and " << (out / "loss.png").string()
       << "\n";
   return runs;
