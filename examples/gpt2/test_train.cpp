@@ -77,6 +77,17 @@ TEST_F(Training, SmokeRunLossFalls) {
   }
 }
 
+TEST_F(Training, Bf16AutocastPathTrains) {
+  // The CUDA default, exercised here through CPU autocast: the forward pass (SDPA, RoPE,
+  // linears) in bf16, the loss in fp32.
+  TrainConfig c = config("muon", "bf16");
+  c.autocast = "bf16";
+  c.max_steps = 20;
+  const RunResult r = train(c, log_);
+  EXPECT_LT(r.val_loss.back().value, r.val_loss.front().value - 0.5);
+  EXPECT_NE(r.device.find("bf16 autocast"), std::string::npos) << r.device;
+}
+
 void expect_same_run(const RunResult& a, const RunResult& b) {
   auto pa = a.trained->named_parameters(), pb = b.trained->named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
