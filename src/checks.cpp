@@ -28,6 +28,27 @@ void check_grad_kind(const char* optimizer, size_t group, size_t index, const at
               describe_param(group, index, param), " has shape ", grad.sizes());
 }
 
+GradItems collect_grads(const char* optimizer,
+                        const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                        const std::function<void(size_t)>& check_group,
+                        const std::function<void(size_t, size_t, const at::Tensor&)>& check_param) {
+  GradItems items;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_group(g);
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      if (!p.grad().defined()) continue;
+      check_param(g, i, p);
+      check_grad_kind(optimizer, g, i, p, p.grad());
+      items.params.push_back(p);
+      items.grads.push_back(p.grad());
+      items.where.emplace_back(g, i);
+    }
+  }
+  return items;
+}
+
 int64_t first_nonfinite(const std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return -1;
   std::vector<at::Tensor> flags;

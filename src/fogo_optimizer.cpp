@@ -75,21 +75,44 @@ void FOGOOptions::validate() const {
               "FOGO: option 'nonfinite' is not a known policy");
 }
 
-#define FOGO_OPTION_FIELDS(X)                                                                 \
-  X(double, lr)                                                                               \
-  X(double, weight_decay)                                                                     \
-  X(double, sigma)                                                                            \
-  X(double, eps) X(double, mu_s) X(double, mu_f) X(int64_t, ns_steps_slow)                    \
-      X(int64_t, ns_steps_fast) X(coefficients_t, ns_coefficients) X(int64_t, proj_dim)       \
-          X(double, xi) X(int64_t, codebook_size) X(double, beta_cb) X(double, lambda_c)      \
-              X(int64_t, r_dec) X(int64_t, reseed_every) X(double, reseed_threshold)          \
-                  X(double, eps_st) X(double, gamma_hi) X(double, gamma_st_min)               \
-                      X(double, gamma_st_max) X(double, beta_r) X(double, kappa)              \
-                          X(double, tau_plus) X(double, tau_minus) X(double, lambda_hi)       \
-                              X(double, eps_lt) X(double, gamma_lt) X(int64_t, lt_candidates) \
-                                  X(bool, spectral_scaling) X(int64_t, freeze_per_task)       \
-                                      X(bool, reinit_codebook_on_task) X(double, lambda_prox) \
-                                          X(int64_t, seed)
+// Every plain option, for (de)serialisation; the enum-valued ones are written as integers.
+// clang-format off
+#define FOGO_OPTION_FIELDS(X) \
+  X(double, lr) \
+  X(double, weight_decay) \
+  X(double, sigma) \
+  X(double, eps) \
+  X(double, mu_s) \
+  X(double, mu_f) \
+  X(int64_t, ns_steps_slow) \
+  X(int64_t, ns_steps_fast) \
+  X(coefficients_t, ns_coefficients) \
+  X(int64_t, proj_dim) \
+  X(double, xi) \
+  X(int64_t, codebook_size) \
+  X(double, beta_cb) \
+  X(double, lambda_c) \
+  X(int64_t, r_dec) \
+  X(int64_t, reseed_every) \
+  X(double, reseed_threshold) \
+  X(double, eps_st) \
+  X(double, gamma_hi) \
+  X(double, gamma_st_min) \
+  X(double, gamma_st_max) \
+  X(double, beta_r) \
+  X(double, kappa) \
+  X(double, tau_plus) \
+  X(double, tau_minus) \
+  X(double, lambda_hi) \
+  X(double, eps_lt) \
+  X(double, gamma_lt) \
+  X(int64_t, lt_candidates) \
+  X(bool, spectral_scaling) \
+  X(int64_t, freeze_per_task) \
+  X(bool, reinit_codebook_on_task) \
+  X(double, lambda_prox) \
+  X(int64_t, seed)
+// clang-format on
 
 void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
 #define FOGO_WRITE(T, name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
@@ -214,6 +237,16 @@ struct FOGO::Impl {
   }
 };
 
+namespace {
+
+void check_matrix(size_t group, size_t index, const at::Tensor& p) {
+  TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
+              detail::describe_param(group, index, p),
+              " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
+}
+
+}  // namespace
+
 FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, FOGOOptions defaults)
     : Optimizer(param_groups, std::make_unique<FOGOOptions>(defaults)),
       impl_(std::make_unique<Impl>()) {
@@ -223,10 +256,7 @@ FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, F
     options.validate();
     for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
       const auto& p = param_groups_[g].params()[i];
-      TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
-                  detail::describe_param(g, i, p),
-                  " has fewer than 2 dimensions; optimize it with AdamW (see "
-                  "fogo::split_parameters)");
+      check_matrix(g, i, p);
     }
   }
 }
@@ -329,23 +359,11 @@ torch::Tensor FOGO::step(LossClosure closure) {
   }
 
   // Validate everything before changing anything: a bad input leaves the optimizer as it was.
-  std::vector<torch::Tensor> params, grads;
-  std::vector<std::pair<size_t, size_t>> where;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
-    options.validate();
-    const auto& group_params = param_groups_[g].params();
-    for (size_t i = 0; i < group_params.size(); ++i) {
-      const auto& p = group_params[i];
-      if (!p.grad().defined()) continue;
-      TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
-                  detail::describe_param(g, i, p), " has fewer than 2 dimensions");
-      detail::check_grad_kind("FOGO", g, i, p, p.grad());
-      params.push_back(p);
-      grads.push_back(p.grad());
-      where.emplace_back(g, i);
-    }
-  }
+  const detail::GradItems items = detail::collect_grads(
+      "FOGO", param_groups_,
+      [&](size_t g) { static_cast<const FOGOOptions&>(param_groups_[g].options()).validate(); },
+      [&](size_t g, size_t i, const at::Tensor& p) { check_matrix(g, i, p); });
+  const auto& [params, grads, where] = items;
   const int64_t bad = detail::first_nonfinite(grads);
   if (bad >= 0) {
     const auto& options =

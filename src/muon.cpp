@@ -125,26 +125,25 @@ torch::Tensor Muon::step(LossClosure closure) {
   }
 
   // Validate everything before touching any parameter, so a bad input changes nothing.
-  std::vector<torch::Tensor> params, grads;
-  std::vector<std::pair<size_t, size_t>> where;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
-    options.validate();
-    const auto& group_params = param_groups_[g].params();
-    for (size_t i = 0; i < group_params.size(); ++i) {
-      const auto& p = group_params[i];
-      if (!p.grad().defined()) continue;
-      check_param_shape(g, i, p, options);
-      detail::check_grad_kind("Muon", g, i, p, p.grad());
-      if (options.check_finite()) {
-        params.push_back(p);
-        grads.push_back(p.grad());
-        where.emplace_back(g, i);
-      }
+  const detail::GradItems items = detail::collect_grads(
+      "Muon", param_groups_,
+      [&](size_t g) { static_cast<const MuonOptions&>(param_groups_[g].options()).validate(); },
+      [&](size_t g, size_t i, const at::Tensor& p) {
+        check_param_shape(g, i, p, static_cast<const MuonOptions&>(param_groups_[g].options()));
+      });
+  std::vector<at::Tensor> checked;  // gradients of the groups with check_finite
+  std::vector<size_t> checked_item;
+  for (size_t k = 0; k < items.grads.size(); ++k) {
+    if (static_cast<const MuonOptions&>(param_groups_[items.where[k].first].options())
+            .check_finite()) {
+      checked.push_back(items.grads[k]);
+      checked_item.push_back(k);
     }
   }
-  const int64_t bad = detail::first_nonfinite(grads);  // grads of check_finite groups only
-  if (bad >= 0) detail::throw_nonfinite("Muon", where[bad].first, where[bad].second, params[bad]);
+  if (const int64_t bad = detail::first_nonfinite(checked); bad >= 0) {
+    const size_t k = checked_item[bad];
+    detail::throw_nonfinite("Muon", items.where[k].first, items.where[k].second, items.params[k]);
+  }
 
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const MuonOptions&>(group.options());

@@ -8,6 +8,8 @@
 
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 fogo::FOGOOptions memory_disabled(double lr) {
@@ -437,14 +439,7 @@ TEST(FOGO, NonFiniteGradientsRaiseOrSkipAndChangeNothing) {
 
 TEST(FOGO, RejectsBadOptionsAndShapes) {
   auto p = [] { return torch::randn({4, 6}).requires_grad_(true); };
-  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
-    try {
-      f();
-      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  using fogo::test::expect_error;
   expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions(NAN)); }, "'lr'");
   expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().xi(1.5)); }, "'xi'");
   expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().proj_dim(0)); }, "'proj_dim'");

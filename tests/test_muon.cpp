@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 c10::IValue load_reference() {
@@ -193,14 +195,7 @@ TEST(Muon, WrongSizedCheckpointIsRejectedAndChangesNothing) {
 }
 
 TEST(Muon, RejectsBadInputWithNamedErrors) {
-  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
-    try {
-      f();
-      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  using fogo::test::expect_error;
   auto param = [] { return torch::randn({4, 6}).requires_grad_(true); };
   expect_error([&] { fogo::Muon({param()}, fogo::MuonOptions(NAN)); }, "'lr'");
   expect_error([&] { fogo::Muon({param()}, fogo::MuonOptions().momentum(1.5)); }, "'momentum'");

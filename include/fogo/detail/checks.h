@@ -21,6 +21,20 @@ std::string describe_param(size_t group, size_t index, const at::Tensor& param);
 void check_grad_kind(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
                      const at::Tensor& grad);
 
+/// The parameters of an optimizer that have gradients, in group order, with (group, index).
+struct GradItems {
+  std::vector<at::Tensor> params, grads;
+  std::vector<std::pair<size_t, size_t>> where;
+};
+
+/// Collects the parameters with gradients after validating everything, before anything changes:
+/// `check_group(g)` for each group (its options), `check_param(g, i, param)` for each parameter
+/// with a gradient, and check_grad_kind on its gradient.
+GradItems collect_grads(const char* optimizer,
+                        const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                        const std::function<void(size_t)>& check_group,
+                        const std::function<void(size_t, size_t, const at::Tensor&)>& check_param);
+
 /// Index of the first tensor holding a NaN or an infinity, or -1: one host synchronisation for
 /// the whole list.
 int64_t first_nonfinite(const std::vector<at::Tensor>& tensors);
