@@ -89,6 +89,7 @@ __global__ void __launch_bounds__(kThreads)
       if (l != j && precedes(last, c) && precedes(c, best)) best = c;
     }
     last = block_best(best, values, indices);
+    if (last.index >= C) break;  // no candidate left: only with NaN correlations (uniform)
     const float w = cj[last.index];
     const float* pl = prev + last.index * d;
     for (int64_t k = threadIdx.x; k < d; k += blockDim.x) oj[k] += w * pl[k];

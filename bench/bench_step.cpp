@@ -1,0 +1,331 @@
+// Google Benchmark (part of fogo_bench): one optimizer step over a whole model's matrix
+// parameters, for FOGO, fogo::Muon and LibTorch's AdamW, on CPU and CUDA, and FOGO's step stage by
+// stage on the same inputs (the profile breakdown of docs/benchmarks.md).
+//
+//   Model sets: GPT-2 small (124M): its 48 matrices, 12 x {768x2304 qkv, 768x768 attention proj,
+//   3072x768 MLP fc, 768x3072 MLP proj}, 84.9M weights; ResNet-18 for CIFAR (11.17M): its 21
+//   conv and fc weights, 11.16M (the rest is BatchNorm and the fc bias, AdamW's in a hybrid).
+//   FOGO runs the paper's preset for the set (GPT-2: C 256, d 512; ResNet: the class-imbalanced
+//   backbone, C 96, d 128) as one codebook group, in steady state (after its first two steps).
+//
+//   fogo_bench --benchmark_filter='Step|Stage'                            everything
+//   fogo_bench --benchmark_filter='/1/' --benchmark_min_time=0.01          (CPU: one step each)
+// Args: set (0 GPT-2, 1 ResNet-18), device (0 CPU, 1 CUDA), NS dtype (0 bf16, 1 fp32)[, stage].
+#include <benchmark/benchmark.h>
+#include <fogo/fogo.h>
+#include <fogo/ops.h>
+#include <fogo/projection.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+std::vector<Shape> model_shapes(int64_t set) {
+  std::vector<Shape> shapes;
+  if (set == 0) {
+    for (int layer = 0; layer < 12; ++layer) {
+      for (const Shape& s : {Shape{768, 2304}, Shape{768, 768}, Shape{3072, 768}, Shape{768, 3072}})
+        shapes.push_back(s);
+    }
+    return shapes;
+  }
+  shapes.push_back({64, 3, 3, 3});
+  int64_t in = 64;
+  for (const int64_t out : {64, 128, 256, 512}) {
+    for (int block = 0; block < 2; ++block) {
+      shapes.push_back({out, block == 0 ? in : out, 3, 3});
+      shapes.push_back({out, out, 3, 3});
+      if (block == 0 && in != out) shapes.push_back({out, in, 1, 1});  // downsample shortcut
+    }
+    in = out;
+  }
+  shapes.push_back({10, 512});
+  return shapes;
+}
+
+const char* set_name(int64_t set) { return set == 0 ? "gpt2-small" : "resnet18"; }
+
+fogo::FOGOOptions fogo_preset(int64_t set, torch::ScalarType ns_dtype) {
+  return (set == 0 ? fogo::presets::gpt2() : fogo::presets::class_imbalanced_backbone())
+      .ns_dtype(ns_dtype);
+}
+
+struct Setup {
+  torch::Device device{torch::kCPU};
+  torch::ScalarType ns_dtype = torch::kBFloat16;
+  bool ok = true;
+};
+
+Setup setup(benchmark::State& state) {
+  Setup s;
+  s.device = state.range(1) == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
+  s.ns_dtype = state.range(2) == 0 ? torch::kBFloat16 : torch::kFloat;
+  if (s.device.is_cuda() && !torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    s.ok = false;
+  }
+  state.SetLabel(std::string(set_name(state.range(0))) + (s.device.is_cuda() ? " cuda" : " cpu") +
+                 (s.ns_dtype == torch::kFloat ? " ns-fp32" : " ns-bf16"));
+  return s;
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+std::vector<torch::Tensor> make_params(int64_t set, const torch::Device& device) {
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> params;
+  for (const Shape& shape : model_shapes(set)) {
+    auto p = (0.02 * torch::randn(shape)).to(device).requires_grad_(true);
+    p.mutable_grad() = torch::randn(shape).to(device);
+    params.push_back(p);
+  }
+  return params;
+}
+
+// Times `step` after `warmup` untimed calls (FOGO's first step initialises its codebook and does
+// not filter; the second is the first steady-state one).
+void time_steps(benchmark::State& state, const torch::Device& device, int warmup,
+                const std::function<void()>& step) {
+  for (int k = 0; k < warmup; ++k) step();
+  synchronize(device);
+  for (auto _ : state) {
+    step();
+    synchronize(device);
+  }
+}
+
+using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    std::vector<torch::Tensor>, int64_t set, torch::ScalarType)>;
+
+void optimizer_step(benchmark::State& state, const Factory& make) {
+  const Setup s = setup(state);
+  if (!s.ok) return;
+  auto params = make_params(state.range(0), s.device);
+  auto opt = make(params, state.range(0), s.ns_dtype);
+  time_steps(state, s.device, 2, [&] { opt->step(); });
+}
+
+void BM_Step_FOGO(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt));
+  });
+}
+void BM_Step_Muon(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
+  });
+}
+void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignored
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// FOGO's step by stage: each stage of ALGORITHM.md run alone on inputs of the real shapes, with
+// the same batching and routes as the optimizer (orthogonalize() in fogo_optimizer.cpp).
+
+enum Stage : int64_t {
+  kMomenta,        // step 1: B = mu B + G, both streams
+  kNs,             // step 2, both streams per shape: one batched chain of 2P matrices, or (fp32,
+                   // wide shapes) the slow chain and the fast stream's Gram route incl. X0 Pi
+  kProject,        // step 3: P_s, and P_f unless the Gram route gave it, one GEMM per shape
+  kProjected,      // steps 4-7: ops::projected_step, no frozen centroids
+  kProjectedLt48,  // steps 4-7 with 48 frozen candidates (class-IL's lt_candidates)
+  kLift,           // step 8: proximal lift per parameter
+  kUpdate,         // step 9: ops::apply_rms_update per parameter
+  kFlush,          // codebook flush
+  kNumStages
+};
+const char* kStageNames[] = {
+    "momenta", "ns", "project", "projected_step", "projected_step_lt48", "lift", "update", "flush"};
+
+struct Bucket {
+  int64_t m, n;
+  bool gram;                    // the fast stream takes the Gram route
+  torch::Tensor Bs, Bf, Pi, O;  // momenta [P, m, n], Pi [n, d], what step 3 projects
+};
+
+fogo::NSConfig ns_config(const fogo::FOGOOptions& o, torch::ScalarType dtype) {
+  fogo::NSConfig ns;
+  ns.steps = o.ns_steps_slow();
+  ns.eps = o.eps();
+  ns.normalization = fogo::NSNormalization::AddEps;
+  ns.compute_dtype = dtype;
+  return ns;
+}
+
+void BM_Stage_FOGO(benchmark::State& state) {
+  const Setup s = setup(state);
+  if (!s.ok) return;
+  const int64_t set = state.range(0), stage = state.range(3);
+  state.SetLabel(std::string(kStageNames[stage]) + " " + set_name(set) +
+                 (s.device.is_cuda() ? " cuda" : " cpu") +
+                 (s.ns_dtype == torch::kFloat ? " ns-fp32" : " ns-bf16"));
+  const auto o = fogo_preset(set, s.ns_dtype);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(s.device);
+  const int64_t d = o.proj_dim(), C = o.codebook_size();
+  torch::manual_seed(0);
+
+  // Working orientation of every parameter, grouped by shape as the optimizer does.
+  std::map<std::pair<int64_t, int64_t>, std::vector<Shape>> groups;
+  std::vector<Shape> shapes = model_shapes(set);
+  for (const Shape& shape : shapes) {
+    const int64_t rows = shape[0], cols = c10::multiply_integers(shape) / rows;
+    groups[{std::min(rows, cols), std::max(rows, cols)}].push_back(shape);
+  }
+  std::vector<Bucket> buckets;
+  int64_t R = 0;
+  const auto ns = ns_config(o, s.ns_dtype);
+  for (const auto& [mn, members] : groups) {
+    const auto [m, n] = mn;
+    const int64_t P = static_cast<int64_t>(members.size());
+    const bool gram = s.ns_dtype == torch::kFloat &&
+                      fogo::newton_schulz_projected_is_cheaper(m, n, d, o.ns_steps_fast());
+    const auto Os = fogo::newton_schulz(torch::randn({P, m, n}, f32), ns);
+    buckets.push_back({m, n, gram, torch::randn({P, m, n}, f32), torch::randn({P, m, n}, f32),
+                       fogo::rademacher(o.seed(), n, d, o.projection_scale(), s.device),
+                       gram ? Os : torch::cat({Os, Os})});
+    R += P * m;
+  }
+  const auto project = [&](const Bucket& b, const torch::Tensor& O) {
+    const auto rows = O.reshape({-1, b.n});
+    return O.is_cuda() && O.scalar_type() == torch::kBFloat16
+               ? at::mm(rows, b.Pi.to(torch::kBFloat16), torch::kFloat)
+               : rows.to(torch::kFloat).mm(b.Pi);
+  };
+
+  std::function<void()> run;
+  switch (stage) {
+    case kMomenta: {
+      std::vector<torch::Tensor> Bs, Bf, G;
+      for (const Shape& shape : shapes) {
+        Bs.push_back(torch::zeros(shape, f32));
+        Bf.push_back(torch::zeros(shape, f32));
+        G.push_back(torch::randn(shape, f32));
+      }
+      run = [=]() mutable {
+        for (size_t k = 0; k < G.size(); ++k) {
+          Bs[k].mul_(o.mu_s()).add_(G[k]);
+          Bf[k].mul_(o.mu_f()).add_(G[k]);
+        }
+      };
+      break;
+    }
+    case kNs:
+      run = [&] {
+        for (const auto& b : buckets) {
+          if (b.gram) {
+            benchmark::DoNotOptimize(fogo::newton_schulz(b.Bs, ns));
+            benchmark::DoNotOptimize(fogo::newton_schulz_projected(b.Bf, b.Pi, ns));
+          } else {
+            benchmark::DoNotOptimize(fogo::newton_schulz(torch::cat({b.Bs, b.Bf}), ns));
+          }
+        }
+      };
+      break;
+    case kProject:
+      run = [&] {
+        for (const auto& b : buckets) benchmark::DoNotOptimize(project(b, b.O));
+      };
+      break;
+    case kProjected:
+    case kProjectedLt48: {
+      const auto Ps = torch::randn({R, d}, f32) * 4, Pf = Ps + torch::randn({R, d}, f32) * 4;
+      const auto cbar = fogo::normalize_rows(torch::randn({C, d}, f32), 0.0);
+      const int64_t K = stage == kProjectedLt48 ? 48 : 0;
+      const auto frozen = fogo::normalize_rows(torch::randn({K, d}, f32), 0.0);
+      const auto nu = torch::full({K}, 1.0 / 48, f32);
+      const auto rbar = torch::zeros({}, f32);
+      const fogo::ProjectedStepParams p{o.xi(),
+                                        o.eps(),
+                                        {o.eps_st(), o.tau_plus(), o.tau_minus()},
+                                        o.lambda_hi(),
+                                        o.gamma_hi(),
+                                        o.gamma_st_min(),
+                                        o.gamma_st_max(),
+                                        o.beta_r(),
+                                        o.kappa(),
+                                        {o.eps_lt(), o.gamma_lt(), o.eps(), o.spectral_scaling()},
+                                        true};
+      run = [=] {
+        benchmark::DoNotOptimize(fogo::ops::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p).dz);
+      };
+      break;
+    }
+    case kLift: {
+      std::vector<std::pair<torch::Tensor, Bucket*>> work;
+      std::map<int64_t, torch::Tensor> L;
+      for (auto& b : buckets) {
+        if (!L.count(b.n)) L[b.n] = fogo::lift_operator(b.Pi, o.lambda_prox());
+        for (int64_t k = 0; k < b.Bs.size(0); ++k)
+          work.push_back({torch::randn({b.m, d}, f32), &b});
+      }
+      run = [=] {
+        for (const auto& [dz, b] : work)
+          benchmark::DoNotOptimize(fogo::proximal_lift(dz, b->Pi, L.at(b->n)));
+      };
+      break;
+    }
+    case kUpdate: {
+      auto params = make_params(set, s.device);
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> inputs;
+      for (const auto& p : params) {
+        const int64_t rows = p.size(0), cols = p.numel() / rows;
+        const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+        inputs.push_back({torch::randn({m, n}, f32), 0.1 * torch::randn({m, n}, f32)});
+      }
+      run = [=]() mutable {
+        torch::NoGradGuard no_grad;
+        for (size_t k = 0; k < params.size(); ++k) {
+          const bool transposed = params[k].size(0) > params[k].numel() / params[k].size(0);
+          benchmark::DoNotOptimize(
+              fogo::ops::apply_rms_update(params[k], inputs[k].first, inputs[k].second, transposed,
+                                          {o.lr(), o.weight_decay(), o.sigma(), o.eps()}));
+        }
+      };
+      break;
+    }
+    case kFlush: {
+      fogo::Codebook book{fogo::normalize_rows(torch::randn({C, d}, f32), 0.0),
+                          torch::rand({C, d}, f32), torch::rand({C}, f32)};
+      const fogo::Assignments acc{torch::rand({C}, f32) * 100, torch::randn({C, d}, f32)};
+      run = [=]() mutable {
+        fogo::ops::codebook_flush(book, acc, {o.beta_cb(), o.lambda_c(), o.eps(), o.r_dec()});
+      };
+      break;
+    }
+  }
+  time_steps(state, s.device, 1, run);
+}
+
+void step_args(benchmark::internal::Benchmark* b) {
+  for (int64_t device : {0, 1})
+    for (int64_t set : {0, 1})
+      for (int64_t dtype : {0, 1}) b->Args({set, device, dtype});
+}
+void adamw_args(benchmark::internal::Benchmark* b) {
+  for (int64_t device : {0, 1})
+    for (int64_t set : {0, 1}) b->Args({set, device, 0});
+}
+void stage_args(benchmark::internal::Benchmark* b) {
+  for (int64_t device : {0, 1})
+    for (int64_t set : {0, 1})
+      for (int64_t dtype : {0, 1})
+        for (int64_t stage = 0; stage < kNumStages; ++stage) b->Args({set, device, dtype, stage});
+}
+
+BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
