@@ -127,6 +127,11 @@ struct ResumeCase {
   std::string scenario, optimizer, replay;
 };
 
+// For readable test names in ctest and failure messages.
+std::ostream& operator<<(std::ostream& out, const ResumeCase& c) {
+  return out << c.scenario << "/" << c.optimizer << "/replay=" << c.replay;
+}
+
 class Resume : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(Resume, EqualsUninterrupted) {
