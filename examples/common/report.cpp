@@ -158,7 +158,7 @@ bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int
   script << "set terminal pngcairo size " << 560 * cols << "," << 420 * rows << " font 'sans,10'\n"
          << "set output " << gp_quote(png_path) << "\n"
          << "set style fill transparent solid 0.18 noborder\n"
-         << "set key bottom right\nset grid\n";
+         << "set key below reverse Left\nset grid\n";
   if (panels.size() > 1) script << "set multiplot layout " << rows << "," << cols << "\n";
   index = 0;
   for (const auto& panel : panels) {
