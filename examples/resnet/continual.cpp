@@ -95,7 +95,6 @@ ReplayBuffer::ReplayBuffer(int64_t capacity, int64_t num_classes)
 
 void ReplayBuffer::add(const torch::Tensor& images_u8, const torch::Tensor& labels,
                        const torch::Tensor& logits, at::Generator& generator) {
-  const auto device = images_u8.device();
   if (!images_.defined()) {
     auto shape = images_u8.sizes().vec();
     shape[0] = capacity_;
@@ -125,12 +124,14 @@ void ReplayBuffer::add(const torch::Tensor& images_u8, const torch::Tensor& labe
     }
   }
   size_ = std::min(seen_, capacity_);
-  if (src.empty()) return;
-  const auto s = torch::tensor(src, torch::kLong).to(device);
-  const auto d = torch::tensor(dst, torch::kLong).to(device);
-  images_.index_copy_(0, d, images_u8.index_select(0, s));
-  labels_.index_copy_(0, d, labels.index_select(0, s));
-  logits_.index_copy_(0, d, logits.detach().to(torch::kFloat).index_select(0, s));
+  // Slot by slot rather than index_copy_: the slots are distinct, but CUDA's index_copy_ is
+  // flagged nondeterministic and would warn on every step under deterministic mode.
+  const auto stored_logits = logits.detach().to(torch::kFloat);
+  for (size_t k = 0; k < src.size(); ++k) {
+    images_[dst[k]].copy_(images_u8[src[k]]);
+    labels_[dst[k]].copy_(labels[src[k]]);
+    logits_[dst[k]].copy_(stored_logits[src[k]]);
+  }
 }
 
 torch::Tensor ReplayBuffer::sample(int64_t n, at::Generator& generator) const {
