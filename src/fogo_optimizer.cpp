@@ -22,6 +22,21 @@ namespace fogo {
 // ---------------------------------------------------------------------------------------------
 // Options
 
+namespace {
+
+NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
+  NSConfig ns;
+  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
+                     std::get<2>(o.ns_coefficients())};
+  ns.steps = steps;
+  ns.eps = o.eps();
+  ns.normalization = NSNormalization::AddEps;  // X0 = B / (|B|_F + eps), ALGORITHM.md step 2
+  ns.compute_dtype = o.ns_dtype();
+  return ns;
+}
+
+}  // namespace
+
 FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
 
 double FOGOOptions::get_lr() const { return lr(); }
@@ -58,16 +73,11 @@ void FOGOOptions::validate() const {
   check_range(F, "lt_candidates", static_cast<double>(lt_candidates()), 1, INFINITY);
   check_range(F, "freeze_per_task", static_cast<double>(freeze_per_task()), 0, INFINITY);
   check_range(F, "lambda_prox", lambda_prox(), 1e-30, INFINITY);
-  NSConfig ns;
-  ns.coefficients = {std::get<0>(ns_coefficients()), std::get<1>(ns_coefficients()),
-                     std::get<2>(ns_coefficients())};
-  ns.steps = ns_steps_slow();
   TORCH_CHECK(ns_steps_slow() >= 0 && ns_steps_slow() < 100,
               "FOGO: option 'ns_steps_slow' (K_s) must be in [0, 100), got ", ns_steps_slow());
   TORCH_CHECK(ns_steps_fast() >= 0 && ns_steps_fast() < 100,
               "FOGO: option 'ns_steps_fast' (K_f) must be in [0, 100), got ", ns_steps_fast());
-  ns.compute_dtype = ns_dtype();
-  fogo::validate(ns);
+  fogo::validate(ns_config(*this, ns_steps_slow()));
   TORCH_CHECK(
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");
@@ -268,17 +278,6 @@ FOGO::~FOGO() = default;
 
 namespace {
 
-NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
-  NSConfig ns;
-  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
-                     std::get<2>(o.ns_coefficients())};
-  ns.steps = steps;
-  ns.eps = o.eps();
-  ns.normalization = NSNormalization::AddEps;  // X0 = B / (|B|_F + eps), ALGORITHM.md step 2
-  ns.compute_dtype = o.ns_dtype();
-  return ns;
-}
-
 // Steps 2-3 for a whole group, per shape (m, n) of the working orientation: the slow streams of
 // all same-shape parameters through one batched Newton–Schulz chain, the fast streams likewise
 // (both in one chain when K_s == K_f and the fast one takes the plain route), and the projections
@@ -437,17 +436,7 @@ torch::Tensor FOGO::step(LossClosure closure) {
     }
     const ProjectedStepResult r =
         ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
-                            {o.xi(),
-                             eps,
-                             {o.eps_st(), o.tau_plus(), o.tau_minus()},
-                             o.lambda_hi(),
-                             o.gamma_hi(),
-                             o.gamma_st_min(),
-                             o.gamma_st_max(),
-                             o.beta_r(),
-                             o.kappa(),
-                             {o.eps_lt(), o.gamma_lt(), eps, o.spectral_scaling()},
-                             /*filter=*/!first});
+                            projected_step_params(o, /*filter=*/!first));
     mem.rbar = r.rbar;
 
     // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.

@@ -21,6 +21,22 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
 
+namespace {
+
+// torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
+NSConfig ns_config(const MuonOptions& o) {
+  NSConfig ns;
+  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
+                     std::get<2>(o.ns_coefficients())};
+  ns.steps = o.ns_steps();
+  ns.eps = o.eps();
+  ns.normalization = NSNormalization::ClampMin;
+  ns.compute_dtype = o.ns_dtype();
+  return ns;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Options and state
 
@@ -36,12 +52,7 @@ void MuonOptions::validate() const {
   detail::check_range("Muon", "eps", eps(), 0.0, INFINITY);
   TORCH_CHECK(ns_dtype() == at::kBFloat16 || ns_dtype() == at::kFloat,
               "Muon: option 'ns_dtype' must be kBFloat16 or kFloat32, got ", ns_dtype());
-  NSConfig config;
-  config.coefficients = {std::get<0>(ns_coefficients()), std::get<1>(ns_coefficients()),
-                         std::get<2>(ns_coefficients())};
-  config.steps = ns_steps();
-  config.eps = eps();
-  fogo::validate(config);
+  fogo::validate(ns_config(*this));
   TORCH_CHECK(adjust_lr() == MuonAdjustLR::Original || adjust_lr() == MuonAdjustLR::MatchRmsAdamW,
               "Muon: option 'adjust_lr' is not a known rule (", static_cast<int64_t>(adjust_lr()),
               ")");
@@ -147,14 +158,7 @@ torch::Tensor Muon::step(LossClosure closure) {
 
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const MuonOptions&>(group.options());
-    NSConfig ns;
-    ns.coefficients = {std::get<0>(options.ns_coefficients()),
-                       std::get<1>(options.ns_coefficients()),
-                       std::get<2>(options.ns_coefficients())};
-    ns.steps = options.ns_steps();
-    ns.eps = options.eps();
-    ns.normalization = NSNormalization::ClampMin;
-    ns.compute_dtype = options.ns_dtype();
+    const NSConfig ns = ns_config(options);
     const double lr = options.lr();
     const double momentum = options.momentum();
 

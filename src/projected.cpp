@@ -67,6 +67,20 @@ LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& fro
   return {ztilde - gamma * z_lt, active.any(1)};
 }
 
+ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter) {
+  return {o.xi(),
+          o.eps(),
+          {o.eps_st(), o.tau_plus(), o.tau_minus()},
+          o.lambda_hi(),
+          o.gamma_hi(),
+          o.gamma_st_min(),
+          o.gamma_st_max(),
+          o.beta_r(),
+          o.kappa(),
+          {o.eps_lt(), o.gamma_lt(), o.eps(), o.spectral_scaling()},
+          filter};
+}
+
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
                                    const at::Tensor& nu, const at::Tensor& rbar,

@@ -3,6 +3,7 @@
 // all rows of a codebook group at once ([R, d]); nothing loops over rows.
 
 #include <ATen/Tensor.h>
+#include <fogo/fogo_optimizer.h>
 
 namespace fogo {
 
@@ -70,6 +71,9 @@ struct ProjectedStepResult {
   at::Tensor rbar;   ///< 0-d     updated conflict EMA (unchanged when !filter)
   at::Tensor stats;  ///< [4]     gamma_st, frac conflicting, frac over-aligned, frac protected
 };
+/// The parameters of projected_step from a group's options.
+ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
+
 /// `frozen` [K, d] / `nu` [K]: the long-term candidates (K may be 0 or the tensors undefined).
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
