@@ -305,14 +305,17 @@ TEST(CudaParity, FogoStepOnCudaMatchesCpuAcrossATaskBoundary) {
       on_gpu.step();
       // Compared as whole parameter changes: a row near a decision may flip (file comment), and
       // the devices' NS chains round differently (fp32: 1e-6; bf16: 1e-2, which also moves rows
-      // across decisions). The stage tests above hold the kernels to fp32 tolerances; this one
-      // checks the integration (dispatch, orientations, the bf16 tensor-core projection).
+      // across decisions). Measured on the CPU with gradients perturbed by 1e-6 (fp32) and 1e-2
+      // (bf16) relative: at most 4e-4 and 5e-2, codebook counts 0 and 0.1. The stage tests above
+      // hold the kernels to fp32 tolerances; this one checks the integration (dispatch,
+      // orientations, the bf16 tensor-core projection).
       const double tolerance = ns_dtype == torch::kFloat ? 1e-2 : 1e-1;
       EXPECT_LT(max_relative_change_error(gpu, cpu, start), tolerance)
           << c10::toString(ns_dtype) << " step " << step;
     }
     EXPECT_EQ(on_gpu.memory(0).frozen.size(0), on_cpu.memory(0).frozen.size(0));
-    EXPECT_LT(relative(on_gpu.memory(0).N, on_cpu.memory(0).N), 5e-2);
+    EXPECT_LT(relative(on_gpu.memory(0).N, on_cpu.memory(0).N),
+              ns_dtype == torch::kFloat ? 1e-2 : 0.25);
   }
 }
 
@@ -329,9 +332,10 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
       set_gradients(gpu, step);
       on_cpu.step();
       on_gpu.step();
-      // fp32: summation order only. bf16: cuBLAS and the CPU round the bf16 products' sums at
-      // different points, a few bf16 units in the last place of the orthogonalized update.
-      EXPECT_LT(max_relative_change_error(gpu, cpu, start), ns_dtype == torch::kFloat ? 1e-4 : 5e-2)
+      // fp32: summation order only. bf16: cuBLAS and the CPU round the chain's products
+      // differently; two bf16 roundings of the same steps (CPU, gradients perturbed by 1e-3)
+      // differ by up to 3e-2.
+      EXPECT_LT(max_relative_change_error(gpu, cpu, start), ns_dtype == torch::kFloat ? 1e-4 : 8e-2)
           << c10::toString(ns_dtype) << " step " << step;
     }
   }
