@@ -245,17 +245,7 @@ void BM_Stage_FOGO(benchmark::State& state) {
       const auto frozen = fogo::normalize_rows(torch::randn({K, d}, f32), 0.0);
       const auto nu = torch::full({K}, 1.0 / 48, f32);
       const auto rbar = torch::zeros({}, f32);
-      const fogo::ProjectedStepParams p{o.xi(),
-                                        o.eps(),
-                                        {o.eps_st(), o.tau_plus(), o.tau_minus()},
-                                        o.lambda_hi(),
-                                        o.gamma_hi(),
-                                        o.gamma_st_min(),
-                                        o.gamma_st_max(),
-                                        o.beta_r(),
-                                        o.kappa(),
-                                        {o.eps_lt(), o.gamma_lt(), o.eps(), o.spectral_scaling()},
-                                        true};
+      const auto p = fogo::projected_step_params(o, /*filter=*/true);
       run = [=] {
         benchmark::DoNotOptimize(fogo::ops::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p).dz);
       };
