@@ -200,7 +200,7 @@ struct Work {
   bool transposed;
   int64_t m, n;
   at::Tensor Bs, Bf;  ///< momenta, working orientation (views of the state)
-  at::Tensor Os, Of;  ///< orthogonalized streams, fp32
+  at::Tensor Os;      ///< orthogonalized slow stream, fp32 (the fast one is only ever projected)
   const at::Tensor* Pi;
   const at::Tensor* L;
 };
@@ -400,7 +400,6 @@ torch::Tensor FOGO::step(LossClosure closure) {
              std::max(rows, cols),
              working_view(st.slow_momentum(), transposed),
              working_view(st.fast_momentum(), transposed),
-             {},
              {},
              nullptr,
              nullptr};
