@@ -24,15 +24,10 @@ namespace fogo {
 
 namespace {
 
+// X0 = B / (|B|_F + eps), ALGORITHM.md step 2.
 NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
-  NSConfig ns;
-  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
-                     std::get<2>(o.ns_coefficients())};
-  ns.steps = steps;
-  ns.eps = o.eps();
-  ns.normalization = NSNormalization::AddEps;  // X0 = B / (|B|_F + eps), ALGORITHM.md step 2
-  ns.compute_dtype = o.ns_dtype();
-  return ns;
+  return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps,
+                         o.ns_dtype());
 }
 
 }  // namespace

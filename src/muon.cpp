@@ -25,14 +25,8 @@ namespace {
 
 // torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
 NSConfig ns_config(const MuonOptions& o) {
-  NSConfig ns;
-  ns.coefficients = {std::get<0>(o.ns_coefficients()), std::get<1>(o.ns_coefficients()),
-                     std::get<2>(o.ns_coefficients())};
-  ns.steps = o.ns_steps();
-  ns.eps = o.eps();
-  ns.normalization = NSNormalization::ClampMin;
-  ns.compute_dtype = o.ns_dtype();
-  return ns;
+  return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
+                         o.ns_dtype());
 }
 
 }  // namespace

@@ -7,6 +7,18 @@
 
 namespace fogo {
 
+NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
+                   double eps, NSNormalization normalization, c10::ScalarType compute_dtype) {
+  NSConfig ns;
+  ns.coefficients = {std::get<0>(coefficients), std::get<1>(coefficients),
+                     std::get<2>(coefficients)};
+  ns.steps = steps;
+  ns.eps = eps;
+  ns.normalization = normalization;
+  ns.compute_dtype = compute_dtype;
+  return ns;
+}
+
 void validate(const NSConfig& config) {
   TORCH_CHECK(config.steps >= 0 && config.steps < 100,
               "NSConfig.steps (ns_steps) must be in [0, 100), got ", config.steps);

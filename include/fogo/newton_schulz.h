@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 
 namespace fogo {
 
@@ -39,6 +40,10 @@ struct NSConfig {
   static constexpr std::array<double, 3> quintic() { return {3.4445, -4.7750, 2.0315}; }
   static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
 };
+
+/// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use).
+NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
+                   double eps, NSNormalization normalization, c10::ScalarType compute_dtype);
 
 /// Checks a configuration; throws c10::Error naming the offending field.
 void validate(const NSConfig& config);
