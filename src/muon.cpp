@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <vector>
 
 #include "fogo/detail/checks.h"
 #include "fogo/newton_schulz.h"
@@ -28,6 +30,14 @@ NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
                          o.ns_dtype());
 }
+
+// The parameters of a group whose 2-D views share one shape (and device).
+struct ShapeBucket {
+  int64_t rows;
+  int64_t cols;
+  c10::Device device;
+  std::vector<torch::Tensor> params;
+};
 
 }  // namespace
 
@@ -156,25 +166,54 @@ torch::Tensor Muon::step(LossClosure closure) {
     const double lr = options.lr();
     const double momentum = options.momentum();
 
+    // One Newton–Schulz chain per matrix shape: each bucket's updates go through a single
+    // batched chain, which fills a GPU where one small GEMM per parameter cannot. Tall and wide
+    // shapes stay apart (newton_schulz transposes tall ones itself), so every slice sees exactly
+    // the single-matrix chain's inputs; on the CPU each slice's result equals it bit for bit.
+    std::vector<ShapeBucket> buckets;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const torch::Tensor& grad = p.grad();
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto fresh = std::make_unique<MuonParamState>();
-        fresh->momentum_buffer(torch::zeros_like(grad, at::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& buf = static_cast<MuonParamState&>(*slot).momentum_buffer();
-
-      buf.lerp_(grad, 1.0 - momentum);
-      torch::Tensor update = options.nesterov() ? grad.lerp(buf, momentum) : buf;
       const int64_t rows = p.size(0);
       const int64_t cols = p.numel() / std::max<int64_t>(rows, 1);
-      torch::Tensor ortho = newton_schulz(update.reshape({rows, cols}), ns).reshape(p.sizes());
+      auto bucket = std::find_if(buckets.begin(), buckets.end(), [&](const ShapeBucket& b) {
+        return b.rows == rows && b.cols == cols && b.device == p.device();
+      });
+      if (bucket == buckets.end()) {
+        buckets.push_back({rows, cols, p.device(), {}});
+        bucket = std::prev(buckets.end());
+      }
+      bucket->params.push_back(p);
+    }
 
-      p.mul_(1.0 - lr * options.weight_decay());
-      p.add_(ortho, -muon_adjusted_lr(lr, options.adjust_lr(), rows, cols));
+    for (auto& bucket : buckets) {
+      const auto count = static_cast<int64_t>(bucket.params.size());
+      torch::Tensor updates =
+          at::empty({count, bucket.rows, bucket.cols},
+                    at::TensorOptions().dtype(ns.compute_dtype).device(bucket.device));
+      for (int64_t k = 0; k < count; ++k) {
+        const torch::Tensor& p = bucket.params[k];
+        const torch::Tensor& grad = p.grad();
+        auto& slot = state_[p.unsafeGetTensorImpl()];
+        if (!slot) {
+          auto fresh = std::make_unique<MuonParamState>();
+          fresh->momentum_buffer(torch::zeros_like(grad, at::MemoryFormat::Preserve));
+          slot = std::move(fresh);
+        }
+        auto& buf = static_cast<MuonParamState&>(*slot).momentum_buffer();
+
+        buf.lerp_(grad, 1.0 - momentum);
+        const torch::Tensor update = options.nesterov() ? grad.lerp(buf, momentum) : buf;
+        updates[k].view(update.sizes()).copy_(update);  // cast to the compute dtype in the copy
+      }
+
+      const torch::Tensor ortho = newton_schulz(updates, ns);
+      const double adjusted_lr =
+          muon_adjusted_lr(lr, options.adjust_lr(), bucket.rows, bucket.cols);
+      for (int64_t k = 0; k < count; ++k) {
+        torch::Tensor& p = bucket.params[k];
+        p.mul_(1.0 - lr * options.weight_decay());
+        p.add_(ortho[k].reshape(p.sizes()), -adjusted_lr);
+      }
     }
   }
   return loss;

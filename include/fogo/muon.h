@@ -1,6 +1,6 @@
 #pragma once
 // fogo::Muon: momentum orthogonalized by Newton–Schulz, numerically faithful to PyTorch's
-// torch.optim.Muon (same defaults, same op sequence; bit-identical on the same device).
+// torch.optim.Muon (same defaults, same math; bit-identical on the CPU, see "Batching" below).
 //
 // Per parameter with gradient G (PyTorch's algorithm):
 //   buf.lerp_(G, 1 - momentum)                      momentum buffer as an EMA
@@ -11,6 +11,17 @@
 //                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
 // unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
+//
+// Batching: within a param group, all parameters with a gradient whose matrix views share one
+// shape [A, B] (and device) go through ONE batched Newton–Schulz chain on [count, A, B] (PyTorch
+// runs one chain per parameter). On a GPU a dozen small matrices in one bmm fill the SMs where a
+// single small GEMM leaves most idle. Tall and wide shapes are separate buckets (each tall slice is
+// transposed inside newton_schulz exactly as a single tall matrix is), and the updates are cast
+// straight into the compute-dtype batch, so on the CPU every slice equals PyTorch's per-parameter
+// bf16 result bit for bit (tested against torch.optim.Muon on multi-parameter groups). With
+// ns_dtype kFloat (no PyTorch counterpart) small matrices may differ from a per-matrix chain in the
+// last bits; on a GPU, cuBLAS may round a batched product differently from a single one.
+// docs/muon.md has the details.
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>

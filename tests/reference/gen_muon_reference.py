@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Reference trajectories of PyTorch's torch.optim.Muon for fogo's parity test.
 
-Each case: a parameter of some shape, an option set, and a seeded sequence of gradients; the
-file records the initial parameter, every gradient and the parameter after every step.
+Each case ("cases"): a parameter of some shape, an option set, and a seeded sequence of
+gradients; the file records the initial parameter, every gradient and the parameter after every
+step. Each group case ("group_cases"): several param groups of several parameters stepped
+together by one torch.optim.Muon (fogo batches a group's same-shape parameters into one
+Newton-Schulz chain); per group its options and, per parameter, the initial value, the gradients,
+whether it has a gradient at each step (PyTorch skips it when not) and the value after every step.
 tests/test_muon.cpp replays the gradients through fogo::Muon and compares.
 
     python tests/reference/gen_muon_reference.py tests/data/muon_reference.pt
@@ -50,20 +54,68 @@ DEFAULTS = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
             "adjust_lr_fn": "original"}
 
 
+# (name, groups): each group (shapes, options, steps at which each parameter has no gradient).
+GROUP_CASES = [
+    # Three wide, two tall and one square matrix in one group, interleaved.
+    ("one_group_mixed_shapes",
+     [([(16, 40), (40, 16), (24, 24), (16, 40), (40, 16), (16, 40)], {}, {})]),
+    # Two groups sharing a shape (batched per group, with its own options), a tall singleton, and
+    # a parameter without a gradient at steps 1 and 2.
+    ("two_groups_shared_shape",
+     [([(12, 30), (30, 12), (12, 30), (12, 30)],
+       {"lr": 0.02, "nesterov": False, "adjust_lr_fn": "match_rms_adamw"}, {2: (1, 2)}),
+      ([(12, 30), (20, 20), (12, 30)],
+       {"momentum": 0.9, "ns_steps": 3, "ns_coefficients": (3.0, -3.2, 1.2)}, {})]),
+]
+
+
+def make_group_case(index, groups):
+    gen = torch.Generator().manual_seed(2000 + index)
+    torch_groups, records = [], []
+    for shapes, options, no_grad in groups:
+        params = [torch.randn(shape, generator=gen) for shape in shapes]
+        grads = [torch.stack([torch.randn(shape, generator=gen) * (0.5 + k) for k in range(STEPS)])
+                 for shape in shapes]
+        has_grad = [torch.tensor([k not in no_grad.get(i, ()) for k in range(STEPS)])
+                    for i in range(len(shapes))]
+        live = [p.clone().requires_grad_(True) for p in params]
+        torch_groups.append({"params": live, **options})
+        records.append({"options": {**DEFAULTS, **options}, "params": params, "grads": grads,
+                        "has_grad": has_grad, "live": live, "after": [[] for _ in shapes]})
+    opt = torch.optim.Muon(torch_groups)
+    for k in range(STEPS):
+        for record in records:
+            for p, g, h in zip(record["live"], record["grads"], record["has_grad"]):
+                p.grad = g[k].clone() if h[k] else None
+        opt.step()
+        for record in records:
+            for p, after in zip(record["live"], record["after"]):
+                after.append(p.detach().clone())
+    for record in records:
+        del record["live"]
+        record["after"] = [torch.stack(after) for after in record["after"]]
+    return {"groups": records}
+
+
 def generate():
     cases = {}
     for index, (name, shape, options) in enumerate(CASES):
         case = make_case(index, shape, options)
         case["options"] = {**DEFAULTS, **options}
         cases[name] = case
-    return {"torch_version": str(torch.__version__), "steps": STEPS, "cases": cases}
+    group_cases = {name: make_group_case(index, groups)
+                   for index, (name, groups) in enumerate(GROUP_CASES)}
+    return {"torch_version": str(torch.__version__), "steps": STEPS, "cases": cases,
+            "group_cases": group_cases}
 
 
 def same(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
     return a == b
 
 
@@ -71,11 +123,12 @@ def main(argv):
     if len(argv) == 3 and argv[1] == "--check":
         stored = torch.load(argv[2])
         fresh = generate()
-        stored_cases, fresh_cases = stored["cases"], fresh["cases"]
-        if not same(stored_cases, fresh_cases):
+        keys = ("cases", "group_cases")
+        if not all(same(stored.get(key), fresh[key]) for key in keys):
             sys.exit(f"{argv[2]} differs from a fresh run of this script (torch "
                      f"{torch.__version__}, file made with {stored['torch_version']})")
-        print(f"{argv[2]}: reproduced exactly ({len(fresh_cases)} cases)")
+        print(f"{argv[2]}: reproduced exactly ({len(fresh['cases'])} cases, "
+              f"{len(fresh['group_cases'])} group cases)")
         return
     torch.save(generate(), argv[1] if len(argv) > 1 else "tests/data/muon_reference.pt")
 
