@@ -14,18 +14,18 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
     flush_ema_kernel(float* __restrict__ S, float* __restrict__ N, const float* __restrict__ s,
-                     const float* __restrict__ m, int64_t d, float beta, float eps,
-                     float* __restrict__ chat) {
+                     const float* __restrict__ m, int64_t d, float beta, float one_minus_beta,
+                     float eps, float* __restrict__ chat) {
   __shared__ float scratch[32];
   const int64_t j = blockIdx.x;
-  const float n_new = beta * N[j] + (1.f - beta) * m[j];
+  const float n_new = beta * N[j] + one_minus_beta * m[j];
   const float den = n_new + eps;  // ctilde_j = S_j / (N_j + eps)
   float* Sj = S + j * d;
   const float* sj = s + j * d;
   float* out = chat + j * d;
   float sq = 0.f;
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
-    const float v = beta * Sj[k] + (1.f - beta) * sj[k];
+    const float v = beta * Sj[k] + one_minus_beta * sj[k];
     Sj[k] = v;
     const float ct = v / den;
     out[k] = ct;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) oj[k] = 0.f;
 
   // h_j = sum over R_j of <chat_j, cbar_l> cbar_l, R_j picked in order of |corr_jl|.
-  const float* cj = corr + j * C;
+  const float* cj = r > 0 ? corr + j * C : nullptr;  // corr is null when r = 0
   Candidate last{INFINITY, -1};
   for (int64_t t = 0; t < r; ++t) {
     Candidate best{-1.f, INT64_MAX};  // below every |corr|
@@ -114,9 +114,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_flush_ema(float* S, float* N, const float* s, const float* m, int64_t C, int64_t d,
-                      float beta, float eps, float* chat, cudaStream_t stream) {
-  flush_ema_kernel<<<static_cast<unsigned>(C), kThreads, 0, stream>>>(S, N, s, m, d, beta, eps,
-                                                                      chat);
+                      double beta, float eps, float* chat, cudaStream_t stream) {
+  // 1 - beta formed in double and rounded once, as the reference's scalar is.
+  flush_ema_kernel<<<static_cast<unsigned>(C), kThreads, 0, stream>>>(
+      S, N, s, m, d, static_cast<float>(beta), static_cast<float>(1.0 - beta), eps, chat);
 }
 
 void launch_flush_decorrelate(const float* S, const float* N, const float* corr, const float* prev,

@@ -51,7 +51,7 @@ void launch_conflict_ratio(const float* zhc, const float* znorm, int64_t R, int6
                            float lambda_hi, float eps, float* r_partial, cudaStream_t stream);
 
 struct AdaptiveArgs {
-  float beta_r, gamma_st_min, gamma_st_max, kappa;
+  float beta_r, one_minus_beta_r, gamma_st_min, gamma_st_max, kappa;  // 1 - beta_r rounded once
 };
 
 /// One block: r_t = sum(r_partial)/R, rbar_out = beta_r rbar + (1-beta_r) r_t,
@@ -92,7 +92,7 @@ void launch_protected_reduce(const float* protected_partial, int64_t blocks, int
 /// One block per centroid: S_j = beta S_j + (1-beta) s_j, N_j = beta N_j + (1-beta) m_j (in
 /// place), chat_j = unit(S_j/(N_j+eps)).
 void launch_flush_ema(float* S, float* N, const float* s, const float* m, int64_t C, int64_t d,
-                      float beta, float eps, float* chat, cudaStream_t stream);
+                      double beta, float eps, float* chat, cudaStream_t stream);
 
 /// One block per centroid: R_j = the r entries l != j of corr = chat prev^T [C, C] with the
 /// largest |corr_jl| (ties to the lower index; r = 0: none, corr unused),
@@ -103,16 +103,18 @@ void launch_flush_decorrelate(const float* S, const float* N, const float* corr,
                               float* out, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
-// RMS-scaled update (step 9). Os and delta: [m, n] fp32 contiguous, the working orientation.
+// RMS-scaled update (step 9). Os and delta: [m, n] contiguous, the working orientation; delta
+// fp32, Os fp32 or the Newton–Schulz compute dtype (bf16/fp16), read as is (no fp32 copy).
 
-enum class ParamType { Float, BFloat16, Half };
+/// Element type of a parameter or of O_s.
+enum class FloatType { Float, BFloat16, Half };
 
 /// Blocks of the norm reduction; partials hold 3 x this many doubles.
 int rms_partial_blocks(int64_t numel);
 
 /// Per block: sum (Os+delta)^2, sum delta^2, sum Os^2 into partials [3, rms_partial_blocks].
-void launch_rms_norms(const float* Os, const float* delta, int64_t numel, double* partials,
-                      cudaStream_t stream);
+void launch_rms_norms(const void* Os, FloatType os_type, const float* delta, int64_t numel,
+                      double* partials, cudaStream_t stream);
 
 struct UpdateArgs {
   double lr, weight_decay, sigma, eps;
@@ -122,8 +124,8 @@ struct UpdateArgs {
 /// Ohat = Os + delta, in fp32 whatever the parameter's type (one rounding at the store). The
 /// parameter is [m, n] row-major, or [n, m] holding Ohat^T when `transposed`. ratio (a scalar)
 /// = |delta|_F / (|Os|_F + eps).
-void launch_rms_apply(void* param, ParamType type, const float* Os, const float* delta, int64_t m,
-                      int64_t n, bool transposed, const double* partials, UpdateArgs args,
-                      float* ratio, cudaStream_t stream);
+void launch_rms_apply(void* param, FloatType param_type, const void* Os, FloatType os_type,
+                      const float* delta, int64_t m, int64_t n, bool transposed,
+                      const double* partials, UpdateArgs args, float* ratio, cudaStream_t stream);
 
 }  // namespace fogo::cuda

@@ -18,12 +18,12 @@
 #include "ops_cuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <initializer_list>
 
 #include "kernels.h"
 
@@ -32,23 +32,50 @@ namespace {
 
 float* f32(const at::Tensor& t) { return t.data_ptr<float>(); }
 
-void check_f32_cuda(const at::Tensor& t, const char* what) {
+// Raw pointers are taken from these tensors: fp32, on the one device the kernels run on.
+void check_f32_cuda(const at::Tensor& t, const char* what, const c10::Device& device) {
   TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat, "fogo CUDA kernels: ", what,
               " must be a CUDA fp32 tensor, got ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK(t.device() == device, "fogo CUDA kernels: ", what, " is on ", t.device(),
+              ", the other inputs on ", device);
+}
+
+FloatType float_type(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return FloatType::Float;
+    case at::kBFloat16:
+      return FloatType::BFloat16;
+    case at::kHalf:
+      return FloatType::Half;
+    default:
+      TORCH_CHECK(false, "fogo CUDA apply_rms_update: ", what, " must be fp32, bf16 or fp16, got ",
+                  t.scalar_type());
+  }
 }
 
 }  // namespace
+
+bool runs_on(const c10::Device& device) {
+  return at::cuda::getDeviceProperties(device.index())->major >= 8;
+}
 
 ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf_in,
                                    const at::Tensor& cbar_in, const at::Tensor& frozen_in,
                                    const at::Tensor& nu_in, const at::Tensor& rbar,
                                    const ProjectedStepParams& p) {
-  for (const at::Tensor* t : {&Ps_in, &Pf_in, &cbar_in, &rbar})
-    check_f32_cuda(*t, "projected_step input");
+  check_f32_cuda(Ps_in, "Ps", Ps_in.device());
+  check_f32_cuda(Pf_in, "Pf", Ps_in.device());
+  check_f32_cuda(cbar_in, "cbar", Ps_in.device());
+  check_f32_cuda(rbar, "rbar", Ps_in.device());
   TORCH_CHECK(Ps_in.dim() == 2 && Ps_in.sizes() == Pf_in.sizes() && Ps_in.size(0) > 0 &&
-                  cbar_in.dim() == 2 && cbar_in.size(1) == Ps_in.size(1),
-              "fogo CUDA projected_step: Ps, Pf [R >= 1, d] and cbar [C, d] expected, got ",
-              Ps_in.sizes(), ", ", Pf_in.sizes(), ", ", cbar_in.sizes());
+                  cbar_in.dim() == 2 && cbar_in.size(0) > 0 && cbar_in.size(1) == Ps_in.size(1) &&
+                  rbar.numel() == 1,
+              "fogo CUDA projected_step: Ps, Pf [R >= 1, d], cbar [C >= 1, d] and a one-element "
+              "rbar expected, got ",
+              Ps_in.sizes(), ", ", Pf_in.sizes(), ", ", cbar_in.sizes(), ", ", rbar.sizes());
+  TORCH_CHECK(p.short_term.eps_st >= 0, "fogo CUDA projected_step: eps_st must be >= 0, got ",
+              p.short_term.eps_st);
   const c10::cuda::CUDAGuard guard(Ps_in.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Ps = Ps_in.contiguous(), Pf = Pf_in.contiguous(), cbar = cbar_in.contiguous();
@@ -94,8 +121,9 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
   at::Tensor rbar_new = at::empty({}, options);
   launch_short_term_reduce(f32(partials[2]), f32(partials[0]), f32(partials[1]), blocks, R,
                            f32(rbar.contiguous()),
-                           {static_cast<float>(p.beta_r), static_cast<float>(p.gamma_st_min),
-                            static_cast<float>(p.gamma_st_max), static_cast<float>(p.kappa)},
+                           {static_cast<float>(p.beta_r), static_cast<float>(1.0 - p.beta_r),
+                            static_cast<float>(p.gamma_st_min), static_cast<float>(p.gamma_st_max),
+                            static_cast<float>(p.kappa)},
                            f32(rbar_new), f32(stats), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
@@ -109,8 +137,8 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
   }
 
   // Step 7: z~ overwrites z, then zbar - Ps = (z~ - Ps) - Wlt frozen.
-  check_f32_cuda(frozen_in, "frozen");
-  check_f32_cuda(nu_in, "nu");
+  check_f32_cuda(frozen_in, "frozen", Ps.device());
+  check_f32_cuda(nu_in, "nu", Ps.device());
   const at::Tensor frozen = frozen_in.contiguous(), nu = nu_in.contiguous();
   const int64_t K = frozen.size(0);
   TORCH_CHECK(frozen.dim() == 2 && frozen.size(1) == d && nu.numel() == K,
@@ -135,11 +163,21 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
-  for (const at::Tensor* t :
-       std::initializer_list<const at::Tensor*>{&book.centroids, &book.S, &book.N, &acc.m, &acc.s})
-    check_f32_cuda(*t, "codebook_flush input");
+  const c10::Device device = book.centroids.device();
+  check_f32_cuda(book.centroids, "centroids", device);
+  check_f32_cuda(book.S, "S", device);
+  check_f32_cuda(book.N, "N", device);
+  check_f32_cuda(acc.m, "m", device);
+  check_f32_cuda(acc.s, "s", device);
   TORCH_CHECK(book.S.is_contiguous() && book.N.is_contiguous(),
               "fogo CUDA codebook_flush: S and N are updated in place and must be contiguous");
+  const auto& c = book.centroids;
+  TORCH_CHECK(c.dim() == 2 && book.S.sizes() == c.sizes() && acc.s.sizes() == c.sizes() &&
+                  book.N.dim() == 1 && book.N.size(0) == c.size(0) && acc.m.dim() == 1 &&
+                  acc.m.size(0) == c.size(0),
+              "fogo CUDA codebook_flush: centroids, S, s [C, d] and N, m [C] expected, got ",
+              c.sizes(), ", ", book.S.sizes(), ", ", acc.s.sizes(), ", ", book.N.sizes(), ", ",
+              acc.m.sizes());
   const c10::cuda::CUDAGuard guard(book.centroids.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor prev = book.centroids.contiguous();
@@ -147,7 +185,7 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   const float eps = static_cast<float>(p.eps);
   at::Tensor chat = at::empty({C, d}, prev.options());
   launch_flush_ema(f32(book.S), f32(book.N), f32(acc.s.contiguous()), f32(acc.m.contiguous()), C, d,
-                   static_cast<float>(p.beta_cb), eps, f32(chat), stream);
+                   p.beta_cb, eps, f32(chat), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // As fogo::flush: no decorrelation term without a weight or a neighbour.
   const int64_t r = p.lambda_c == 0.0 ? 0 : std::min<int64_t>(p.r_dec, C - 1);
@@ -161,39 +199,26 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
 
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at::Tensor& delta_in,
                             bool transposed, const UpdateParams& p) {
-  check_f32_cuda(Os_in, "O_s");
-  check_f32_cuda(delta_in, "delta");
-  TORCH_CHECK(Os_in.dim() == 2 && Os_in.sizes() == delta_in.sizes() &&
-                  param.numel() == Os_in.numel() && param.is_contiguous() && param.is_cuda(),
+  check_f32_cuda(delta_in, "delta", param.device());
+  TORCH_CHECK(Os_in.device() == param.device() && Os_in.dim() == 2 &&
+                  Os_in.sizes() == delta_in.sizes() && param.numel() == Os_in.numel() &&
+                  param.is_contiguous() && param.is_cuda(),
               "fogo CUDA apply_rms_update: O_s, delta [m, n] and a contiguous CUDA parameter of "
               "m n elements expected, got ",
               Os_in.sizes(), ", ", delta_in.sizes(), ", ", param.sizes());
-  ParamType type;
-  switch (param.scalar_type()) {
-    case at::kFloat:
-      type = ParamType::Float;
-      break;
-    case at::kBFloat16:
-      type = ParamType::BFloat16;
-      break;
-    case at::kHalf:
-      type = ParamType::Half;
-      break;
-    default:
-      TORCH_CHECK(false, "fogo CUDA apply_rms_update: unsupported parameter dtype ",
-                  param.scalar_type());
-  }
   const c10::cuda::CUDAGuard guard(param.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Os = Os_in.contiguous(), delta = delta_in.contiguous();
   const int64_t m = Os.size(0), n = Os.size(1);
-  at::Tensor partials = at::empty({3 * rms_partial_blocks(m * n)}, Os.options().dtype(at::kDouble));
-  at::Tensor ratio = at::empty({}, Os.options());
-  launch_rms_norms(f32(Os), f32(delta), m * n, partials.data_ptr<double>(), stream);
+  at::Tensor partials =
+      at::empty({3 * rms_partial_blocks(m * n)}, delta.options().dtype(at::kDouble));
+  at::Tensor ratio = at::empty({}, delta.options());
+  const FloatType os_type = float_type(Os, "O_s"), param_type = float_type(param, "the parameter");
+  launch_rms_norms(Os.data_ptr(), os_type, f32(delta), m * n, partials.data_ptr<double>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  launch_rms_apply(param.data_ptr(), type, f32(Os), f32(delta), m, n, transposed,
-                   partials.data_ptr<double>(), {p.lr, p.weight_decay, p.sigma, p.eps}, f32(ratio),
-                   stream);
+  launch_rms_apply(param.data_ptr(), param_type, Os.data_ptr(), os_type, f32(delta), m, n,
+                   transposed, partials.data_ptr<double>(), {p.lr, p.weight_decay, p.sigma, p.eps},
+                   f32(ratio), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would, for autograd
   return ratio;

@@ -10,6 +10,10 @@
 
 namespace fogo::cuda {
 
+/// Whether the kernels were built for this CUDA device's architecture (compute capability 8.0
+/// or newer: FOGO_CUDA_ARCHITECTURES builds 8.0, 8.6, 8.9 and 9.0, with 9.0 PTX for later ones).
+bool runs_on(const c10::Device& device);
+
 /// Rows R >= 1; Ps, Pf [R, d]; cbar [C, d]; frozen [K, d] and nu [K] (K may be 0 or undefined).
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
@@ -19,7 +23,7 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
 /// book.S and book.N are updated in place (contiguous); book.centroids is replaced.
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
 
-/// `param` contiguous, fp32, bf16 or fp16; Os and delta [m, n] fp32.
+/// `param` contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta [m, n] fp32.
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
                             bool transposed, const UpdateParams& p);
 

@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads)
         if (v > args.eps_st) {
           max_over = fmaxf(max_over, args.tau_plus * v);
           ++n_over;
-        } else if (v < -args.eps_st) {
+        }
+        if (v < -args.eps_st) {  // not `else`: the sets are tested independently, as in ATen
           max_conf = fmaxf(max_conf, args.tau_minus * fabsf(v));
           ++n_conf;
         }
@@ -192,12 +193,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // The host cannot know r_t without a synchronisation, so the EMA and gamma_st are computed here,
 // on the device, between the two halves of step 6.
-__global__ void short_term_reduce_kernel(const float* __restrict__ r_partial,
-                                         const float* __restrict__ conflict_partial,
-                                         const float* __restrict__ over_partial, int64_t blocks,
-                                         int64_t R, const float* __restrict__ rbar,
-                                         AdaptiveArgs args, float* __restrict__ rbar_out,
-                                         float* __restrict__ stats) {
+__global__ void __launch_bounds__(1024)
+    short_term_reduce_kernel(const float* __restrict__ r_partial,
+                             const float* __restrict__ conflict_partial,
+                             const float* __restrict__ over_partial, int64_t blocks, int64_t R,
+                             const float* __restrict__ rbar, AdaptiveArgs args,
+                             float* __restrict__ rbar_out, float* __restrict__ stats) {
   __shared__ float scratch[32];
   float r = 0.f, conflict = 0.f, over = 0.f;
   for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
@@ -211,7 +212,7 @@ __global__ void short_term_reduce_kernel(const float* __restrict__ r_partial,
   if (threadIdx.x == 0) {
     const float rows = static_cast<float>(R);
     const float r_t = r / rows;
-    const float rbar_new = args.beta_r * rbar[0] + (1.f - args.beta_r) * r_t;
+    const float rbar_new = args.beta_r * rbar[0] + args.one_minus_beta_r * r_t;
     rbar_out[0] = rbar_new;
     stats[0] = args.gamma_st_min +
                (args.gamma_st_max - args.gamma_st_min) * rbar_new / (rbar_new + args.kappa);
@@ -281,8 +282,9 @@ __global__ void __launch_bounds__(kThreads)
   store_block_count(any ? 1.f : 0.f, flags, protected_partial);
 }
 
-__global__ void protected_reduce_kernel(const float* __restrict__ protected_partial, int64_t blocks,
-                                        int64_t R, float* __restrict__ stats) {
+__global__ void __launch_bounds__(1024)
+    protected_reduce_kernel(const float* __restrict__ protected_partial, int64_t blocks, int64_t R,
+                            float* __restrict__ stats) {
   __shared__ float scratch[32];
   float total = 0.f;
   for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) total += protected_partial[b];

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels.h"
 #include "reduce.cuh"
@@ -21,30 +22,6 @@ constexpr int kThreads = 256;
 constexpr int kMaxPartials = 128;
 constexpr int kTile = 32;  // the transposed write goes through a kTile x kTile shared tile
 constexpr int kMaxTileBlocks = 1024;
-
-__global__ void __launch_bounds__(kThreads)
-    rms_norms_kernel(const float* __restrict__ Os, const float* __restrict__ delta, int64_t numel,
-                     double* __restrict__ partials) {
-  __shared__ double scratch[32];
-  double hat = 0.0, dd = 0.0, oo = 0.0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < numel;
-       k += stride) {
-    const float o = Os[k], dl = delta[k];
-    const float h = o + dl;  // Ohat rounded to fp32, as the reference materialises it
-    hat += static_cast<double>(h) * h;
-    dd += static_cast<double>(dl) * dl;
-    oo += static_cast<double>(o) * o;
-  }
-  hat = block_sum(hat, scratch);
-  dd = block_sum(dd, scratch);
-  oo = block_sum(oo, scratch);
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = hat;
-    partials[gridDim.x + blockIdx.x] = dd;
-    partials[2 * gridDim.x + blockIdx.x] = oo;
-  }
-}
 
 template <typename T>
 struct Convert;
@@ -64,9 +41,34 @@ struct Convert<__half> {
   __device__ static __half store(float v) { return __float2half_rn(v); }
 };
 
-template <typename T>
+template <typename TO>
 __global__ void __launch_bounds__(kThreads)
-    rms_apply_kernel(T* __restrict__ param, const float* __restrict__ Os,
+    rms_norms_kernel(const TO* __restrict__ Os, const float* __restrict__ delta, int64_t numel,
+                     double* __restrict__ partials) {
+  __shared__ double scratch[32];
+  double hat = 0.0, dd = 0.0, oo = 0.0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < numel;
+       k += stride) {
+    const float o = Convert<TO>::load(Os[k]), dl = delta[k];
+    const float h = o + dl;  // Ohat rounded to fp32, as the reference materialises it
+    hat += static_cast<double>(h) * h;
+    dd += static_cast<double>(dl) * dl;
+    oo += static_cast<double>(o) * o;
+  }
+  hat = block_sum(hat, scratch);
+  dd = block_sum(dd, scratch);
+  oo = block_sum(oo, scratch);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = hat;
+    partials[gridDim.x + blockIdx.x] = dd;
+    partials[2 * gridDim.x + blockIdx.x] = oo;
+  }
+}
+
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kThreads)
+    rms_apply_kernel(T* __restrict__ param, const TO* __restrict__ Os,
                      const float* __restrict__ delta, int64_t m, int64_t n, bool transposed,
                      const double* __restrict__ partials, int blocks, UpdateArgs args,
                      float* __restrict__ ratio) {
@@ -100,7 +102,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r0 = (t / tiles_n) * kTile, c0 = (t % tiles_n) * kTile;
     for (int y = ty; y < kTile; y += kThreads / kTile) {
       const int64_t r = r0 + y, c = c0 + tx;
-      if (r < m && c < n) tile[y][tx] = __fadd_rn(Os[r * n + c], delta[r * n + c]);
+      if (r < m && c < n)
+        tile[y][tx] = __fadd_rn(Convert<TO>::load(Os[r * n + c]), delta[r * n + c]);
     }
     __syncthreads();
     for (int y = ty; y < kTile; y += kThreads / kTile) {
@@ -116,14 +119,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T>
-void launch_apply(T* param, const float* Os, const float* delta, int64_t m, int64_t n,
-                  bool transposed, const double* partials, UpdateArgs args, float* ratio,
-                  cudaStream_t stream) {
-  const int64_t tiles = ((m + kTile - 1) / kTile) * ((n + kTile - 1) / kTile);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, kMaxTileBlocks));
-  rms_apply_kernel<T><<<grid, kThreads, 0, stream>>>(param, Os, delta, m, n, transposed, partials,
-                                                     rms_partial_blocks(m * n), args, ratio);
+// Calls f with a null pointer of the element type `type` names (its template argument).
+template <typename F>
+void with_type(FloatType type, F&& f) {
+  switch (type) {
+    case FloatType::Float:
+      return f(static_cast<float*>(nullptr));
+    case FloatType::BFloat16:
+      return f(static_cast<__nv_bfloat16*>(nullptr));
+    case FloatType::Half:
+      return f(static_cast<__half*>(nullptr));
+  }
 }
 
 }  // namespace
@@ -134,28 +140,29 @@ int rms_partial_blocks(int64_t numel) {
       std::clamp<int64_t>((numel + per_block - 1) / per_block, 1, kMaxPartials));
 }
 
-void launch_rms_norms(const float* Os, const float* delta, int64_t numel, double* partials,
-                      cudaStream_t stream) {
-  rms_norms_kernel<<<rms_partial_blocks(numel), kThreads, 0, stream>>>(Os, delta, numel, partials);
+void launch_rms_norms(const void* Os, FloatType os_type, const float* delta, int64_t numel,
+                      double* partials, cudaStream_t stream) {
+  with_type(os_type, [&](auto* os_tag) {
+    using TO = std::remove_pointer_t<decltype(os_tag)>;
+    rms_norms_kernel<TO><<<rms_partial_blocks(numel), kThreads, 0, stream>>>(
+        static_cast<const TO*>(Os), delta, numel, partials);
+  });
 }
 
-void launch_rms_apply(void* param, ParamType type, const float* Os, const float* delta, int64_t m,
-                      int64_t n, bool transposed, const double* partials, UpdateArgs args,
-                      float* ratio, cudaStream_t stream) {
-  switch (type) {
-    case ParamType::Float:
-      launch_apply(static_cast<float*>(param), Os, delta, m, n, transposed, partials, args, ratio,
-                   stream);
-      break;
-    case ParamType::BFloat16:
-      launch_apply(static_cast<__nv_bfloat16*>(param), Os, delta, m, n, transposed, partials, args,
-                   ratio, stream);
-      break;
-    case ParamType::Half:
-      launch_apply(static_cast<__half*>(param), Os, delta, m, n, transposed, partials, args, ratio,
-                   stream);
-      break;
-  }
+void launch_rms_apply(void* param, FloatType param_type, const void* Os, FloatType os_type,
+                      const float* delta, int64_t m, int64_t n, bool transposed,
+                      const double* partials, UpdateArgs args, float* ratio, cudaStream_t stream) {
+  const int64_t tiles = ((m + kTile - 1) / kTile) * ((n + kTile - 1) / kTile);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, kMaxTileBlocks));
+  with_type(param_type, [&](auto* param_tag) {
+    with_type(os_type, [&](auto* os_tag) {
+      using T = std::remove_pointer_t<decltype(param_tag)>;
+      using TO = std::remove_pointer_t<decltype(os_tag)>;
+      rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(
+          static_cast<T*>(param), static_cast<const TO*>(Os), delta, m, n, transposed, partials,
+          rms_partial_blocks(m * n), args, ratio);
+    });
+  });
 }
 
 }  // namespace fogo::cuda

@@ -7,9 +7,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "fogo/codebook.h"
 #include "fogo/detail/checks.h"
@@ -188,6 +191,12 @@ struct GroupMemory {
   at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
 };
 
+// Pi [n, d] and the lift operator L (projection.h), and Pi in bf16 when that is exact (unit
+// scale) for the tensor-core products of a bf16 step.
+struct Projection {
+  at::Tensor Pi, L, Pi_bf16;
+};
+
 // One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
 // larger one; ALGORITHM.md "Shapes").
 struct Work {
@@ -195,10 +204,24 @@ struct Work {
   bool transposed;
   int64_t m, n;
   at::Tensor Bs, Bf;  ///< momenta, working orientation (views of the state)
-  at::Tensor Os;      ///< orthogonalized slow stream, fp32 (the fast one is only ever projected)
-  const at::Tensor* Pi;
-  const at::Tensor* L;
+  at::Tensor Os;      ///< orthogonalized slow stream in the NS compute dtype (the fast one is only
+                      ///< ever projected)
+  const Projection* proj;
 };
+
+// [begin, end) of each run of same-shape parameters in `work`, which is sorted by shape: a run
+// shares Pi and goes through Newton–Schulz, the projection and the lift as one batch.
+using ShapeRuns = std::vector<std::pair<size_t, size_t>>;
+
+ShapeRuns shape_runs(const std::vector<Work>& work) {
+  ShapeRuns runs;
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (runs.empty() || work[i].m != work[i - 1].m || work[i].n != work[i - 1].n)
+      runs.emplace_back(i, i);
+    runs.back().second = i + 1;
+  }
+  return runs;
+}
 
 at::Tensor working_view(const at::Tensor& t, bool transposed) {
   const int64_t rows = t.size(0);
@@ -209,9 +232,6 @@ at::Tensor working_view(const at::Tensor& t, bool transposed) {
 }  // namespace
 
 struct FOGO::Impl {
-  struct Projection {
-    at::Tensor Pi, L;
-  };
   std::vector<GroupMemory> groups;
   // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
   // regenerated from the seed, never stored.
@@ -227,7 +247,9 @@ struct FOGO::Impl {
     if (it == projections.end()) {
       at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
       at::Tensor L = lift_operator(Pi, o.lambda_prox());
-      it = projections.emplace(key, Projection{Pi, L}).first;
+      at::Tensor Pi_bf16 =
+          o.projection_scale() == ProjectionScale::Unit ? Pi.to(at::kBFloat16) : at::Tensor();
+      it = projections.emplace(key, Projection{Pi, L, Pi_bf16}).first;
     }
     return it->second;
   }
@@ -273,66 +295,67 @@ FOGO::~FOGO() = default;
 
 namespace {
 
-// Steps 2-3 for a whole group, per shape (m, n) of the working orientation: the slow streams of
-// all same-shape parameters through one batched Newton–Schulz chain, the fast streams likewise
-// (both in one chain when K_s == K_f and the fast one takes the plain route), and the projections
-// P = O Pi as one GEMM per shape and stream. Sets each w.Os (fp32, for the update) and returns
-// (Ps, Pf) [R, d] with the rows in `work` order.
+// Steps 2-3 for a whole group, per run of same-shape parameters (m, n) of the working
+// orientation: the slow streams of the run through one batched Newton–Schulz chain, the fast
+// streams likewise (both in one chain when K_s == K_f and the fast one takes the plain route),
+// and the projections P = O Pi as one GEMM per run and stream. Sets each w.Os and returns
+// (Ps, Pf) [R, d] fp32 with the rows in `work` order.
+//
+// The chain's input is written in the compute dtype straight from the momenta (one cast-and-copy
+// pass, no fp32 stack), and O_s stays in that dtype: the update reads it as is.
 //
 // Only P_f = O_f Pi of the fast stream is ever used: newton_schulz_projected computes it from
 // m x m Gram iterations when that takes fewer multiply-adds, with fp32/fp64 compute only (in bf16
 // the Gram matrix squares the conditioning; newton_schulz.h).
 //
 // With unit-scale Pi (entries +-1, exact in bf16), a bf16 O times Pi is exact products summed in
-// fp32: on CUDA that projection runs as a bf16 GEMM with fp32 output (tensor cores) instead of an
-// fp32 one, the same result up to summation order.
-std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const FOGOOptions& o) {
-  std::map<std::pair<int64_t, int64_t>, std::vector<Work*>> buckets;
-  for (auto& w : work) buckets[{w.m, w.n}].push_back(&w);
+// fp32 (mm_bf16_f32): tensor cores on CUDA, the same result up to summation order.
+std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const ShapeRuns& runs,
+                                                const FOGOOptions& o) {
   const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
-  std::vector<at::Tensor> Ps_parts(work.size()), Pf_parts(work.size());
-  for (auto& [shape, members] : buckets) {
-    const auto [m, n] = shape;
-    const at::Tensor& Pi = *members.front()->Pi;  // one Pi per n
-    const bool unit_scale = o.projection_scale() == ProjectionScale::Unit;
-    const auto project = [&](const at::Tensor& O) {  // [P, m, n] -> [P, m, d], fp32
-      const at::Tensor rows = O.reshape({-1, n});
-      const bool tensor_cores = O.is_cuda() && O.scalar_type() == at::kBFloat16 && unit_scale;
-      const at::Tensor out = tensor_cores ? at::mm(rows, Pi.to(at::kBFloat16), at::kFloat)
-                                          : rows.to(at::kFloat).mm(Pi);
-      return out.view({-1, m, Pi.size(1)});
+  std::vector<at::Tensor> Ps_parts, Pf_parts;
+  for (const auto& [begin, end] : runs) {
+    const int64_t m = work[begin].m, n = work[begin].n;
+    const int64_t P = static_cast<int64_t>(end - begin);
+    const Projection& proj = *work[begin].proj;
+    const auto stacked = [&](std::initializer_list<at::Tensor Work::*> streams) {
+      at::Tensor X = at::empty({P * static_cast<int64_t>(streams.size()), m, n},
+                               work[begin].Bs.options().dtype(o.ns_dtype()));
+      int64_t k = 0;
+      for (const auto stream : streams) {
+        for (size_t i = begin; i < end; ++i) X[k++].copy_(work[i].*stream);
+      }
+      return X;
     };
-    std::vector<at::Tensor> slow, fast;
-    for (Work* w : members) {
-      slow.push_back(w->Bs);
-      fast.push_back(w->Bf);
-    }
-    const int64_t P = static_cast<int64_t>(members.size());
+    const auto project = [&](const at::Tensor& O) {  // [B, m, n] -> [B m, d], fp32
+      const at::Tensor rows = O.reshape({-1, n});
+      return O.scalar_type() == at::kBFloat16 && proj.Pi_bf16.defined()
+                 ? mm_bf16_f32(rows, proj.Pi_bf16)
+                 : rows.to(at::kFloat).mm(proj.Pi);
+    };
     const bool gram =
         full_precision && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast());
     at::Tensor Os, Ps, Pf;
     if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
-      slow.insert(slow.end(), fast.begin(), fast.end());
-      const at::Tensor O = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
+      const at::Tensor O =
+          newton_schulz(stacked({&Work::Bs, &Work::Bf}), ns_config(o, o.ns_steps_slow()));
       const at::Tensor projected = project(O);
       Os = O.slice(0, 0, P);
-      Ps = projected.slice(0, 0, P);
-      Pf = projected.slice(0, P);
+      Ps = projected.slice(0, 0, P * m);
+      Pf = projected.slice(0, P * m);
     } else {
-      Os = newton_schulz(at::stack(slow), ns_config(o, o.ns_steps_slow()));
+      Os = newton_schulz(stacked({&Work::Bs}), ns_config(o, o.ns_steps_slow()));
       Ps = project(Os);
-      const at::Tensor Bf = at::stack(fast);
+      const at::Tensor Bf = stacked({&Work::Bf});
       const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
-      Pf = gram ? newton_schulz_projected(Bf, Pi, ns_fast).to(at::kFloat)
+      Pf = gram ? newton_schulz_projected(Bf, proj.Pi, ns_fast)
+                      .reshape({-1, o.proj_dim()})
+                      .to(at::kFloat)
                 : project(newton_schulz(Bf, ns_fast));
     }
-    Os = Os.to(at::kFloat);
-    for (int64_t k = 0; k < P; ++k) {
-      members[k]->Os = Os[k];
-      const size_t index = static_cast<size_t>(members[k] - work.data());
-      Ps_parts[index] = Ps[k];
-      Pf_parts[index] = Pf[k];
-    }
+    for (int64_t k = 0; k < P; ++k) work[begin + k].Os = Os[k];
+    Ps_parts.push_back(Ps);
+    Pf_parts.push_back(Pf);
   }
   return {at::cat(Ps_parts), at::cat(Pf_parts)};
 }
@@ -376,6 +399,7 @@ torch::Tensor FOGO::step(LossClosure closure) {
     std::vector<Work> work;
     for (; k < params.size() && where[k].first == g; ++k) {
       const at::Tensor& p = params[k];
+      if (p.numel() == 0) continue;  // nothing to update (and no rows to orthogonalize)
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
         auto fresh = std::make_unique<FOGOParamState>();
@@ -396,17 +420,18 @@ torch::Tensor FOGO::step(LossClosure closure) {
              working_view(st.slow_momentum(), transposed),
              working_view(st.fast_momentum(), transposed),
              {},
-             nullptr,
              nullptr};
-      const auto& proj = impl_->projection(o, w.n, p.device());
-      w.Pi = &proj.Pi;
-      w.L = &proj.L;
+      w.proj = &impl_->projection(o, w.n, p.device());
       work.push_back(std::move(w));
     }
     if (work.empty()) continue;
+    std::stable_sort(work.begin(), work.end(), [](const Work& a, const Work& b) {
+      return std::tie(a.m, a.n) < std::tie(b.m, b.n);
+    });
+    const ShapeRuns runs = shape_runs(work);
 
     // Step 2: Newton–Schulz; step 3: projection. Rows of all parameters form one batch.
-    const auto [Ps, Pf] = orthogonalize(work, o);
+    const auto [Ps, Pf] = orthogonalize(work, runs, o);
 
     // Steps 4-7 in the projected space (projected.h). On a group's first step the codebook is
     // initialised from that step's queries and nothing is filtered (ALGORITHM.md).
@@ -434,13 +459,25 @@ torch::Tensor FOGO::step(LossClosure closure) {
     mem.rbar = r.rbar;
 
     // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.
+    // The lift runs per shape run, at the NS precision (bf16 products with the exact +-1 of Pi
+    // when the NS computes in bf16, proximal_lift).
     at::Tensor delta_ratio = at::zeros({}, Ps.options());
     int64_t row = 0;
-    for (auto& w : work) {
-      const at::Tensor delta = proximal_lift(r.dz.slice(0, row, row + w.m), *w.Pi, *w.L);
-      row += w.m;
-      delta_ratio += ops::apply_rms_update(w.param, w.Os, delta, w.transposed,
-                                           {o.lr(), o.weight_decay(), o.sigma(), eps});
+    for (const auto& [begin, end] : runs) {
+      const int64_t m = work[begin].m, n = work[begin].n;
+      const int64_t rows = m * static_cast<int64_t>(end - begin);
+      const Projection& proj = *work[begin].proj;
+      const at::Tensor delta =
+          proximal_lift(r.dz.slice(0, row, row + rows), proj.Pi, proj.L,
+                        o.ns_dtype() == at::kBFloat16 ? proj.Pi_bf16 : at::Tensor())
+              .view({-1, m, n});
+      row += rows;
+      for (size_t i = begin; i < end; ++i) {
+        Work& w = work[i];
+        delta_ratio +=
+            ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)],
+                                  w.transposed, {o.lr(), o.weight_decay(), o.sigma(), eps});
+      }
     }
 
     // Codebook flush (after all parameters of the group have stepped), then re-seeding.

@@ -11,11 +11,12 @@ namespace fogo::ops {
 #ifdef FOGO_WITH_CUDA
 namespace {
 
-// The fused kernels are written for fp32 state on a CUDA device; anything else (CPU tensors,
-// double precision in tests) takes the ATen reference.
+// The fused kernels are written for fp32 state on a CUDA device they were built for; anything
+// else (CPU tensors, double precision in tests, pre-Ampere GPUs) takes the ATen reference.
 bool cuda_f32(std::initializer_list<const at::Tensor*> tensors) {
   for (const at::Tensor* t : tensors) {
-    if (!t->is_cuda() || t->scalar_type() != at::kFloat) return false;
+    if (!t->is_cuda() || t->scalar_type() != at::kFloat || !cuda::runs_on(t->device()))
+      return false;
   }
   return true;
 }
@@ -56,9 +57,12 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
                             bool transposed, const UpdateParams& p) {
 #ifdef FOGO_WITH_CUDA
-  const auto type = param.scalar_type();
-  if (param.is_cuda() && param.is_contiguous() &&
-      (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && cuda_f32({&Os, &delta}))
+  const auto storable = [](const at::Tensor& t) {
+    const auto type = t.scalar_type();
+    return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
+           cuda::runs_on(t.device());
+  };
+  if (param.is_contiguous() && storable(param) && storable(Os) && cuda_f32({&delta}))
     return cuda::apply_rms_update(param, Os, delta, transposed, p);
 #endif
   return fogo::apply_rms_update(param, Os, delta, transposed, p);

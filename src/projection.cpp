@@ -40,8 +40,17 @@ at::Tensor lift_operator(const at::Tensor& Pi, double lambda) {
   return (2.0 * lambda) * at::cholesky_inverse(chol).to(Pi.scalar_type());
 }
 
-at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L) {
-  return dz.mm(L).mm(Pi.t());
+at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L,
+                         const at::Tensor& Pi_bf16) {
+  const at::Tensor u = dz.mm(L);  // [R, d] x [d, d]: small next to the product with Pi^T
+  return Pi_bf16.defined() ? mm_bf16_f32(u.to(at::kBFloat16), Pi_bf16.t()) : u.mm(Pi.t());
+}
+
+at::Tensor mm_bf16_f32(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16,
+              "mm_bf16_f32: bf16 factors expected, got ", a.scalar_type(), " and ",
+              b.scalar_type());
+  return a.is_cuda() ? at::mm(a, b, at::kFloat) : a.to(at::kFloat).mm(b.to(at::kFloat));
 }
 
 }  // namespace fogo

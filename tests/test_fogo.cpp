@@ -77,7 +77,10 @@ TEST(FOGO, MemoryDisabledMatchesHandComputedTwoSteps) {
     const auto grads = torch::randn({2, shape[0], shape[1]});
     auto p = init.clone().requires_grad_(true);
     const double lr = 0.1, sigma = 0.2, mu = 0.95;
-    fogo::FOGO opt({p}, memory_disabled(lr).sigma(sigma).mu_s(mu).proj_dim(4).codebook_size(3));
+    // fp32 Newton–Schulz: the reference is a double-precision loop.
+    fogo::FOGO opt({p},
+                   memory_disabled(lr).sigma(sigma).mu_s(mu).proj_dim(4).codebook_size(3).ns_dtype(
+                       torch::kFloat));
 
     Mat P = to_mat(init), B(shape[0], std::vector<double>(shape[1], 0.0));
     for (int64_t step = 0; step < 2; ++step) {
@@ -101,37 +104,94 @@ TEST(FOGO, MemoryDisabledIsSlowStreamMuonWithRmsScaling) {
   // ALGORITHM.md's first check: Ohat == O_s up to the eps terms of the row normalisations
   // (relative difference below 1e-6). The parameter is reset to zero before each step (the state
   // does not depend on it), so with weight decay 0 it then holds exactly -lr gamma_t Ohat.
-  torch::manual_seed(1);
-  for (auto shape : {std::vector<int64_t>{24, 64}, {64, 24}, {16, 4, 3, 3}}) {
-    auto p = torch::zeros(shape).requires_grad_(true);
-    fogo::FOGO opt({p}, memory_disabled(1.0).sigma(1.0).proj_dim(16).codebook_size(8));
-    const int64_t rows = shape[0], cols = p.numel() / rows;
-    const bool tall = rows > cols;
-    torch::Tensor Bs = torch::zeros({rows, cols}), Bf = torch::zeros({rows, cols});
-    fogo::NSConfig ns;
-    ns.compute_dtype = torch::kFloat;
-    ns.eps = 1e-8;
-    ns.normalization = fogo::NSNormalization::AddEps;
-    for (int step = 0; step < 3; ++step) {
-      const auto G = torch::randn({rows, cols});
-      p.mutable_grad() = G.reshape(shape);
-      {
-        torch::NoGradGuard guard;
-        p.zero_();
+  // With bf16 Newton–Schulz (the default) as with fp32: O_s enters the update in the compute
+  // dtype, and the lift's bf16 products change only the eps-sized dz.
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
+    torch::manual_seed(1);
+    for (auto shape : {std::vector<int64_t>{24, 64}, {64, 24}, {16, 4, 3, 3}}) {
+      auto p = torch::zeros(shape).requires_grad_(true);
+      fogo::FOGO opt({p},
+                     memory_disabled(1.0).sigma(1.0).proj_dim(16).codebook_size(8).ns_dtype(dtype));
+      const int64_t rows = shape[0], cols = p.numel() / rows;
+      const bool tall = rows > cols;
+      torch::Tensor Bs = torch::zeros({rows, cols}), Bf = torch::zeros({rows, cols});
+      fogo::NSConfig ns;
+      ns.compute_dtype = dtype;
+      ns.eps = 1e-8;
+      ns.normalization = fogo::NSNormalization::AddEps;
+      for (int step = 0; step < 3; ++step) {
+        const auto G = torch::randn({rows, cols});
+        p.mutable_grad() = G.reshape(shape);
+        {
+          torch::NoGradGuard guard;
+          p.zero_();
+        }
+        opt.step();
+        Bs = 0.95 * Bs + G;
+        Bf = 0.35 * Bf + G;
+        // The same batched call FOGO makes (both streams in one chain), on the wide orientation.
+        auto Os = fogo::newton_schulz(
+            tall ? torch::stack({Bs.t(), Bf.t()}) : torch::stack({Bs, Bf}), ns)[0];
+        Os = Os.to(torch::kFloat);
+        if (tall) Os = Os.t();
+        const auto expected =
+            -std::sqrt(static_cast<double>(rows * cols)) * Os / (Os.norm() + 1e-8);
+        const auto actual = p.detach().reshape({rows, cols});
+        EXPECT_LT((actual - expected).norm().item<double>() / expected.norm().item<double>(), 1e-6)
+            << shape << " step " << step << " " << dtype;
       }
-      opt.step();
-      Bs = 0.95 * Bs + G;
-      Bf = 0.35 * Bf + G;
-      // The same batched call FOGO makes (both streams in one chain), on the wide orientation.
-      auto Os = fogo::newton_schulz(tall ? torch::stack({Bs.t(), Bf.t()}) : torch::stack({Bs, Bf}),
-                                    ns)[0];
-      if (tall) Os = Os.t();
-      const auto expected = -std::sqrt(static_cast<double>(rows * cols)) * Os / (Os.norm() + 1e-8);
-      const auto actual = p.detach().reshape({rows, cols});
-      EXPECT_LT((actual - expected).norm().item<double>() / expected.norm().item<double>(), 1e-6)
-          << shape << " step " << step;
     }
   }
+}
+
+TEST(FOGO, InterleavedShapesEachGetTheirOwnUpdate) {
+  // Same-shape parameters go through Newton–Schulz, projection and lift as one batch, and a tall
+  // weight joins the batch of its transposed shape; with the memory disabled each parameter must
+  // still receive exactly its own slow-stream Muon update, whatever the order of the group.
+  torch::manual_seed(2);
+  const std::vector<std::vector<int64_t>> shapes{{24, 64}, {16, 40}, {64, 24}, {24, 64}, {8, 2, 3}};
+  std::vector<torch::Tensor> params;
+  for (const auto& shape : shapes) params.push_back(torch::zeros(shape).requires_grad_(true));
+  fogo::FOGO opt(
+      params, memory_disabled(1.0).sigma(1.0).proj_dim(8).codebook_size(4).ns_dtype(torch::kFloat));
+  fogo::NSConfig ns;
+  ns.compute_dtype = torch::kFloat;
+  ns.eps = 1e-8;
+  ns.normalization = fogo::NSNormalization::AddEps;
+  std::vector<torch::Tensor> Bs;
+  for (const auto& p : params) Bs.push_back(torch::zeros({p.size(0), p.numel() / p.size(0)}));
+  for (int step = 0; step < 2; ++step) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      params[k].mutable_grad() = torch::randn(params[k].sizes());
+      torch::NoGradGuard guard;
+      params[k].zero_();
+    }
+    opt.step();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto G = params[k].grad().reshape(Bs[k].sizes());
+      Bs[k] = 0.95 * Bs[k] + G;
+      const auto Os = fogo::newton_schulz(Bs[k], ns);
+      const auto expected = -std::sqrt(static_cast<double>(Os.numel())) * Os / (Os.norm() + 1e-8);
+      const auto actual = params[k].detach().reshape(Bs[k].sizes());
+      EXPECT_LT((actual - expected).norm().item<double>() / expected.norm().item<double>(), 1e-5)
+          << "parameter " << k << " step " << step;
+    }
+  }
+}
+
+TEST(FOGO, EmptyParameterIsLeftAlone) {
+  auto empty = torch::zeros({0, 5}).requires_grad_(true);
+  auto w = torch::randn({6, 9}).requires_grad_(true);
+  fogo::FOGO opt({empty, w}, fogo::FOGOOptions(0.1).proj_dim(4).codebook_size(3));
+  const auto before = w.detach().clone();
+  for (int step = 0; step < 2; ++step) {
+    empty.mutable_grad() = torch::zeros({0, 5});
+    w.mutable_grad() = torch::randn({6, 9});
+    opt.step();
+  }
+  EXPECT_EQ(empty.sizes(), (std::vector<int64_t>{0, 5}));
+  EXPECT_FALSE(torch::equal(w.detach(), before));
+  EXPECT_TRUE(torch::isfinite(w.detach()).all().item<bool>());
 }
 
 namespace {

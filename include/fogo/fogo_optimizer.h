@@ -52,7 +52,9 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   TORCH_ARG(int64_t, ns_steps_slow) = 5;  ///< K_s
   TORCH_ARG(int64_t, ns_steps_fast) = 5;  ///< K_f
   TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
-  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kFloat;
+  /// Newton–Schulz compute dtype; state stays fp32. kBFloat16 (default: tensor cores on a GPU,
+  /// as torch.optim.Muon) or kFloat32/kFloat64, which also enable the fast stream's Gram route.
+  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
 
   // Projection and fusion (steps 3-4).
   TORCH_ARG(int64_t, proj_dim) = 128;  ///< d

@@ -23,7 +23,17 @@ at::Tensor rademacher(int64_t seed, int64_t n, int64_t d, ProjectionScale scale,
 /// the minimiser of 1/2 |delta|^2 + lambda |Pi^T delta - dz_i|^2.
 at::Tensor lift_operator(const at::Tensor& Pi, double lambda);
 
-/// Rows dz [m, d] -> delta [m, n] = (dz L) Pi^T (L is symmetric).
-at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L);
+/// Rows dz [R, d] -> delta [R, n] = (dz L) Pi^T (L is symmetric), fp32. The rows of all
+/// parameters that share Pi go through one call. With `Pi_bf16` (Pi in bf16, given only when
+/// that is exact: unit scale) the product with Pi^T takes bf16 factors, dz L rounded to bf16 and
+/// the exact +-1, summed in fp32 (mm_bf16_f32): the precision of a bf16 Newton–Schulz, whose
+/// O_s the lift is added to; without it, fp32 throughout.
+at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L,
+                         const at::Tensor& Pi_bf16 = {});
+
+/// a [r, k] times b [k, c], both bf16, as fp32: the exact products summed in fp32. On CUDA one
+/// tensor-core GEMM (cuBLAS, bf16 in, fp32 out); elsewhere, where ATen has no such kernel, an
+/// fp32 GEMM of the upcast factors, the same sum up to its order.
+at::Tensor mm_bf16_f32(const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace fogo
