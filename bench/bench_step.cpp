@@ -196,11 +196,13 @@ void BM_Stage_FOGO(benchmark::State& state) {
                        gram ? Os : torch::cat({Os, Os})});
     R += P * m;
   }
+  // As the optimizer: bf16 products with the exact +-1 of Pi when NS computes in bf16.
+  const bool bf16 = s.ns_dtype == torch::kBFloat16;
+  std::map<int64_t, torch::Tensor> Pi_bf16;
+  for (const auto& b : buckets) Pi_bf16[b.n] = bf16 ? b.Pi.to(torch::kBFloat16) : torch::Tensor();
   const auto project = [&](const Bucket& b, const torch::Tensor& O) {
     const auto rows = O.reshape({-1, b.n});
-    return O.is_cuda() && O.scalar_type() == torch::kBFloat16
-               ? at::mm(rows, b.Pi.to(torch::kBFloat16), torch::kFloat)
-               : rows.to(torch::kFloat).mm(b.Pi);
+    return bf16 ? fogo::mm_bf16_f32(rows, Pi_bf16.at(b.n)) : rows.to(torch::kFloat).mm(b.Pi);
   };
 
   std::function<void()> run;
@@ -251,17 +253,15 @@ void BM_Stage_FOGO(benchmark::State& state) {
       };
       break;
     }
-    case kLift: {
-      std::vector<std::pair<torch::Tensor, Bucket*>> work;
-      std::map<int64_t, torch::Tensor> L;
-      for (auto& b : buckets) {
-        if (!L.count(b.n)) L[b.n] = fogo::lift_operator(b.Pi, o.lambda_prox());
-        for (int64_t k = 0; k < b.Bs.size(0); ++k)
-          work.push_back({torch::randn({b.m, d}, f32), &b});
+    case kLift: {  // one GEMM per shape run, its rows [P m, d], K in the step's precision
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> work;
+      for (const auto& b : buckets) {
+        const auto K = fogo::lift_operator(b.Pi, o.lambda_prox());
+        work.push_back(
+            {torch::randn({b.Bs.size(0) * b.m, d}, f32), bf16 ? K.to(torch::kBFloat16) : K});
       }
       run = [=] {
-        for (const auto& [dz, b] : work)
-          benchmark::DoNotOptimize(fogo::proximal_lift(dz, b->Pi, L.at(b->n)));
+        for (const auto& [dz, K] : work) benchmark::DoNotOptimize(fogo::proximal_lift(dz, K));
       };
       break;
     }
@@ -271,7 +271,9 @@ void BM_Stage_FOGO(benchmark::State& state) {
       for (const auto& p : params) {
         const int64_t rows = p.size(0), cols = p.numel() / rows;
         const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
-        inputs.push_back({torch::randn({m, n}, f32), 0.1 * torch::randn({m, n}, f32)});
+        // O_s in the NS compute dtype, as the optimizer passes it.
+        inputs.push_back(
+            {torch::randn({m, n}, f32).to(s.ns_dtype), 0.1 * torch::randn({m, n}, f32)});
       }
       run = [=]() mutable {
         torch::NoGradGuard no_grad;

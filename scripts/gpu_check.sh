@@ -45,7 +45,7 @@ build() {
     touch "$deps/.done"
   fi
   mkdir -p "$build"
-  if ! cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_BUILD_EXAMPLES=OFF \
+  if ! cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_BUILD_EXAMPLES=OFF -DFOGO_CUDA_ARCHITECTURES=90 \
       -DFOGO_PYTHON="$python" -DCMAKE_PREFIX_PATH="$deps" \
       -Dbenchmark_DIR="$root/$carry/benchmark/usr/lib/x86_64-linux-gnu/cmake/benchmark" \
       >"$build/configure.log" 2>&1; then

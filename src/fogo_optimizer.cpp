@@ -191,10 +191,10 @@ struct GroupMemory {
   at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
 };
 
-// Pi [n, d] and the lift operator L (projection.h), and Pi in bf16 when that is exact (unit
-// scale) for the tensor-core products of a bf16 step.
+// Pi [n, d] and the lift matrix K (projection.h), and their bf16 forms for a bf16 step's
+// tensor-core products: Pi_bf16 only when that is exact (unit scale), K_bf16 always.
 struct Projection {
-  at::Tensor Pi, L, Pi_bf16;
+  at::Tensor Pi, K, Pi_bf16, K_bf16;
 };
 
 // One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
@@ -246,10 +246,10 @@ struct FOGO::Impl {
     auto it = projections.find(key);
     if (it == projections.end()) {
       at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
-      at::Tensor L = lift_operator(Pi, o.lambda_prox());
+      at::Tensor K = lift_operator(Pi, o.lambda_prox());
       at::Tensor Pi_bf16 =
           o.projection_scale() == ProjectionScale::Unit ? Pi.to(at::kBFloat16) : at::Tensor();
-      it = projections.emplace(key, Projection{Pi, L, Pi_bf16}).first;
+      it = projections.emplace(key, Projection{Pi, K, Pi_bf16, K.to(at::kBFloat16)}).first;
     }
     return it->second;
   }
@@ -459,18 +459,17 @@ torch::Tensor FOGO::step(LossClosure closure) {
     mem.rbar = r.rbar;
 
     // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.
-    // The lift runs per shape run, at the NS precision (bf16 products with the exact +-1 of Pi
-    // when the NS computes in bf16, proximal_lift).
+    // The lift is one GEMM per shape run, at the NS precision (bf16 products when the NS computes
+    // in bf16, proximal_lift).
     at::Tensor delta_ratio = at::zeros({}, Ps.options());
     int64_t row = 0;
     for (const auto& [begin, end] : runs) {
       const int64_t m = work[begin].m, n = work[begin].n;
       const int64_t rows = m * static_cast<int64_t>(end - begin);
       const Projection& proj = *work[begin].proj;
-      const at::Tensor delta =
-          proximal_lift(r.dz.slice(0, row, row + rows), proj.Pi, proj.L,
-                        o.ns_dtype() == at::kBFloat16 ? proj.Pi_bf16 : at::Tensor())
-              .view({-1, m, n});
+      const at::Tensor delta = proximal_lift(r.dz.slice(0, row, row + rows),
+                                             o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K)
+                                   .view({-1, m, n});
       row += rows;
       for (size_t i = begin; i < end; ++i) {
         Work& w = work[i];

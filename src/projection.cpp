@@ -28,22 +28,18 @@ at::Tensor rademacher(int64_t seed, int64_t n, int64_t d, ProjectionScale scale,
 
 at::Tensor lift_operator(const at::Tensor& Pi, double lambda) {
   TORCH_CHECK(lambda > 0 && std::isfinite(lambda),
-              "lift_operator: lambda_prox must be finite "
-              "and > 0, got ",
-              lambda);
+              "lift_operator: lambda_prox must be finite and > 0, got ", lambda);
   // In float64: M's entries are up to n (unit scale), and I + 2 lambda M can be ill-conditioned
   // when d > n (M is then singular and only the identity keeps it invertible).
   const at::Tensor P = Pi.to(at::kDouble);
   const int64_t d = P.size(1);
   const at::Tensor A = at::eye(d, P.options()) + (2.0 * lambda) * P.t().mm(P);
-  const at::Tensor chol = at::linalg_cholesky(A);
-  return (2.0 * lambda) * at::cholesky_inverse(chol).to(Pi.scalar_type());
+  const at::Tensor L = (2.0 * lambda) * at::cholesky_inverse(at::linalg_cholesky(A));
+  return P.mm(L).to(Pi.scalar_type());  // K = Pi L (L symmetric)
 }
 
-at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L,
-                         const at::Tensor& Pi_bf16) {
-  const at::Tensor u = dz.mm(L);  // [R, d] x [d, d]: small next to the product with Pi^T
-  return Pi_bf16.defined() ? mm_bf16_f32(u.to(at::kBFloat16), Pi_bf16.t()) : u.mm(Pi.t());
+at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& K) {
+  return K.scalar_type() == at::kBFloat16 ? mm_bf16_f32(dz.to(at::kBFloat16), K.t()) : dz.mm(K.t());
 }
 
 at::Tensor mm_bf16_f32(const at::Tensor& a, const at::Tensor& b) {

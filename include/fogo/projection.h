@@ -17,19 +17,18 @@ namespace fogo {
 at::Tensor rademacher(int64_t seed, int64_t n, int64_t d, ProjectionScale scale,
                       c10::Device device);
 
-/// The lift operator L = 2 lambda (I + 2 lambda M)^-1 with M = Pi^T Pi (d x d, symmetric
-/// positive definite for lambda > 0), factored once per (Pi, lambda): then
-///   u_i = L dz_i  and  delta_i = Pi u_i,
-/// the minimiser of 1/2 |delta|^2 + lambda |Pi^T delta - dz_i|^2.
+/// The lift matrix K = 2 lambda Pi (I + 2 lambda M)^-1 [n, d] with M = Pi^T Pi (the d x d
+/// system is symmetric positive definite for lambda > 0; solved once per (Pi, lambda) in
+/// float64, returned in Pi's dtype): delta_i = K dz_i is the minimiser of
+/// 1/2 |delta|^2 + lambda |Pi^T delta - dz_i|^2. Folding the d x d solve into K leaves the lift
+/// one GEMM per batch of rows.
 at::Tensor lift_operator(const at::Tensor& Pi, double lambda);
 
-/// Rows dz [R, d] -> delta [R, n] = (dz L) Pi^T (L is symmetric), fp32. The rows of all
-/// parameters that share Pi go through one call. With `Pi_bf16` (Pi in bf16, given only when
-/// that is exact: unit scale) the product with Pi^T takes bf16 factors, dz L rounded to bf16 and
-/// the exact +-1, summed in fp32 (mm_bf16_f32): the precision of a bf16 Newton–Schulz, whose
-/// O_s the lift is added to; without it, fp32 throughout.
-at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& Pi, const at::Tensor& L,
-                         const at::Tensor& Pi_bf16 = {});
+/// Rows dz [R, d] -> delta [R, n] = dz K^T, fp32; the rows of all parameters that share Pi go
+/// through one call. With K in bf16 (a bf16 step) dz is rounded to bf16 too and the products are
+/// summed in fp32 (mm_bf16_f32): relative errors of 2^-8 of a row's scale, the precision of the
+/// bf16 O_s the lift is added to. With K in fp32, fp32 throughout.
+at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& K);
 
 /// a [r, k] times b [k, c], both bf16, as fp32: the exact products summed in fp32. On CUDA one
 /// tensor-core GEMM (cuBLAS, bf16 in, fp32 out); elsewhere, where ATen has no such kernel, an
