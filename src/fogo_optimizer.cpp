@@ -395,8 +395,11 @@ torch::Tensor FOGO::step(LossClosure closure) {
     GroupMemory& mem = impl_->group(g, o);
     const double eps = o.eps();
 
-    // Step 1: momenta, and the working orientation of each parameter.
+    // Step 1: momenta, and the working orientation of each parameter. The momentum updates of
+    // the whole group are two multi-tensor ops per stream (_foreach_*: a few launches on CUDA
+    // instead of four per parameter; per tensor, the same arithmetic).
     std::vector<Work> work;
+    std::vector<at::Tensor> slow, fast, G;
     for (; k < params.size() && where[k].first == g; ++k) {
       const at::Tensor& p = params[k];
       if (p.numel() == 0) continue;  // nothing to update (and no rows to orthogonalize)
@@ -408,9 +411,9 @@ torch::Tensor FOGO::step(LossClosure closure) {
         slot = std::move(fresh);
       }
       auto& st = static_cast<FOGOParamState&>(*slot);
-      const at::Tensor G = grads[k].to(at::kFloat);
-      st.slow_momentum().mul_(o.mu_s()).add_(G);
-      st.fast_momentum().mul_(o.mu_f()).add_(G);
+      slow.push_back(st.slow_momentum());
+      fast.push_back(st.fast_momentum());
+      G.push_back(grads[k].to(at::kFloat));
       const int64_t rows = p.size(0), cols = p.numel() / rows;
       const bool transposed = rows > cols;
       Work w{p,
@@ -425,6 +428,10 @@ torch::Tensor FOGO::step(LossClosure closure) {
       work.push_back(std::move(w));
     }
     if (work.empty()) continue;
+    at::_foreach_mul_(slow, o.mu_s());
+    at::_foreach_add_(slow, G);
+    at::_foreach_mul_(fast, o.mu_f());
+    at::_foreach_add_(fast, G);
     std::stable_sort(work.begin(), work.end(), [](const Work& a, const Work& b) {
       return std::tie(a.m, a.n) < std::tie(b.m, b.n);
     });
