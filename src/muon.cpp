@@ -185,34 +185,38 @@ torch::Tensor Muon::step(LossClosure closure) {
       bucket->params.push_back(p);
     }
 
+    // The elementwise ops of a bucket are multi-tensor (_foreach_*) ops: a few launches on
+    // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
+    // per-parameter lerp_/lerp/mul_ do (on the CPU they are those calls).
     for (auto& bucket : buckets) {
       const auto count = static_cast<int64_t>(bucket.params.size());
-      torch::Tensor updates =
-          at::empty({count, bucket.rows, bucket.cols},
-                    at::TensorOptions().dtype(ns.compute_dtype).device(bucket.device));
-      for (int64_t k = 0; k < count; ++k) {
-        const torch::Tensor& p = bucket.params[k];
-        const torch::Tensor& grad = p.grad();
+      std::vector<torch::Tensor> grads, bufs;
+      for (const torch::Tensor& p : bucket.params) {
         auto& slot = state_[p.unsafeGetTensorImpl()];
         if (!slot) {
           auto fresh = std::make_unique<MuonParamState>();
-          fresh->momentum_buffer(torch::zeros_like(grad, at::MemoryFormat::Preserve));
+          fresh->momentum_buffer(torch::zeros_like(p.grad(), at::MemoryFormat::Preserve));
           slot = std::move(fresh);
         }
-        auto& buf = static_cast<MuonParamState&>(*slot).momentum_buffer();
-
-        buf.lerp_(grad, 1.0 - momentum);
-        const torch::Tensor update = options.nesterov() ? grad.lerp(buf, momentum) : buf;
-        updates[k].view(update.sizes()).copy_(update);  // cast to the compute dtype in the copy
+        grads.push_back(p.grad());
+        bufs.push_back(static_cast<MuonParamState&>(*slot).momentum_buffer());
+      }
+      at::_foreach_lerp_(bufs, grads, 1.0 - momentum);
+      const std::vector<torch::Tensor> nesterov =
+          options.nesterov() ? at::_foreach_lerp(grads, bufs, momentum) : bufs;
+      torch::Tensor updates =
+          at::empty({count, bucket.rows, bucket.cols},
+                    at::TensorOptions().dtype(ns.compute_dtype).device(bucket.device));
+      for (int64_t k = 0; k < count; ++k) {  // cast to the compute dtype in the copy
+        updates[k].view(nesterov[k].sizes()).copy_(nesterov[k]);
       }
 
       const torch::Tensor ortho = newton_schulz(updates, ns);
       const double adjusted_lr =
           muon_adjusted_lr(lr, options.adjust_lr(), bucket.rows, bucket.cols);
+      at::_foreach_mul_(bucket.params, 1.0 - lr * options.weight_decay());
       for (int64_t k = 0; k < count; ++k) {
-        torch::Tensor& p = bucket.params[k];
-        p.mul_(1.0 - lr * options.weight_decay());
-        p.add_(ortho[k].reshape(p.sizes()), -adjusted_lr);
+        bucket.params[k].add_(ortho[k].reshape(bucket.params[k].sizes()), -adjusted_lr);
       }
     }
   }
