@@ -20,69 +20,6 @@ namespace {
 
 namespace tr = fogo::trainer;
 
-void add_train_flags(tr::Cli& cli, gpt2::TrainConfig& c, std::string& format) {
-  cli.section("Model");
-  cli.choice("model", &c.model, {"tiny", "mini", "small", "124m"},
-             "size: tiny (L2 E32 T32), mini (L4 E128 T128), small (L6 E192 T256), 124m (GPT-2 "
-             "small: L12 H12 E768 T1024)");
-  cli.choice("arch", &c.arch, {"paper", "classic"},
-             "paper: no biases, RoPE, GELU (the FOGO paper); classic: learned positions, biases");
-  cli.flag("n-layer", &c.n_layer, "override the size's layer count");
-  cli.flag("n-head", &c.n_head, "override the size's head count");
-  cli.flag("n-embd", &c.n_embd, "override the size's width");
-  cli.flag("block-size", &c.block_size, "override the size's context length");
-  cli.flag("vocab-size", &c.vocab_size,
-           "embedding rows (default: the data's, 256 for text, 50257 for GPT-2 tokens)");
-  cli.flag("dropout", &c.dropout, "dropout probability (the paper uses 0)");
-
-  cli.section("Data");
-  cli.flag("data", &c.data.path,
-           "a text file (byte-level tokens), or a directory holding nanoGPT train.bin/val.bin or "
-           "llm.c *train*.bin/*val*.bin shards");
-  cli.choice("format", &format, {"auto", "text", "nanogpt", "llmc"},
-             "data format (auto: a file is text; a directory is nanogpt when it has a train.bin "
-             "without the llm.c magic, llmc otherwise)");
-  cli.flag("val-fraction", &c.data.val_fraction, "text: fraction of chunks held out");
-  cli.flag("chunk-bytes", &c.data.chunk_bytes, "text: size of the train/val split chunks");
-  cli.flag("data-seed", &c.data_seed, "seed of the batch order");
-
-  cli.section("Optimization");
-  cli.choice("optimizer", &c.optimizer.name, {"adamw", "muon", "fogo"}, "update rule");
-  cli.flag("lr", &c.optimizer.lr, "peak learning rate (AdamW side; matrix side too by default)");
-  cli.flag("matrix-lr", &c.optimizer.matrix_lr, "peak learning rate of Muon/FOGO's matrices");
-  cli.flag("weight-decay", &c.optimizer.weight_decay, "decoupled weight decay");
-  cli.flag("beta1", &c.optimizer.beta1, "AdamW beta1");
-  cli.flag("beta2", &c.optimizer.beta2, "AdamW beta2");
-  cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
-             "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
-  cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
-  cli.flag("tokens", &c.tokens, "training token budget when --steps is 0");
-  cli.flag("batch-size", &c.batch_size, "sequences per micro-batch");
-  cli.flag("grad-accum", &c.grad_accum, "micro-batches per optimizer step");
-  cli.flag("warmup-steps", &c.warmup_steps, "linear warmup steps (-1: 2% of the steps)");
-  cli.flag("decay-frac", &c.decay_frac, "fraction of steps of the final linear decay");
-  cli.flag("min-lr-factor", &c.min_lr_factor, "lr factor at the end of the decay");
-  cli.flag("grad-clip", &c.grad_clip, "max global gradient norm (0: no clipping)");
-
-  cli.section("Evaluation and output");
-  cli.flag("eval-every", &c.eval_every, "steps between validations");
-  cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
-  cli.flag("log-every", &c.log_every, "steps between metrics records");
-  cli.flag("out", &c.out_dir, "output directory (metrics.jsonl, metrics.csv, ckpt.pt)");
-  cli.flag("ckpt-every", &c.ckpt_every, "steps between checkpoints (0: at the end only)");
-  cli.flag("resume", &c.resume, "continue from <out>/ckpt.pt when it exists");
-  cli.flag("stop-at-step", &c.stop_at_step, "stop after this step, checkpointed (0: never)");
-  cli.flag("peak-tflops", &c.peak_tflops, "device peak for MFU (-1: 989 on CUDA, none on CPU)");
-
-  cli.section("Runtime");
-  cli.flag("device", &c.device, "cpu, cuda, cuda:N or auto");
-  cli.choice("autocast", &c.autocast, {"auto", "bf16", "off"},
-             "bf16 autocast of the forward pass (auto: on CUDA only)");
-  cli.flag("deterministic", &c.deterministic, "deterministic kernels (bitwise resume on CPU)");
-  cli.flag("seed", &c.seed, "seed of the initialisation and dropout");
-  cli.flag("threads", &c.threads, "CPU threads (0: torch's default)");
-}
-
 int run(int argc, const char* const* argv) {
   const std::string usage =
       "usage: gpt2 <prepare-kjv|train|compare|sample> [flags]   (gpt2 <command> --help)\n";
@@ -110,7 +47,7 @@ int run(int argc, const char* const* argv) {
                              ? "Trains GPT-2 with one optimizer."
                              : "Trains GPT-2 with each optimizer on the same data order and "
                                "token budget; writes <out>/compare.md and <out>/loss.png.");
-    add_train_flags(cli, config, format);
+    gpt2::add_train_flags(cli, config, format);
     if (command == "compare") {
       cli.flag("optimizers", &optimizers, "optimizers to compare, in order");
     }

@@ -19,6 +19,8 @@ void validate(const OptimizerConfig& c) {
               "--beta1/--beta2 must be in [0, 1)");
   TORCH_CHECK(c.muon_adjust == "match_rms" || c.muon_adjust == "original",
               "--muon-adjust: unknown rule '", c.muon_adjust, "' (expected match_rms or original)");
+  TORCH_CHECK(c.ns_dtype == "bf16" || c.ns_dtype == "fp32", "--ns-dtype: unknown dtype '",
+              c.ns_dtype, "' (expected bf16 or fp32)");
 }
 
 namespace {
@@ -60,6 +62,7 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
   // The head is tied to wte (an Embedding), so the default rules already send it to AdamW.
   const fogo::ParamSplit split = fogo::split_parameters(model);
   const double matrix_lr = c.matrix_lr.value_or(c.lr);
+  const c10::ScalarType ns_dtype = c.ns_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
   std::vector<torch::optim::OptimizerParamGroup> groups =
       fogo::group_by(split.matrix, fogo::shape_key);
   // Group names in group_by's order (first appearance of each shape).
@@ -83,11 +86,13 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
                        .weight_decay(c.weight_decay)
                        .momentum(c.muon_momentum)
                        .adjust_lr(c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
-                                                               : fogo::MuonAdjustLR::Original);
+                                                               : fogo::MuonAdjustLR::Original)
+                       .ns_dtype(ns_dtype);
     matrix = std::make_unique<fogo::Muon>(split.matrix.params, options);
     names = {"matrices"};
   } else {
-    auto options = fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay);
+    auto options =
+        fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay).ns_dtype(ns_dtype);
     matrix = std::make_unique<fogo::FOGO>(groups, options);
   }
   return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c)), names};

@@ -7,6 +7,7 @@
 //          LayerNorm weights and biases (the paper's "standard Muon hybrid")
 //   fogo   fogo::FOGO with presets::gpt2() on the same matrices, one codebook per parameter
 //          shape (c_attn, attn c_proj, c_fc, mlp c_proj), AdamW on the rest
+// Muon and FOGO run their Newton–Schulz iterations in OptimizerConfig::ns_dtype.
 
 #include <fogo/hybrid.h>
 
@@ -27,6 +28,8 @@ struct OptimizerConfig {
   /// Muon's lr rule: "match_rms" (0.2 sqrt(max(A, B)): the update RMS of AdamW, so the shared
   /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does) or "original".
   std::string muon_adjust = "match_rms";
+  /// Newton–Schulz compute dtype of Muon and FOGO: "bf16" (the library default) or "fp32".
+  std::string ns_dtype = "bf16";
 };
 
 /// Throws naming the offending flag.

@@ -1,5 +1,6 @@
 // The training loop end to end on a tiny model: loss falls, resume equals an uninterrupted run,
 // compare and sample produce their outputs, bad settings fail with the flag's name.
+#include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/cli.h"
 #include "common/report.h"
 #include "test_util.h"
 #include "train.h"
@@ -152,6 +154,16 @@ TEST_F(Training, ResumeRejectsADifferentRun) {
   }
 }
 
+TEST_F(Training, ResumeRejectsAnotherNewtonSchulzDtype) {
+  TrainConfig c = config("muon", "ns");
+  c.max_steps = 4;
+  c.stop_at_step = 2;
+  train(c, log_);
+  c.resume = true;
+  c.optimizer.ns_dtype = "fp32";
+  test::expect_error([&] { train(c, log_); }, {"--resume", "ns bf16", "ns fp32"});
+}
+
 TEST_F(Training, CompareWritesTableAndPlot) {
   TrainConfig c = config("adamw", "cmp");
   c.max_steps = 10;
@@ -214,6 +226,63 @@ TEST_F(Training, BadSettingsNameTheFlag) {
   c.optimizer.lr = 1e30;
   c.grad_clip = 0;
   expect_flag(c, "non-finite");
+}
+
+// What `gpt2 train` and `gpt2 compare` parse from a command line.
+TrainConfig parse_train_flags(std::vector<const char*> args) {
+  TrainConfig c;
+  std::string format = "auto";
+  fogo::trainer::Cli cli("gpt2 train", "");
+  add_train_flags(cli, c, format);
+  args.insert(args.begin(), "train");
+  EXPECT_TRUE(cli.parse(static_cast<int>(args.size()), args.data()));
+  return c;
+}
+
+// The Newton-Schulz dtype of every param group of the matrix side (Muon or FOGO).
+std::vector<c10::ScalarType> ns_dtypes(const OptimizerConfig& config, const GPT& model) {
+  Optimizer opt = make_optimizer(config, *model);
+  std::vector<c10::ScalarType> out;
+  for (const auto& group : opt.hybrid.matrix()->param_groups()) {
+    if (config.name == "muon") {
+      out.push_back(static_cast<const fogo::MuonOptions&>(group.options()).ns_dtype());
+    } else {
+      out.push_back(static_cast<const fogo::FOGOOptions&>(group.options()).ns_dtype());
+    }
+  }
+  return out;
+}
+
+TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  EXPECT_EQ(parse_train_flags({}).optimizer.ns_dtype, "bf16");  // the library defaults
+  for (const char* name : {"muon", "fogo"}) {
+    for (const auto& [flag, dtype] :
+         {std::pair{"bf16", c10::kBFloat16}, std::pair{"fp32", c10::kFloat}}) {
+      const TrainConfig c = parse_train_flags({"--optimizer", name, "--ns-dtype", flag});
+      EXPECT_EQ(c.optimizer.ns_dtype, flag);
+      const auto dtypes = ns_dtypes(c.optimizer, model);
+      ASSERT_EQ(dtypes.size(), std::string(name) == "muon" ? 1u : 4u) << name;
+      for (const auto d : dtypes) EXPECT_EQ(d, dtype) << name << " --ns-dtype " << flag;
+    }
+    const TrainConfig c = parse_train_flags({"--optimizer", name});
+    for (const auto d : ns_dtypes(c.optimizer, model)) EXPECT_EQ(d, c10::kBFloat16) << name;
+  }
+  // AdamW takes the flag and ignores it.
+  const TrainConfig adamw = parse_train_flags({"--optimizer", "adamw", "--ns-dtype", "fp32"});
+  EXPECT_EQ(make_optimizer(adamw.optimizer, *model).hybrid.matrix(), nullptr);
+
+  // A bad value names the flag: on the command line, and in a config built in code.
+  try {
+    parse_train_flags({"--ns-dtype", "fp16"});
+    ADD_FAILURE() << "accepted --ns-dtype fp16";
+  } catch (const fogo::trainer::CliError& e) {
+    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  }
+  OptimizerConfig bad;
+  bad.name = "fogo";
+  bad.ns_dtype = "fp16";
+  test::expect_error([&] { make_optimizer(bad, *model); }, {"--ns-dtype", "fp16", "bf16 or fp32"});
 }
 
 }  // namespace

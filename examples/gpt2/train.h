@@ -13,6 +13,10 @@
 #include "model.h"
 #include "optim.h"
 
+namespace fogo::trainer {
+class Cli;
+}
+
 namespace gpt2 {
 
 struct TrainConfig {
@@ -55,6 +59,10 @@ struct TrainConfig {
   double peak_tflops = -1;  ///< for MFU; < 0: 989 (H100/H200 bf16 dense) on CUDA, none on CPU
   bool quiet = false;       ///< no progress line (tests)
 };
+
+/// Registers the flags of `gpt2 train` and `gpt2 compare` (model, data, optimization, output,
+/// runtime) with `cli`, bound to `config`; `format` receives --format (parse_data_format).
+void add_train_flags(fogo::trainer::Cli& cli, TrainConfig& config, std::string& format);
 
 /// Model configuration from the named size and overrides; vocab from the data when not given.
 GPTConfig model_config(const TrainConfig& config, int64_t data_vocab);

@@ -84,6 +84,8 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("head-lr", &c.head_lr, "fogo: lr of the head codebook groups (class-il 5e-4, else lr)");
   cli.flag("weight-decay", &c.weight_decay, "weight decay (adamw 1e-2, others 0)");
   cli.flag("clip", &c.clip, "clip the global gradient norm to this (class-il 2.0, else off: 0)");
+  cli.choice("ns-dtype", &c.ns_dtype, {"bf16", "fp32"},
+             "muon/fogo: compute dtype of their Newton-Schulz iterations (adam, adamw: unused)");
   cli.flag("epochs", &c.epochs,
            "epochs (per task in class-il/domain-il; class-imbalanced 50, class-il 20, "
            "domain-il 15)");
@@ -177,6 +179,9 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   }
   if (*c.weight_decay < 0 || *c.weight_decay >= 1) throw bad("weight-decay", "must be in [0, 1)");
   if (*c.clip < 0) throw bad("clip", "must be >= 0 (0 = off)");
+  if (c.ns_dtype != "bf16" && c.ns_dtype != "fp32") {
+    throw bad("ns-dtype", "expected one of bf16,fp32, got '" + c.ns_dtype + "'");
+  }
   if (*c.epochs < 1) throw bad("epochs", "must be >= 1");
   if (c.batch_size < 2) throw bad("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
   if (c.eval_batch_size < 1) throw bad("eval-batch-size", "must be >= 1");
@@ -217,6 +222,7 @@ std::vector<std::pair<std::string, std::string>> run_signature(const Config& c) 
           {"head-lr", text(*c.head_lr)},
           {"weight-decay", text(*c.weight_decay)},
           {"clip", text(*c.clip)},
+          {"ns-dtype", c.ns_dtype},
           {"epochs", text(*c.epochs)},
           {"batch-size", text(c.batch_size)},
           {"eval-every", text(c.eval_every)}};

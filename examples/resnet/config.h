@@ -47,6 +47,7 @@ struct Config {
   std::string optimizer = "adam";  ///< of one run (set by resolve)
   int64_t seed = 0;                ///< of one run (set by resolve)
   std::optional<double> lr, adamw_lr, head_lr, weight_decay, clip;
+  std::string ns_dtype = "bf16";  ///< muon/fogo Newton–Schulz compute dtype: bf16 | fp32
   std::optional<int64_t> epochs;  ///< per task in the continual scenarios
   int64_t batch_size = 128;
   int64_t eval_batch_size = 1000;

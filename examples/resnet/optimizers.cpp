@@ -27,6 +27,13 @@ fogo::FOGOOptions preset(const std::string& scenario, const std::string& stage) 
   return is_head(stage) ? p::class_imbalanced_head() : p::class_imbalanced_backbone();
 }
 
+// --ns-dtype (checked by resolve()) as the dtype FOGOOptions/MuonOptions::ns_dtype take.
+c10::ScalarType ns_dtype(const std::string& name) {
+  if (name == "bf16") return c10::kBFloat16;
+  if (name == "fp32") return c10::kFloat;
+  throw std::invalid_argument("--ns-dtype: expected one of bf16,fp32, got '" + name + "'");
+}
+
 std::string lr_text(double lr) {
   std::ostringstream out;
   out << lr;
@@ -37,6 +44,7 @@ std::string lr_text(double lr) {
 
 TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
   const double lr = *c.lr, wd = *c.weight_decay;
+  const c10::ScalarType ns = ns_dtype(c.ns_dtype);
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
     if (c.optimizer == "adam") {
       single_ = std::make_unique<torch::optim::Adam>(
@@ -60,9 +68,10 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
   std::unique_ptr<torch::optim::Optimizer> matrix;
   std::ostringstream desc;
   if (c.optimizer == "muon") {
-    matrix =
-        std::make_unique<fogo::Muon>(split.matrix.params, fogo::MuonOptions(lr).weight_decay(wd));
-    desc << "muon lr " << lr << " on " << split.matrix.size() << " matrices";
+    matrix = std::make_unique<fogo::Muon>(split.matrix.params,
+                                          fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns));
+    desc << "muon lr " << lr << ", NS " << c.ns_dtype << ", on " << split.matrix.size()
+         << " matrices";
   } else if (c.optimizer == "fogo") {
     std::vector<std::vector<torch::Tensor>> members;
     for (size_t k = 0; k < split.matrix.size(); ++k) {
@@ -76,18 +85,18 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
       members[it - group_names_.begin()].push_back(split.matrix.params[k]);
     }
     std::vector<torch::optim::OptimizerParamGroup> groups;
-    desc << "fogo";
+    desc << "fogo, NS " << c.ns_dtype << ":";
     for (size_t g = 0; g < group_names_.size(); ++g) {
       const std::string& s = group_names_[g];
       const double group_lr = is_head(s) ? *c.head_lr : lr;
       auto options = preset(c.scenario, s);
-      options.lr(group_lr).weight_decay(wd).seed(c.seed);
+      options.lr(group_lr).weight_decay(wd).seed(c.seed).ns_dtype(ns);
       options.validate();
       groups.emplace_back(members[g], std::make_unique<fogo::FOGOOptions>(options));
       desc << (g ? ", " : " ") << s << " (" << members[g].size() << ", C "
            << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
     }
-    matrix = std::make_unique<fogo::FOGO>(groups, preset(c.scenario, "stem").lr(lr));
+    matrix = std::make_unique<fogo::FOGO>(groups, preset(c.scenario, "stem").lr(lr).ns_dtype(ns));
   } else {
     throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
   }
@@ -99,6 +108,10 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
 }
 
 TrainOptimizer::~TrainOptimizer() = default;
+
+torch::optim::Optimizer* TrainOptimizer::matrix_optimizer() {
+  return hybrid_ ? hybrid_->matrix() : nullptr;
+}
 
 void TrainOptimizer::zero_grad() {
   if (single_) single_->zero_grad(/*set_to_none=*/true);

@@ -10,6 +10,7 @@
 //                   class-il          backbone: class_il_backbone; head_fc: class_il_head_fc;
 //                                     fc: class_il_classifier (both heads at --head-lr)
 //                   domain-il         backbone: domain_il_backbone; head_fc, fc: domain_il_head
+// Muon and FOGO run their Newton–Schulz iterations in --ns-dtype (bf16 or fp32).
 
 #include <torch/optim/optimizer.h>
 
@@ -44,6 +45,8 @@ class TrainOptimizer {
   void task_boundary();
   /// FOGO's per-group statistics of the last step as "fogo/<group>/<name>" fields.
   void add_telemetry(trainer::Record& record) const;
+  /// The matrix side of muon and fogo (fogo::Muon, fogo::FOGO); null for adam and adamw.
+  torch::optim::Optimizer* matrix_optimizer();
   /// One line: the rule, its parameter groups and learning rates.
   const std::string& description() const { return description_; }
 

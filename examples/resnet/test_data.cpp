@@ -1,5 +1,6 @@
 // Readers (on files written here in the exact IDX and CIFAR-10 formats), the model's size, the
 // scenario selections and the continual-learning metrics.
+#include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -12,6 +13,7 @@
 #include "config.h"
 #include "continual.h"
 #include "data.h"
+#include "optimizers.h"
 #include "resnet.h"
 
 namespace fs = std::filesystem;
@@ -289,4 +291,68 @@ TEST(Config, ResolveFillsPaperDefaultsAndNamesBadFlags) {
   EXPECT_EQ(parsed.scenario, "domain-il");
   EXPECT_DOUBLE_EQ(*resolve(parsed, "muon", 1).lr, 3e-3);
   EXPECT_EQ(parsed.seeds, (std::vector<int64_t>{1, 2}));
+}
+
+// --ns-dtype: parsed, checked by resolve(), applied to every param group of Muon and FOGO.
+TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
+  auto parse = [](std::vector<const char*> args) {
+    fogo::trainer::Cli cli("resnet_train", "");
+    Config c;
+    add_flags(cli, c);
+    args.insert(args.begin(), "x");
+    EXPECT_TRUE(cli.parse(static_cast<int>(args.size()), args.data()));
+    return c;
+  };
+  // The Newton-Schulz dtype of each param group of the matrix side.
+  auto ns_dtypes = [](const Config& resolved) {
+    ResNet18 model(ResNetOptions{1, 10, 4, *resolved.head_fc});
+    TrainOptimizer opt(resolved, model);
+    std::vector<c10::ScalarType> out;
+    for (const auto& group : opt.matrix_optimizer()->param_groups()) {
+      if (resolved.optimizer == "muon") {
+        out.push_back(static_cast<const fogo::MuonOptions&>(group.options()).ns_dtype());
+      } else {
+        out.push_back(static_cast<const fogo::FOGOOptions&>(group.options()).ns_dtype());
+      }
+    }
+    return out;
+  };
+
+  EXPECT_EQ(parse({}).ns_dtype, "bf16");  // the library defaults
+  for (const char* optimizer : {"muon", "fogo"}) {
+    for (const auto& [flag, dtype] :
+         {std::pair{"bf16", c10::kBFloat16}, std::pair{"fp32", c10::kFloat}}) {
+      const Config c = parse({"--ns-dtype", flag});
+      EXPECT_EQ(c.ns_dtype, flag);
+      const auto dtypes = ns_dtypes(resolve(c, optimizer, 0));
+      // Muon: one group; FOGO: one codebook group per stage (stem, layer1..4, fc).
+      ASSERT_EQ(dtypes.size(), std::string(optimizer) == "muon" ? 1u : 6u) << optimizer;
+      for (const auto d : dtypes) EXPECT_EQ(d, dtype) << optimizer << " --ns-dtype " << flag;
+    }
+    for (const auto d : ns_dtypes(resolve(parse({}), optimizer, 0))) {
+      EXPECT_EQ(d, c10::kBFloat16) << optimizer;
+    }
+  }
+  // Adam takes the flag and ignores it.
+  {
+    const Config a = resolve(parse({"--ns-dtype", "fp32"}), "adam", 0);
+    ResNet18 model(ResNetOptions{1, 10, 4, 0});
+    TrainOptimizer opt(a, model);
+    EXPECT_EQ(opt.matrix_optimizer(), nullptr);
+  }
+  // The value is part of the run's signature, so --resume refuses another one.
+  bool found = false;
+  for (const auto& [key, value] : run_signature(resolve(parse({"--ns-dtype", "fp32"}), "fogo", 0)))
+    found = found || (key == "ns-dtype" && value == "fp32");
+  EXPECT_TRUE(found);
+
+  // A bad value names the flag: on the command line, and in a config built in code.
+  EXPECT_EQ(error_of([&] {
+              parse({"--ns-dtype", "fp16"});
+            }),
+            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  Config bad;
+  bad.ns_dtype = "fp16";
+  EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
+            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
 }

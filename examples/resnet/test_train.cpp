@@ -200,4 +200,13 @@ TEST(Resume, RefusesOtherSettings) {
     EXPECT_NE(std::string(e.what()).find("--lr was 0.001, now 0.005"), std::string::npos)
         << e.what();
   }
+  c.lr.reset();
+  c.ns_dtype = "fp32";
+  try {
+    train_run(resolve(c, "adam", 0), data, log);
+    FAIL() << "resumed under another --ns-dtype";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--ns-dtype was bf16, now fp32"), std::string::npos)
+        << e.what();
+  }
 }
