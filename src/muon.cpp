@@ -166,17 +166,19 @@ torch::Tensor Muon::step(LossClosure closure) {
     const double lr = options.lr();
     const double momentum = options.momentum();
 
-    // One Newton–Schulz chain per matrix shape: each bucket's updates go through a single
-    // batched chain, which fills a GPU where one small GEMM per parameter cannot. Tall and wide
-    // shapes stay apart (newton_schulz transposes tall ones itself), so every slice sees exactly
-    // the single-matrix chain's inputs; on the CPU each slice's result equals it bit for bit.
+    // On a GPU, one Newton–Schulz chain per matrix shape: each bucket's updates go through a
+    // single batched chain, which fills the GPU where one small GEMM per parameter cannot (tall
+    // and wide shapes stay apart; newton_schulz transposes tall ones itself). On the CPU every
+    // parameter takes its own chain, as torch.optim.Muon does: batching gains nothing there
+    // (the GEMMs are compute-bound), and ATen's CPU bmm can round differently from mm on small
+    // matrices, which would break the bit-identity with PyTorch.
     std::vector<ShapeBucket> buckets;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const int64_t rows = p.size(0);
       const int64_t cols = p.numel() / std::max<int64_t>(rows, 1);
       auto bucket = std::find_if(buckets.begin(), buckets.end(), [&](const ShapeBucket& b) {
-        return b.rows == rows && b.cols == cols && b.device == p.device();
+        return p.is_cuda() && b.rows == rows && b.cols == cols && b.device == p.device();
       });
       if (bucket == buckets.end()) {
         buckets.push_back({rows, cols, p.device(), {}});
@@ -211,7 +213,8 @@ torch::Tensor Muon::step(LossClosure closure) {
         updates[k].view(nesterov[k].sizes()).copy_(nesterov[k]);
       }
 
-      const torch::Tensor ortho = newton_schulz(updates, ns);
+      const torch::Tensor ortho =
+          count == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
       const double adjusted_lr =
           muon_adjusted_lr(lr, options.adjust_lr(), bucket.rows, bucket.cols);
       at::_foreach_mul_(bucket.params, 1.0 - lr * options.weight_decay());

@@ -12,15 +12,14 @@
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
 // unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
 //
-// Batching: within a param group, all parameters with a gradient whose matrix views share one
-// shape [A, B] (and device) go through ONE batched Newton–Schulz chain on [count, A, B] (PyTorch
-// runs one chain per parameter). On a GPU a dozen small matrices in one bmm fill the SMs where a
-// single small GEMM leaves most idle. Tall and wide shapes are separate buckets (each tall slice is
-// transposed inside newton_schulz exactly as a single tall matrix is), and the updates are cast
-// straight into the compute-dtype batch, so on the CPU every slice equals PyTorch's per-parameter
-// bf16 result bit for bit (tested against torch.optim.Muon on multi-parameter groups). With
-// ns_dtype kFloat (no PyTorch counterpart) small matrices may differ from a per-matrix chain in the
-// last bits; on a GPU, cuBLAS may round a batched product differently from a single one.
+// Batching: within a param group, the momentum, nesterov and decay updates are multi-tensor
+// ops per shape bucket (same arithmetic per tensor as PyTorch's per-parameter ops). On a CUDA
+// device all parameters whose matrix views share one shape [A, B] go through ONE batched
+// Newton–Schulz chain on [count, A, B]: a dozen small matrices in one bmm fill the SMs where a
+// single small GEMM leaves most idle (cuBLAS may round a batched product differently from a
+// single one). On the CPU each parameter takes its own chain, PyTorch's exact op sequence:
+// batching gains nothing there and ATen's CPU bmm can round differently from mm, so fogo::Muon
+// stays bit-identical to torch.optim.Muon (tested on single- and multi-parameter groups).
 // docs/muon.md has the details.
 
 #include <torch/optim/optimizer.h>
