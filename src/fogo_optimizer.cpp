@@ -266,10 +266,15 @@ struct FOGO::Impl {
 
 namespace {
 
-void check_matrix(size_t group, size_t index, const at::Tensor& p) {
+// `first`: the group's first parameter. A group shares one codebook, kept on one device.
+void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Tensor& first) {
   TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
               detail::describe_param(group, index, p),
               " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
+  TORCH_CHECK(p.device() == first.device(), "FOGO: the parameters of a param group share one ",
+              "codebook and must be on one device, but ", detail::describe_param(group, index, p),
+              " is on ", p.device(), " and the group's first parameter on ", first.device(),
+              "; put each device's parameters in a param group of their own");
 }
 
 }  // namespace
@@ -282,8 +287,7 @@ FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, F
     const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
     options.validate();
     for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
-      const auto& p = param_groups_[g].params()[i];
-      check_matrix(g, i, p);
+      check_matrix(g, i, param_groups_[g].params()[i], param_groups_[g].params()[0]);
     }
   }
 }
@@ -379,7 +383,9 @@ torch::Tensor FOGO::step(LossClosure closure) {
   const detail::GradItems items = detail::collect_grads(
       "FOGO", param_groups_,
       [&](size_t g) { static_cast<const FOGOOptions&>(param_groups_[g].options()).validate(); },
-      [&](size_t g, size_t i, const at::Tensor& p) { check_matrix(g, i, p); });
+      [&](size_t g, size_t i, const at::Tensor& p) {
+        check_matrix(g, i, p, param_groups_[g].params()[0]);
+      });
   const auto& [params, grads, where] = items;
   const int64_t bad = detail::first_nonfinite(grads);
   if (bad >= 0) {

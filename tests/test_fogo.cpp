@@ -510,6 +510,12 @@ TEST(FOGO, RejectsBadOptionsAndShapes) {
                "'gamma_st_max'");
   expect_error([&] { fogo::FOGO({p()}, fogo::FOGOOptions().ns_steps_fast(100)); }, "ns_steps_fast");
   expect_error([&] { fogo::FOGO({torch::zeros({5}).requires_grad_(true)}); }, "AdamW");
+  // A group's codebook lives on one device (a meta tensor stands in for a second device).
+  expect_error(
+      [&] {
+        fogo::FOGO({p(), torch::empty({4, 6}, torch::kMeta).requires_grad_(true)});
+      },
+      "must be on one device");
   auto q = p();
   fogo::FOGO opt({q});
   q.mutable_grad() = torch::randn({4, 6}).to_sparse();
