@@ -1,27 +1,102 @@
 #!/usr/bin/env bash
-# fogo's GPU checks: the CUDA parity tests, compute-sanitizer memcheck on them, and the step
-# benchmarks, on a machine with a GPU, nvcc, cmake, ninja and a python3 holding torch, but no
-# GoogleTest, no Google Benchmark and no internet (the `device` tool's machines). What it lacks is
-# carried in .device/ (ignored by git), filled here first by `prepare`:
+# fogo's GPU checks in one invocation on a bare GPU machine: every test (the CUDA parity tests must
+# run, not skip), compute-sanitizer memcheck, racecheck and synccheck over the CUDA tests, the step
+# benchmarks next to torch.optim.Muon, and training throughput of both trainers next to an eager
+# PyTorch GPT-2. Made for the `device` tool's machines (GPU, nvcc, cmake, ninja, a python3 with
+# torch 2.11; no GoogleTest, no Google Benchmark, no internet; nothing survives between calls).
 #
-#   scripts/gpu_check.sh prepare                 # on the development machine (Debian)
-#   scripts/gpu_check.sh build test memcheck bench   # on the GPU machine (docs/cuda.md)
+# Building there costs minutes of scarce GPU time, so the usual way is to build here, on a CPU
+# machine with the same torch 2.11+cu130 and nvcc 13.0, and ship the binaries:
 #
-# Steps run in the order given; results (logs, gtest XML, benchmark JSON, environment) go to
-# $OUT when set (the device tool brings that folder back), else build-gpu/results.
-set -euo pipefail
+#   scripts/gpu_check.sh pack        # here, after scripts/build.sh: binaries and the libraries
+#                                    # they need that the GPU machine lacks, into .device/
+#   scripts/gpu_check.sh             # there (carry .device): check, test, sanitize, bench, train
+#
+# The binaries then load the GPU machine's torch (LD_LIBRARY_PATH is pointed at its torch/lib).
+# Fallback, building there: `scripts/gpu_check.sh prepare` here (GoogleTest sources and Debian's
+# Google Benchmark into .device/), then `scripts/gpu_check.sh build all` there.
+#
+# Steps run in the order given (default: all = check test sanitize bench train). A failing step
+# does not stop the later ones; the script exits non-zero if any failed, and prints a summary
+# table last. Logs go to $OUT/results.tgz (the device tool brings $OUT back, at most 8 files)
+# and the summary to $OUT/summary.txt; without $OUT, to build-gpu/results.
+set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 carry=.device
-build=build-gpu
-out=${OUT:-$build/results}
-python=$(command -v "${FOGO_PYTHON:-python3}")
+out=${OUT:-$root/build-gpu/results}
+logs=$root/build-gpu/logs
+python=$(command -v "${FOGO_PYTHON:-python3}" || true)
 jobs=$(nproc)
+failed=()
+summary=()
+
+die() {
+  echo "gpu_check: $*" >&2
+  exit 1
+}
+note() { summary+=("$1"); }
+
+# --------------------------------------------------------------------------------------------
+# Here (CPU machine)
+
+shipped_binaries=(tests/fogo_tests bench/fogo_bench examples/gpt2/gpt2 examples/gpt2/gpt2_tests
+                  examples/resnet/resnet_train examples/resnet/resnet_tests
+                  examples/common/trainer_common_tests)
+
+pack() {
+  # Binaries of build/ (scripts/build.sh), and every library they load that is neither torch's
+  # (the GPU machine has its own, the same version) nor the system's.
+  local build=$root/build
+  command -v nvcc >/dev/null || die "pack: nvcc is missing here: fogo would build without its kernels"
+  grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
+    die "pack: build/ is not configured with FOGO_WITH_CUDA=ON (run scripts/build.sh)"
+  rm -rf "$carry/bin" "$carry/lib" "$carry/data"
+  mkdir -p "$carry/bin" "$carry/lib" "$carry/data/fashion-mnist"
+  for b in "${shipped_binaries[@]}"; do
+    [ -x "$build/$b" ] || die "pack: $build/$b is missing (run scripts/build.sh)"
+    cp "$build/$b" "$carry/bin/"
+    ldd "$build/$b" | awk '/=> \// {print $1, $3}' | while read -r soname lib; do
+      case "$soname" in
+        libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | librt.so* | \
+          libdl.so* | libutil.so* | libz.so* | libgomp.so* | libcudart.so*) ;;  # the system's; torch's
+        *) case "$lib" in */site-packages/*) ;; *) cp -L "$lib" "$carry/lib/$soname" ;; esac ;;
+      esac
+    done
+  done
+  # (No cuobjdump here: the architectures are read from the configuration; `check` looks at the
+  # machine code itself on the GPU machine.)
+  grep -qE '^FOGO_CUDA_ARCHITECTURES:STRING=.*\b90' "$build/CMakeCache.txt" &&
+    readelf -S "$carry/bin/fogo_tests" | grep -q '\.nv_fatbin' ||
+    die "pack: fogo_tests holds no sm_90 kernels (FOGO_CUDA_ARCHITECTURES)"
+  # The test data directory is compiled in as an absolute path of this checkout.
+  echo "$root" >"$carry/bin/SOURCE_ROOT"
+  # A Fashion-MNIST subset in the same IDX format (throughput needs images, not all 60,000).
+  "$root/.venv/bin/python" - "$carry/data/fashion-mnist" <<'EOF'
+import gzip, struct, sys
+src, dst = "/usr/share/datasets/fashion-mnist", sys.argv[1]
+for stem, keep in (("train", 12000), ("t10k", 2000)):
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        data = gzip.open(f"{src}/{stem}-{kind}.gz").read()
+        dims = data[3]
+        header = list(struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims]))
+        item = 1
+        for d in header[1:]:
+            item *= d
+        header[0] = keep
+        body = data[4 + 4 * dims: 4 + 4 * dims + keep * item]
+        with gzip.open(f"{dst}/{stem}-{kind}.gz", "wb") as f:
+            f.write(data[:4] + struct.pack(">" + "I" * dims, *header) + body)
+EOF
+  # The KJV text for the GPT-2 runs (Debian's bible-kjv is not there).
+  "$build/examples/gpt2/gpt2" prepare-kjv --out "$carry/data/kjv.txt" >/dev/null ||
+    die "pack: gpt2 prepare-kjv failed"
+  du -sh "$carry"
+}
 
 prepare() {
-  # GoogleTest from its sources; Google Benchmark as Debian's build (headers, shared library,
-  # CMake package), since Debian ships no sources for it. Paths are kept as installed so the
-  # package's relocatable CMake files find the library.
+  # Fallback, building on the GPU machine: GoogleTest from its sources; Google Benchmark as
+  # Debian's build (headers, shared library, CMake package), since Debian ships no sources for it.
   rm -rf "$carry/googletest" "$carry/benchmark"
   mkdir -p "$carry"
   cp -r /usr/src/googletest "$carry/googletest"
@@ -36,69 +111,224 @@ prepare() {
   du -sh "$carry"
 }
 
+# --------------------------------------------------------------------------------------------
+# There (GPU machine)
+
 build() {
-  local deps=$root/$build/deps
+  # Fallback: builds into build-gpu/ and makes it the source of binaries.
+  local build=$root/build-gpu/tree deps=$root/build-gpu/deps
+  command -v nvcc >/dev/null || die "build: nvcc is missing: the CUDA kernels cannot be compiled"
+  [ -d "$carry/googletest" ] || die "build: $carry/googletest missing (scripts/gpu_check.sh prepare)"
   if [ ! -f "$deps/.done" ]; then
-    cmake -S "$carry/googletest" -B "$build/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX="$deps" -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null
-    ninja -C "$build/googletest" -j "$jobs" install >/dev/null
+    cmake -S "$carry/googletest" -B "$root/build-gpu/googletest" -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$deps" \
+      -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null || die "build: GoogleTest"
+    ninja -C "$root/build-gpu/googletest" -j "$jobs" install >/dev/null || die "build: GoogleTest"
     touch "$deps/.done"
   fi
-  mkdir -p "$build"
-  if ! cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_BUILD_EXAMPLES=OFF -DFOGO_CUDA_ARCHITECTURES=90 \
-      -DFOGO_PYTHON="$python" -DCMAKE_PREFIX_PATH="$deps" \
-      -Dbenchmark_DIR="$root/$carry/benchmark/usr/lib/x86_64-linux-gnu/cmake/benchmark" \
-      >"$build/configure.log" 2>&1; then
-    cat "$build/configure.log"
-    return 1
-  fi
-  grep "fogo:" "$build/configure.log"
-  ninja -C "$build" -j "$jobs" fogo_tests fogo_bench
+  cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_CUDA_ARCHITECTURES=90 \
+    -DFOGO_PYTHON="$python" -DCMAKE_PREFIX_PATH="$deps" \
+    -Dbenchmark_DIR="$root/$carry/benchmark/usr/lib/x86_64-linux-gnu/cmake/benchmark" \
+    >"$root/build-gpu/configure.log" 2>&1 || {
+    cat "$root/build-gpu/configure.log"
+    die "build: configure failed"
+  }
+  grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" && grep -q "CUDA kernels ON" \
+    "$root/build-gpu/configure.log" || die "build: configured without the CUDA kernels"
+  ninja -C "$build" -j "$jobs" || die "build: compilation failed"
+  rm -rf "$carry/bin"
+  mkdir -p "$carry/bin" "$carry/lib"
+  for b in "${shipped_binaries[@]}"; do cp "$build/$b" "$carry/bin/"; done
+  cp -a "$carry"/benchmark/usr/lib/x86_64-linux-gnu/libbenchmark.so* "$carry/lib/" 2>/dev/null
+  echo "$root" >"$carry/bin/SOURCE_ROOT"
 }
 
+bin=$root/$carry/bin
+
 environment() {
+  [ -n "$python" ] || die "no python3 with torch (set FOGO_PYTHON)"
+  torchlib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
+    die "$python cannot import torch"
+  # torch's own CUDA runtime first: the binaries would otherwise take the toolkit's copy.
+  cudalib=$(cd "$torchlib/../../nvidia/cu13/lib" 2>/dev/null && pwd) ||
+    die "no nvidia/cu13/lib beside $torchlib: not a CUDA 13 torch wheel"
+  export LD_LIBRARY_PATH="$torchlib:$cudalib:$root/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The tests read data from the checkout they were built in; point that path here.
+  local built_in
+  built_in=$(cat "$bin/SOURCE_ROOT" 2>/dev/null) || die "no binaries in $bin: run 'pack' here first, or 'build'"
+  if [ "$built_in" != "$root" ] && [ ! -e "$built_in" ]; then
+    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in"
+  fi
+  mkdir -p "$out" "$logs"
+}
+
+check() {
+  # Refuses to go on with a setup whose results would mean nothing.
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
+    die "check: no GPU (nvidia-smi failed)"
   {
     date -u +%FT%TZ
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    nvcc --version | tail -1
-    "$python" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    nvcc --version 2>/dev/null | tail -1 || echo "nvcc: missing (not needed for shipped binaries)"
+    "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
     git rev-parse HEAD 2>/dev/null || true
-  } | tee "$out/environment.txt"
+  } | tee "$logs/environment.txt"
+  cuobjdump --list-elf "$bin/fogo_tests" | grep -q sm_90 ||
+    die "check: fogo_tests holds no sm_90 kernels: fogo was built without its CUDA kernels"
+  local b missing runtimes
+  for b in "$bin"/*; do
+    [ -x "$b" ] && [ -f "$b" ] || continue
+    ldd "$b" >"$logs/ldd-$(basename "$b").txt"
+    missing=$(grep 'not found' "$logs/ldd-$(basename "$b").txt")
+    [ -z "$missing" ] || die "check: $(basename "$b") cannot load: $missing"
+    # One CUDA runtime: the shared one torch loads. A second copy (another libcudart soname, or
+    # one linked in statically) would keep its own state and kernels could fail to launch.
+    runtimes=$(grep -o 'libcudart[^ ]* => [^ ]*' "$logs/ldd-$(basename "$b").txt" | sort -u)
+    [ "$(printf '%s' "$runtimes" | grep -c libcudart)" -le 1 ] ||
+      die "check: $(basename "$b") loads two CUDA runtimes: $runtimes"
+    [ -z "$runtimes" ] || [[ "$runtimes" == *"=> $cudalib/"* ]] ||
+      die "check: $(basename "$b") loads a CUDA runtime other than torch's ($cudalib): $runtimes"
+    ! readelf -Ws "$b" | awk '$7 != "UND" && $8 == "cudaLaunchKernel"' | grep -q . ||
+      die "check: $(basename "$b") has a static CUDA runtime besides torch's shared one"
+  done
+  echo "check: binaries load, one CUDA runtime ($(grep -ho 'libcudart[^ ]* => [^ ]*' "$logs"/ldd-*.txt | sort -u | tr '\n' ' '))"
 }
 
 test_() {
-  # Every test (the CPU ones too); the CUDA ones must run, not skip.
-  "$build/tests/fogo_tests" --gtest_output="xml:$out/tests.xml" 2>&1 | tee "$out/tests.log"
-  if grep -qE '^\[  SKIPPED \] (CudaParity|NewtonSchulzProjected)\.' "$out/tests.log"; then
-    echo "gpu_check: CUDA parity tests were skipped on a GPU machine" >&2
-    return 1
+  # Every test (the CPU ones too), sharded over processes; then the trainers' tests. The CUDA
+  # ones must run, not skip.
+  local shards=4 s rc=0
+  for ((s = 0; s < shards; ++s)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s OMP_NUM_THREADS=$((jobs / shards)) \
+      timeout 450 "$bin/fogo_tests" --gtest_output="xml:$logs/tests-$s.xml" >"$logs/tests-$s.log" 2>&1 &
+  done
+  for ((s = 0; s < shards; ++s)); do wait -n || rc=1; done
+  for t in gpt2_tests resnet_tests trainer_common_tests; do
+    OMP_NUM_THREADS=4 timeout 300 "$bin/$t" --gtest_output="xml:$logs/$t.xml" >"$logs/$t.log" 2>&1 || rc=1
+  done
+  cat "$logs"/tests-*.log "$logs"/gpt2_tests.log "$logs"/resnet_tests.log \
+    "$logs"/trainer_common_tests.log | grep -E '^\[  (FAILED|SKIPPED) ' | sort -u
+  local passed failed_n skipped
+  passed=$(cat "$logs"/*tests*.log | grep -cE '^\[       OK \]')
+  failed_n=$(cat "$logs"/*tests*.log | grep -E '^\[  FAILED  \] [A-Za-z0-9_.]+/?[0-9]* \(' | sort -u | wc -l)
+  skipped=$(cat "$logs"/*tests*.log | grep -E '^\[  SKIPPED \] [A-Za-z0-9_.]+ \(' | sort -u | wc -l)
+  note "tests: $passed passed, $failed_n failed, $skipped skipped"
+  if grep -hE '^\[  SKIPPED \] (CudaParity|NewtonSchulzProjected|CudaStep)' "$logs"/tests-*.log; then
+    echo "gpu_check: CUDA tests were skipped on a GPU machine" >&2
+    rc=1
   fi
+  return $rc
 }
 
-memcheck() {
-  # The kernel-level parity tests (the end-to-end ones run the same kernels, much slower here).
-  compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/fogo_tests" \
-    --gtest_filter='CudaParity.ProjectedStep*:CudaParity.CodebookFlush*:CudaParity.RmsUpdate*' \
-    2>&1 | tee "$out/memcheck.log"
+sanitize() {
+  # The CUDA tests under compute-sanitizer. PyTorch's caching allocator hands out pieces of large
+  # blocks, so an out-of-bounds access inside a block is invisible unless it is switched off.
+  local filter='CudaParity.*:NewtonSchulzProjected.OnCuda*:CudaStep.*' rc=0 tool
+  local -A pid
+  for tool in memcheck racecheck synccheck; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 OMP_NUM_THREADS=2 timeout 420 \
+      compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 50 \
+      "$bin/fogo_tests" --gtest_filter="$filter" >"$logs/$tool.log" 2>&1 &
+    pid[$tool]=$!
+  done
+  for tool in memcheck racecheck synccheck; do
+    local r=0
+    wait "${pid[$tool]}" || r=$?
+    local summary_line
+    summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1)
+    note "$tool: exit $r; ${summary_line:-no summary}; $(grep -cE '^\[       OK \]' "$logs/$tool.log") tests ok"
+    [ "$r" -eq 0 ] || rc=1
+  done
+  return $rc
 }
 
 bench() {
-  # CUDA benchmarks (device argument 1), then torch.optim.Muon on the same sets.
-  "$build/bench/fogo_bench" --benchmark_filter='^BM_(Step|Stage)_[A-Za-z]+/[01]/1/' \
-    --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tee "$out/bench.log"
+  # The step benchmarks alone on the GPU (nothing else running), then torch.optim.Muon.
+  "$bin/fogo_bench" --benchmark_filter='^BM_(Step|Stage)_[A-Za-z0-9]+/[01]/1/' \
+    --benchmark_min_time=0.5 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$logs/bench.json" --benchmark_out_format=json 2>&1 | tee "$logs/bench.log" ||
+    return 1
   for set in gpt2-small resnet18; do
-    "$python" bench/torch_muon_step.py --set "$set" --device cuda --steps 50
-  done 2>&1 | tee "$out/torch_muon.txt"
+    "$python" bench/torch_muon_step.py --set "$set" --device cuda --steps 100 || return 1
+  done 2>&1 | tee "$logs/torch_muon.txt"
 }
 
-[ $# -gt 0 ] || set -- build test memcheck bench
+train() {
+  # Training throughput: GPT-2 124M (paper architecture, context 1024, bf16 autocast) per
+  # optimizer, the same model in eager PyTorch, and ResNet-18 at width 64 per optimizer.
+  local rc=0 opt
+  local kjv=$root/$carry/data/kjv.txt
+  [ -f "$kjv" ] || "$bin/gpt2" prepare-kjv --out "$kjv" >/dev/null || return 1
+  # Throughput without deterministic kernels, as the eager reference runs; then one short run in
+  # the trainer's default (deterministic) mode, which must work too.
+  for opt in adamw muon fogo; do
+    "$bin/gpt2" train --model 124m --device cuda --optimizer "$opt" --data "$kjv" \
+      --no-deterministic --steps 40 --eval-every 1000000 --eval-batches 1 --out "$logs/gpt2-$opt" \
+      >"$logs/gpt2-$opt.log" 2>&1 || rc=1
+  done
+  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
+    --steps 8 --eval-every 1000000 --eval-batches 1 --out "$logs/gpt2-fogo-deterministic" \
+    >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1
+  "$python" bench/gpt2_eager.py --device cuda --steps 40 --warmup 5 >"$logs/gpt2-eager.log" 2>&1 ||
+    rc=1
+  for opt in adam muon fogo; do
+    "$bin/resnet_train" --data-dir "$root/$carry/data/fashion-mnist" --device cuda --width 64 \
+      --optimizers "$opt" --seeds 0 --epochs 2 --no-plots --out "$logs/resnet-$opt" \
+      >"$logs/resnet-$opt.log" 2>&1 || rc=1
+    # Steady-state images/s from the training records (time_s excludes nothing but evaluation
+    # at the epoch's end): from step 20 to the last record.
+    "$python" - "$logs/resnet-$opt/$opt-seed0/train.jsonl" "$opt" <<'PY' || rc=1
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+first = next(r for r in recs if r["step"] >= 20)
+last = recs[-1]
+batch = 128
+print(f"resnet18 width 64 {sys.argv[2]}: {batch * (last['step'] - first['step']) / (last['time_s'] - first['time_s']):.0f} images/s (steps {first['step']}-{last['step']})")
+PY
+  done
+  grep -H "steady state\|Error\|error" "$logs"/gpt2-*.log
+  grep -h "^gpt2_eager" "$logs/gpt2-eager.log"
+  return $rc
+}
+
+finish() {
+  {
+    echo "gpu_check summary ($(date -u +%FT%TZ)):"
+    printf '  %s\n' "${summary[@]}"
+    [ ${#failed[@]} -eq 0 ] && echo "  all steps passed" || echo "  FAILED steps: ${failed[*]}"
+  } | tee "$out/summary.txt"
+  tar -C "$root/build-gpu" -czf "$out/results.tgz" logs 2>/dev/null || true
+}
+
+run_step() {
+  local step=$1 t0=$SECONDS rc=0
+  echo "=== gpu_check: $step"
+  "$2" || rc=$?
+  note "$step: $([ $rc -eq 0 ] && echo ok || echo FAILED) ($((SECONDS - t0)) s)"
+  [ $rc -eq 0 ] || failed+=("$step")
+}
+
+[ $# -gt 0 ] || set -- all
+case "$1" in
+  pack) pack; exit ;;
+  prepare) prepare; exit ;;
+esac
+steps=()
 for step in "$@"; do
   case "$step" in
-    prepare) prepare ;;
-    build) build ;;
-    test) mkdir -p "$out"; environment; test_ ;;
-    memcheck) mkdir -p "$out"; memcheck ;;
-    bench) mkdir -p "$out"; environment; bench ;;
-    *) echo "gpu_check: unknown step '$step' (prepare, build, test, memcheck, bench)" >&2; exit 2 ;;
+    all) steps+=(check test sanitize bench train) ;;
+    build | check | test | sanitize | bench | train) steps+=("$step") ;;
+    *) die "unknown step '$step' (pack, prepare, build, check, test, sanitize, bench, train, all)" ;;
   esac
 done
+[ "${steps[0]}" != build ] || { build; steps=("${steps[@]:1}"); }
+environment
+for step in "${steps[@]}"; do
+  case "$step" in
+    check) check ;;  # dies: nothing after it would mean anything
+    test) run_step test test_ ;;
+    *) run_step "$step" "$step" ;;
+  esac
+done
+finish
+[ ${#failed[@]} -eq 0 ]

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #ifdef FOGO_WITH_CUDA
@@ -218,8 +219,14 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
         side.synchronize();
       }
       ASSERT_TRUE(got.dz.is_cuda());
-      if (c.memory_disabled) {  // z_i = Ps_i |Ps_i| / (|Ps_i| + eps): dz_i = -eps Ps_i/(|Ps_i|+eps)
-        EXPECT_LT(max_abs(cpu64(got.dz)), 1e-6) << c.name;
+      if (c.memory_disabled) {
+        // ALGORITHM.md "Checks": z_i = Ps_i |Ps_i| / (|Ps_i| + eps), so dz_i = -eps Ps_i /
+        // (|Ps_i| + eps) in exact arithmetic; fp32 adds the rounding of z_i's elements (a few
+        // units of 2^-24 of |Ps_ij|). Hence a bound relative to the row, not an absolute one:
+        // rows of norm ~50 here round to ~3e-6 absolute.
+        const auto Ps32 = cpu64(cuda32(Ps));
+        const auto rel = row_norms(cpu64(got.dz)) / (row_norms(Ps32) + 1e-30);
+        EXPECT_LT(max_abs(rel), 1e-6) << c.name;
       }
       const auto near = near_decisions(Ps, Pf, book.centroids, frozen, nu, rbar, p);
       expect_step_parity(got, ref, near, Ps, filter, c.name + ", step " + std::to_string(step));
@@ -231,6 +238,22 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
 
 // ---------------------------------------------------------------------------------------------
 // Codebook flush
+
+// Rows of the flush whose top-r pick R_j is within `margin` of a tie in float64: the r-th and
+// (r+1)-th largest |<chat_j, cbar_l>| (l != j) differ by less than it, so fp32 may pick the other
+// centroid (C = 300, r = 40 has such near-ties in ~6-10% of runs). Mirrors flush()'s definitions.
+torch::Tensor near_top_r_ties(const fogo::Codebook& before, const fogo::Assignments& acc,
+                              const fogo::FlushParams& p, double margin) {
+  const int64_t C = before.centroids.size(0), r = std::min<int64_t>(p.r_dec, C - 1);
+  if (r <= 0 || r + 1 >= C || p.lambda_c == 0.0) return torch::zeros({C}, torch::kBool);
+  const auto S = before.S * p.beta_cb + acc.s * (1 - p.beta_cb);
+  const auto N = before.N * p.beta_cb + acc.m * (1 - p.beta_cb);
+  const auto chat = fogo::normalize_rows(S / (N.unsqueeze(1) + p.eps), p.eps);
+  auto corr = chat.mm(before.centroids.t()).abs();
+  corr.fill_diagonal_(-1.0);
+  const auto top = std::get<0>(corr.topk(r + 1, 1));
+  return (top.select(1, r - 1) - top.select(1, r)) < margin;
+}
 
 TEST(CudaParity, CodebookFlushMatchesReferenceOverSteps) {
   FOGO_REQUIRE_KERNELS();
@@ -256,12 +279,19 @@ TEST(CudaParity, CodebookFlushMatchesReferenceOverSteps) {
       const auto m = (torch::rand({c.C}, torch::kDouble) < 0.7).to(torch::kDouble) *
                      torch::randint(1, 20, {c.C}, torch::kDouble);
       const auto s = unit_rows(torch::randn({c.C, c.d}, torch::kDouble)) * m.unsqueeze(1);
+      // fp32 similarities err by ~1e-7; a margin of 1e-5 leaves the rest far from any tie.
+      const auto near = near_top_r_ties(ref, {m, s}, p, 1e-5);
+      ASSERT_LE(near.sum().item<int64_t>(), std::max<int64_t>(1, c.C / 20)) << where;
       fogo::flush(ref, {m, s}, p);
       fogo::ops::codebook_flush(got, {cuda32(m), cuda32(s)}, p);
       ASSERT_TRUE(got.centroids.is_cuda());
       EXPECT_LT(max_abs(cpu64(got.N) - ref.N), 1e-5 * (1 + max_abs(ref.N))) << where;
       EXPECT_LT(max_abs(cpu64(got.S) - ref.S), 1e-5 * (1 + max_abs(ref.S))) << where;
-      EXPECT_LT(max_abs(cpu64(got.centroids) - ref.centroids), 1e-5) << where << " step " << step;
+      // A row near a tie may pick the other centroid: it is only held to being a unit vector.
+      const auto err = (cpu64(got.centroids) - ref.centroids).abs().amax(1);
+      const auto keep = (~near).nonzero().squeeze(1);
+      EXPECT_LT(max_abs(err.index_select(0, keep)), 1e-5) << where << " step " << step;
+      EXPECT_LT(max_abs(row_norms(cpu64(got.centroids)) - 1), 1e-5) << where << " step " << step;
       got = {cuda32(ref.centroids), cuda32(ref.S), cuda32(ref.N)};  // compare each step alone
     }
   }
@@ -300,15 +330,28 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
         const std::string where = std::to_string(m) + "x" + std::to_string(n) + " " +
                                   std::string(c10::toString(dtype)) + ", O_s " +
                                   std::string(c10::toString(os_dtype));
-        // fp32: the elementwise arithmetic rounds as the reference's; only |Ohat|_F is summed in
-        // another order. Low precision: at most one unit in the last place at the final rounding.
-        const double ulp = dtype == torch::kFloat      ? 1e-6
-                           : dtype == torch::kBFloat16 ? 1.0 / 128
-                                                       : 1.0 / 1024;
-        EXPECT_LT(max_abs((got.to(torch::kFloat) - ref.to(torch::kFloat)) /
-                          (ref.to(torch::kFloat).abs() + 1e-3)),
-                  1.01 * ulp)
-            << where;
+        const auto got64 = cpu64(got), ref64 = cpu64(ref);
+        if (dtype == torch::kFloat) {
+          // Derived from the arithmetic. Both compute p' = fl(fl(p decay) - fl(Ohat step)) with
+          // the same roundings, except for step = lr sigma sqrt(mn) / (|Ohat|_F + eps): the
+          // reference's norm is an fp32 ATen reduction, the kernel's an fp64 one. A summation
+          // whose longest chain of additions has length D errs by at most D u (u = 2^-24); ATen
+          // sums per-thread segments and then a tree, D <= 2 log2(n) + 8 for these sizes, and the
+          // square root halves it. So |d step| / step <= e = (D/2 + 1) u, the product Ohat step
+          // then differs by at most |Ohat step| (e + 2u) (each side's own rounding), and the
+          // final subtraction may round to the neighbouring float: 2u |p'|.
+          const double u = std::ldexp(1.0, -24);
+          const double D = 2 * std::log2(static_cast<double>(base.numel())) + 8;
+          const double e = (D / 2 + 1) * u;
+          const auto update = (cpu64(base) * (1.0 - p.lr * p.weight_decay) - ref64).abs();
+          const auto bound = update * (e + 2 * u) + 2 * u * ref64.abs() + 1e-30;
+          EXPECT_LE(max_abs((got64 - ref64).abs() / bound), 1.0) << where;
+        } else {
+          // Low precision: the arithmetic is fp32 (bounded as above, far below the final
+          // rounding), then one rounding to bf16/fp16 that may go to the neighbouring value.
+          const double ulp = dtype == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+          EXPECT_LT(max_abs((got64 - ref64) / (ref64.abs() + 1e-3)), 1.01 * ulp) << where;
+        }
         EXPECT_NEAR(got_ratio.item<double>(), ref_ratio.item<double>(),
                     1e-5 * ref_ratio.item<double>())
             << where;

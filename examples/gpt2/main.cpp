@@ -56,7 +56,8 @@ int run(int argc, const char* const* argv) {
     if (command == "train") {
       const auto result = gpt2::train(config, std::cerr);
       std::cout << "final val loss " << result.val_loss.back().value << ", "
-                << result.tokens_per_second << " tokens/s\n";
+                << result.tokens_per_second << " tokens/s\n"
+                << gpt2::step_time_summary(result) << "\n";
     } else {
       gpt2::compare(config, optimizers, std::cerr);
     }

@@ -64,6 +64,10 @@ TEST_F(Training, SmokeRunLossFalls) {
     EXPECT_LT(r.val_loss.back().value, r.val_loss.front().value - 1.0) << optimizer;
     EXPECT_LT(r.train_loss.back().value, r.train_loss.front().value) << optimizer;
     EXPECT_GT(r.tokens_per_second, 0);
+    ASSERT_EQ(r.step_seconds.size(), 30u);
+    ASSERT_EQ(r.optimizer_seconds.size(), 30u);
+    for (size_t k = 0; k < r.step_seconds.size(); ++k)
+      EXPECT_LT(r.optimizer_seconds[k], r.step_seconds[k]) << optimizer << " step " << k;
     EXPECT_TRUE(fs::exists(dir_ / optimizer / "ckpt.pt"));
     EXPECT_TRUE(fs::exists(dir_ / optimizer / "metrics.csv"));
     std::ifstream jsonl(dir_ / optimizer / "metrics.jsonl");
@@ -251,6 +255,22 @@ std::vector<c10::ScalarType> ns_dtypes(const OptimizerConfig& config, const GPT&
     }
   }
   return out;
+}
+
+TEST(StepTimes, SummaryIsTheMedianAfterTheFirstFiveSteps) {
+  RunResult r;
+  r.tokens_per_step = 1000;
+  // Five slow start-up steps, then steps of 10, 30 and 20 ms with optimizer parts of 2, 9, 4.
+  r.step_seconds = {9, 9, 9, 9, 9, 0.010, 0.030, 0.020};
+  r.optimizer_seconds = {1, 1, 1, 1, 1, 0.002, 0.009, 0.004};
+  EXPECT_EQ(step_time_summary(r),
+            "steady state (steps 6-8): median step 20.00 ms, optimizer 4.00 ms (20.0% of the "
+            "step), 50000 tokens/s");
+  r.mfu = 0.1;  // MFU scales with throughput: 0.1 at 500 tokens/s is 10 at 50,000
+  r.tokens_per_second = 500;
+  EXPECT_NE(step_time_summary(r).find(", MFU 1000.0%"), std::string::npos);
+  r.step_seconds.resize(5);
+  EXPECT_EQ(step_time_summary(r), "steady state: fewer than 6 steps timed");
 }
 
 TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {

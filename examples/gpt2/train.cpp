@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -383,11 +384,16 @@ RunResult train(const TrainConfig& cfg, std::ostream& log) {
     TORCH_CHECK(std::isfinite(grad_norm) && std::isfinite(train_loss), "step ", step + 1,
                 ": non-finite loss (", train_loss, ") or gradient norm (", grad_norm,
                 "); no update was applied. Lower --lr or check the data");
+    // The .item() reads above synchronised: what follows until the next synchronisation is the
+    // optimizer's own time.
+    const auto t_opt = std::chrono::steady_clock::now();
     opt.hybrid.step();
     opt.hybrid.zero_grad();
     if (device.is_cuda()) torch::cuda::synchronize();
-    result.train_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    result.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+    result.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
+    result.train_seconds += result.step_seconds.back();
 
     const int64_t done = step + 1, tokens = done * tokens_per_step;
     interval_sum += train_loss;
@@ -444,6 +450,27 @@ RunResult train(const TrainConfig& cfg, std::ostream& log) {
   }
   result.trained = model;
   return result;
+}
+
+std::string step_time_summary(const RunResult& r) {
+  constexpr size_t kSkip = 5;
+  if (r.step_seconds.size() <= kSkip) return "steady state: fewer than 6 steps timed";
+  const auto median = [&](const std::vector<double>& v) {
+    std::vector<double> tail(v.begin() + kSkip, v.end());
+    std::nth_element(tail.begin(), tail.begin() + tail.size() / 2, tail.end());
+    return tail[tail.size() / 2];
+  };
+  const double step = median(r.step_seconds), optimizer = median(r.optimizer_seconds);
+  const double tps = static_cast<double>(r.tokens_per_step) / step;
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2) << "steady state (steps " << kSkip + 1 << "-"
+      << r.step_seconds.size() << "): median step " << 1e3 * step << " ms, optimizer "
+      << 1e3 * optimizer << " ms (" << std::setprecision(1) << 100 * optimizer / step
+      << "% of the step), " << std::setprecision(0) << tps << " tokens/s";
+  if (r.mfu >= 0 && r.tokens_per_second > 0) {
+    out << std::setprecision(1) << ", MFU " << 100 * r.mfu * tps / r.tokens_per_second << "%";
+  }
+  return out.str();
 }
 
 std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,

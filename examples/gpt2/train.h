@@ -84,6 +84,9 @@ struct RunResult {
   std::vector<Point> val_loss;
   double train_seconds = 0;  ///< training time without validation and checkpoints
   double tokens_per_second = 0, mfu = -1;
+  /// Wall-clock seconds of each step this process trained, and of its optimizer part (step and
+  /// zero_grad; timed between the synchronisations the loop makes anyway on CUDA).
+  std::vector<double> step_seconds, optimizer_seconds;
   std::string device;
   GPT trained{nullptr};  ///< the final model
 };
@@ -91,6 +94,11 @@ struct RunResult {
 /// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt. Progress goes to
 /// `log`. Throws on bad configuration, bad data, or a non-finite loss or gradient.
 RunResult train(const TrainConfig& config, std::ostream& log);
+
+/// One line on the steady state of a run: median step and optimizer times over the steps after
+/// the first five (library initialisation, FOGO's codebook initialisation), their ratio, and the
+/// tokens/s (and MFU, when known) of the median step.
+std::string step_time_summary(const RunResult& result);
 
 /// Trains each optimizer with otherwise identical settings into out_dir/<optimizer>, then
 /// writes out_dir/compare.md (val loss at each evaluated token count, throughput) and
