@@ -143,7 +143,20 @@ void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
   archive.read("nonfinite", value);
   nonfinite(static_cast<NonFinitePolicy>(value.toInt()));
 }
+bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
+#define FOGO_EQUAL(T, name) a.name() == b.name()&&
+  return FOGO_OPTION_FIELDS(FOGO_EQUAL) a.ns_dtype() == b.ns_dtype() &&
+         a.projection_scale() == b.projection_scale() && a.nonfinite() == b.nonfinite();
+#undef FOGO_EQUAL
+}
 #undef FOGO_OPTION_FIELDS
+
+bool operator==(const FOGOParamState& a, const FOGOParamState& b) {
+  const auto same = [](const at::Tensor& x, const at::Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
+  };
+  return same(a.slow_momentum(), b.slow_momentum()) && same(a.fast_momentum(), b.fast_momentum());
+}
 
 void FOGOParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(slow_momentum);
@@ -174,8 +187,8 @@ enum Stat : int64_t {
   kNumStats
 };
 
-at::Generator make_cpu_generator(int64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+at::Generator make_cpu_generator(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
 // The codebook group's memory: everything of ALGORITHM.md that is not per parameter.
@@ -188,7 +201,9 @@ struct GroupMemory {
   at::Tensor frozen_nu;  ///< importance weights [F]
   at::Tensor rbar;       ///< conflict EMA, 0-d
   at::Tensor stats;      ///< [kNumStats], last step's telemetry
-  at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
+  bool consolidated =
+      false;          ///< consolidate() ran since the last step: freezing again adds nothing
+  at::Generator gen;  ///< CPU generator: initialisation, re-seeding, candidate sampling
 };
 
 // Pi [n, d] and the lift matrix K (projection.h), and their bf16 forms for a bf16 step's
@@ -257,7 +272,8 @@ struct FOGO::Impl {
   GroupMemory& group(size_t g, const FOGOOptions& o) {
     while (groups.size() <= g) {
       GroupMemory fresh;
-      fresh.gen = make_cpu_generator(o.seed() * 1000003 + static_cast<int64_t>(groups.size()));
+      // Unsigned arithmetic: any int64 seed is valid, and the product wraps as defined.
+      fresh.gen = make_cpu_generator(static_cast<uint64_t>(o.seed()) * 1000003u + groups.size());
       groups.push_back(std::move(fresh));
     }
     return groups[g];
@@ -293,6 +309,8 @@ FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, F
 }
 
 FOGO::~FOGO() = default;
+FOGO::FOGO(FOGO&&) noexcept = default;
+FOGO& FOGO::operator=(FOGO&&) noexcept = default;
 
 // ---------------------------------------------------------------------------------------------
 // The step
@@ -495,6 +513,7 @@ torch::Tensor FOGO::step(LossClosure closure) {
     // Codebook flush (after all parameters of the group have stepped), then re-seeding.
     ops::codebook_flush(mem.book, {r.m, r.s}, {o.beta_cb(), o.lambda_c(), eps, o.r_dec()});
     ++mem.step;
+    mem.consolidated = false;
     if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
       reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
     }
@@ -517,7 +536,8 @@ void FOGO::consolidate() {
   for (size_t g = 0; g < impl_->groups.size() && g < param_groups_.size(); ++g) {
     GroupMemory& mem = impl_->groups[g];
     const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
-    if (!mem.initialized || o.freeze_per_task() == 0) continue;
+    if (!mem.initialized || o.freeze_per_task() == 0 || mem.consolidated) continue;
+    mem.consolidated = true;
     FrozenPicks picks = select_important(mem.book, mem.start, o.freeze_per_task());
     if (mem.frozen.defined() && mem.frozen.size(0) > 0) {
       mem.frozen = at::cat({mem.frozen, picks.centroids});
@@ -581,7 +601,9 @@ FOGO::MemoryView FOGO::memory(size_t group) const {
               param_groups_.size(), " groups)");
   if (group >= impl_->groups.size() || !impl_->groups[group].initialized) return {};
   const GroupMemory& mem = impl_->groups[group];
-  return {mem.book.centroids, mem.book.S, mem.book.N, mem.frozen, mem.frozen_nu};
+  const auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+  return {copy(mem.book.centroids), copy(mem.book.S), copy(mem.book.N), copy(mem.frozen),
+          copy(mem.frozen_nu)};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -590,6 +612,20 @@ FOGO::MemoryView FOGO::memory(size_t group) const {
 namespace {
 
 at::Tensor or_empty(const at::Tensor& t) { return t.defined() ? t : at::empty({0}); }
+
+// The options that lay out a group's memory: a checkpoint that differs in one of them holds a
+// codebook of another size or in another projected space, which this optimizer cannot continue.
+void check_same_layout(size_t group, const FOGOOptions& mine, const FOGOOptions& theirs) {
+  const auto check = [&](const char* option, int64_t a, int64_t b) {
+    TORCH_CHECK(a == b, "FOGO::load: group ", group, " of the checkpoint has ", option, " ", b,
+                ", this optimizer ", a, "; a codebook cannot move to another ", option);
+  };
+  check("codebook_size", mine.codebook_size(), theirs.codebook_size());
+  check("proj_dim", mine.proj_dim(), theirs.proj_dim());
+  check("seed", mine.seed(), theirs.seed());
+  check("projection_scale", static_cast<int64_t>(mine.projection_scale()),
+        static_cast<int64_t>(theirs.projection_scale()));
+}
 
 }  // namespace
 
@@ -611,6 +647,7 @@ void FOGO::save(torch::serialize::OutputArchive& archive) const {
     a.write("rbar", or_empty(mem.rbar), true);
     a.write("stats", or_empty(mem.stats), true);
     a.write("generator", mem.gen.get_state(), true);
+    a.write("consolidated", c10::IValue(mem.consolidated));
     archive.write("fogo/group/" + std::to_string(g), a);
   }
 }
@@ -623,7 +660,14 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
         c10::IValue value;
         TORCH_CHECK(archive.try_read("fogo/format", value) && value.toInt() == 1,
                     "FOGO::load: not a FOGO checkpoint (format 1)");
+        std::vector<FOGOOptions> before;
+        for (const auto& group : param_groups_)
+          before.push_back(static_cast<const FOGOOptions&>(group.options()));
         serialize(*this, archive);
+        for (size_t g = 0; g < before.size() && g < param_groups_.size(); ++g) {
+          check_same_layout(g, before[g],
+                            static_cast<const FOGOOptions&>(param_groups_[g].options()));
+        }
         archive.read("fogo/groups", value);
         const int64_t count = value.toInt();
         TORCH_CHECK(count <= static_cast<int64_t>(param_groups_.size()),
@@ -641,6 +685,7 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           mem.initialized = value.toBool();
           a.read("step", value);
           mem.step = value.toInt();
+          mem.consolidated = a.try_read("consolidated", value) && value.toBool();
           auto tensor = [&](const char* name) {
             at::Tensor t;
             a.read(name, t, /*is_buffer=*/true);
@@ -809,7 +854,10 @@ FOGOOptions gpt2() {
 }
 
 FOGOOptions lora() {
-  return FOGOOptions(1e-3)
+  // The table's empty LoRA cells (beta_cb, lambda_c and r, re-seeding, kappa) inherit from the
+  // row above, as every other row does: the class-IL rows.
+  return class_il_backbone()
+      .lr(1e-3)
       .codebook_size(48)
       .proj_dim(128)
       .mu_s(0.96)

@@ -6,7 +6,12 @@
 #include <cmath>
 #include <regex>
 #include <sstream>
+#include <tuple>
 #include <unordered_set>
+
+#include "fogo/detail/checks.h"
+#include "fogo/fogo_optimizer.h"
+#include "fogo/muon.h"
 
 namespace fogo {
 namespace {
@@ -65,6 +70,25 @@ void check_state_shapes(const torch::optim::Optimizer& opt, const char* side) {
       }
     }
   }
+}
+
+enum class NonFiniteCheck { None, Raise, Skip };
+
+// What the matrix side does with NaN/Inf gradients: FOGO raises or skips by its groups'
+// NonFinitePolicy (Skip in any group skips), Muon raises where check_finite is on; a hybrid
+// without a matrix side behaves as LibTorch's AdamW (no check).
+NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
+  NonFiniteCheck check = NonFiniteCheck::None;
+  if (!matrix) return check;
+  for (const auto& group : matrix->param_groups()) {
+    if (const auto* f = dynamic_cast<const FOGOOptions*>(&group.options())) {
+      if (f->nonfinite() == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
+      check = NonFiniteCheck::Raise;
+    } else if (const auto* m = dynamic_cast<const MuonOptions*>(&group.options())) {
+      if (m->check_finite()) check = NonFiniteCheck::Raise;
+    }
+  }
+  return check;
 }
 
 }  // namespace
@@ -132,8 +156,27 @@ HybridOptimizer::HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix
                                  std::unique_ptr<torch::optim::Optimizer> rest)
     : matrix_(std::move(matrix)), rest_(std::move(rest)) {
   TORCH_CHECK(matrix_ || rest_, "HybridOptimizer: both the matrix and the rest optimizer are null");
+  capture_base_lrs();
+}
+
+const std::vector<double>& HybridOptimizer::base_lrs() const {
+  capture_base_lrs();
+  return base_lrs_;
+}
+
+void HybridOptimizer::capture_base_lrs() const {
+  // Groups are only ever appended (add_param_group), matrix side first in base_lrs_: a group
+  // added to the matrix side after construction is inserted before the rest side's rates.
+  size_t k = 0;
   for (auto* side : sides()) {
-    for (const auto& group : side->param_groups()) base_lrs_.push_back(group.options().get_lr());
+    const auto& groups = side->param_groups();
+    const size_t known = side == matrix_.get() ? matrix_groups_ : base_lrs_.size() - matrix_groups_;
+    for (size_t g = known; g < groups.size(); ++g) {
+      base_lrs_.insert(base_lrs_.begin() + static_cast<std::ptrdiff_t>(k + g),
+                       groups[g].options().get_lr());
+    }
+    k += groups.size();
+    if (side == matrix_.get()) matrix_groups_ = groups.size();
   }
 }
 
@@ -146,7 +189,39 @@ std::vector<torch::optim::Optimizer*> HybridOptimizer::sides() const {
 
 torch::Tensor HybridOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
   torch::Tensor loss;
-  if (closure) loss = closure();
+  if (closure) {
+    // Optimizers run their closure with autograd on (LibTorch's do), even inside a
+    // NoGradGuard: the closure computes a loss and its gradients.
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  torch::NoGradGuard no_grad;
+  // The matrix side's NaN/Inf policy holds for the whole step: with Skip nothing is stepped,
+  // with Raise the error names the parameter and nothing is stepped (AdamW, on the rest side,
+  // would otherwise write NaN into the biases and norms).
+  const NonFiniteCheck check = nonfinite_check(matrix_.get());
+  if (check != NonFiniteCheck::None) {
+    std::vector<at::Tensor> grads;
+    std::vector<std::tuple<const char*, size_t, size_t, at::Tensor>> where;
+    for (auto* side : sides()) {
+      const auto& groups = side->param_groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        for (size_t i = 0; i < groups[g].params().size(); ++i) {
+          const at::Tensor& p = groups[g].params()[i];
+          if (!p.grad().defined()) continue;
+          grads.push_back(p.grad());
+          where.emplace_back(side == matrix_.get() ? "HybridOptimizer (matrix side)"
+                                                   : "HybridOptimizer (rest side)",
+                             g, i, p);
+        }
+      }
+    }
+    if (const int64_t bad = detail::first_nonfinite(grads); bad >= 0) {
+      if (check == NonFiniteCheck::Skip) return loss;
+      const auto& [name, g, i, p] = where[bad];
+      detail::throw_nonfinite(name, g, i, p);
+    }
+  }
   for (auto* side : sides()) side->step();
   return loss;
 }
@@ -158,14 +233,16 @@ void HybridOptimizer::zero_grad(bool set_to_none) {
 void HybridOptimizer::set_lr_factor(double factor) {
   TORCH_CHECK(std::isfinite(factor) && factor >= 0,
               "HybridOptimizer::set_lr_factor: factor must be finite and >= 0, got ", factor);
+  capture_base_lrs();
   size_t k = 0;
   for (auto* side : sides()) {
-    for (auto& group : side->param_groups()) group.options().set_lr(base_lrs_.at(k++) * factor);
+    for (auto& group : side->param_groups()) group.options().set_lr(base_lrs_[k++] * factor);
   }
   factor_ = factor;
 }
 
 void HybridOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  capture_base_lrs();
   archive.write("fogo_hybrid/format", c10::IValue(static_cast<int64_t>(1)));
   archive.write("fogo_hybrid/lr_factor", c10::IValue(factor_));
   archive.write("fogo_hybrid/base_lrs", c10::IValue(c10::List<double>(base_lrs_)));
@@ -186,6 +263,7 @@ void HybridOptimizer::load(torch::serialize::InputArchive& archive) {
               "HybridOptimizer::load: not a fogo hybrid checkpoint (format 1)");
   archive.read("fogo_hybrid/base_lrs", value);
   std::vector<double> base_lrs = value.toDoubleVector();
+  capture_base_lrs();
   TORCH_CHECK(base_lrs.size() == base_lrs_.size(), "HybridOptimizer::load: the checkpoint has ",
               base_lrs.size(), " parameter groups in all, this optimizer ", base_lrs_.size());
   const char* names[] = {"matrix", "rest"};

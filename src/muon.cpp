@@ -53,7 +53,14 @@ void MuonOptions::validate() const {
   detail::check_range("Muon", "lr", lr(), 0.0, INFINITY);
   detail::check_range("Muon", "weight_decay", weight_decay(), 0.0, INFINITY);
   detail::check_range("Muon", "momentum", momentum(), 0.0, 1.0);
-  detail::check_range("Muon", "eps", eps(), 0.0, INFINITY);
+  // Checked here, not only through NSConfig, so that the message names Muon's own options.
+  TORCH_CHECK(std::isfinite(eps()) && eps() > 0, "Muon: option 'eps' must be finite and > 0, got ",
+              eps());
+  TORCH_CHECK(ns_steps() >= 0 && ns_steps() < 100,
+              "Muon: option 'ns_steps' must be in [0, 100), got ", ns_steps());
+  const auto [a, b, c] = ns_coefficients();
+  TORCH_CHECK(std::isfinite(a) && std::isfinite(b) && std::isfinite(c),
+              "Muon: option 'ns_coefficients' must be finite, got (", a, ", ", b, ", ", c, ")");
   TORCH_CHECK(ns_dtype() == at::kBFloat16 || ns_dtype() == at::kFloat,
               "Muon: option 'ns_dtype' must be kBFloat16 or kFloat32, got ", ns_dtype());
   fogo::validate(ns_config(*this));
@@ -91,6 +98,20 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, strict_2d);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, check_finite);
+}
+
+bool operator==(const MuonOptions& a, const MuonOptions& b) {
+  return a.lr() == b.lr() && a.weight_decay() == b.weight_decay() && a.momentum() == b.momentum() &&
+         a.nesterov() == b.nesterov() && a.ns_coefficients() == b.ns_coefficients() &&
+         a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
+         a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
+         a.check_finite() == b.check_finite();
+}
+
+bool operator==(const MuonParamState& a, const MuonParamState& b) {
+  const auto& x = a.momentum_buffer();
+  const auto& y = b.momentum_buffer();
+  return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
 }
 
 void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -234,13 +255,15 @@ void Muon::load(torch::serialize::InputArchive& archive) {
       [&](size_t g, size_t i, const torch::Tensor& p) {
         auto it = state_.find(p.unsafeGetTensorImpl());
         if (it == state_.end()) return;
-        const auto& buf = static_cast<const MuonParamState&>(*it->second).momentum_buffer();
+        auto& st = static_cast<MuonParamState&>(*it->second);
+        const auto& buf = st.momentum_buffer();
         TORCH_CHECK(buf.defined() && buf.sizes() == p.sizes(),
                     "Muon::load: the checkpoint's momentum_buffer for ",
                     detail::describe_param(g, i, p), " has shape ",
                     buf.defined() ? buf.sizes() : at::IntArrayRef{},
                     "; the checkpoint was made for a different model");
         static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
+        st.momentum_buffer(buf.to(p.device()));  // archives load onto the CPU
       });
 }
 

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "test_util.h"
 
@@ -401,7 +403,8 @@ TEST(FOGO, MismatchedCheckpointsAreRejectedAndChangeNothing) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{x, y});
   groups.emplace_back(std::vector<torch::Tensor>{z});
-  fogo::FOGO other_shapes(groups, fogo::FOGOOptions(0.5).proj_dim(8).codebook_size(6));
+  // The same memory layout as the source's (whose builder left both groups at C = 5).
+  fogo::FOGO other_shapes(groups, fogo::FOGOOptions(0.5).proj_dim(8).codebook_size(5));
   expect_rejected(other_shapes, "different model");
   // Another group layout.
   fogo::FOGO one_group({torch::randn({10, 30}).requires_grad_(true)}, fogo::FOGOOptions(0.5));
@@ -570,5 +573,196 @@ TEST(FOGOPresets, MatchThePapersTable) {
   EXPECT_EQ(cil.lt_candidates(), 48);
   EXPECT_EQ(fogo::presets::class_il_classifier().proj_dim(), 16);
   EXPECT_DOUBLE_EQ(fogo::presets::domain_il_head().gamma_lt(), 0.4);
-  EXPECT_DOUBLE_EQ(fogo::presets::lora().lambda_prox(), 0.8);
+  const auto lora = fogo::presets::lora();
+  EXPECT_DOUBLE_EQ(lora.lambda_prox(), 0.8);
+  EXPECT_EQ(lora.ns_steps_fast(), 4);
+  EXPECT_DOUBLE_EQ(lora.gamma_st_max(), 0.45);
+  // Its empty cells inherit from the class-IL rows above it.
+  EXPECT_DOUBLE_EQ(lora.beta_cb(), 0.96);
+  EXPECT_DOUBLE_EQ(lora.lambda_c(), 0.05);
+  EXPECT_DOUBLE_EQ(lora.reseed_threshold(), 0.10);
+  EXPECT_DOUBLE_EQ(lora.kappa(), 0.15);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Precision, task boundaries, memory copies, checkpoints of other layouts, seeds, C++ semantics
+
+TEST(FOGO, Float64ParametersStayInFloat64) {
+  torch::manual_seed(21);
+  for (const auto ns : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
+    auto p = torch::randn({6, 20}, torch::kDouble).requires_grad_(true);
+    const auto p0 = p.detach().clone();
+    // lr 0: no update and no decay, so the parameter must not move at all (it used to be rounded
+    // through fp32 every step, ~1e-8).
+    fogo::FOGO frozen(
+        {p}, fogo::FOGOOptions(0.0).weight_decay(0.1).proj_dim(8).codebook_size(4).ns_dtype(ns));
+    for (int step = 0; step < 3; ++step) {
+      p.mutable_grad() = torch::randn({6, 20}, torch::kDouble);
+      frozen.step();
+    }
+    EXPECT_TRUE(torch::equal(p.detach(), p0)) << c10::toString(ns);
+    EXPECT_EQ(p.scalar_type(), torch::kDouble);
+  }
+}
+
+TEST(FOGO, Float64NewtonSchulzStepsAndAgreesWithFloat32) {
+  // ns_dtype(kDouble) used to throw in the update, after the parameters had changed.
+  auto run = [](torch::ScalarType ns) {
+    torch::manual_seed(22);
+    auto p = torch::randn({8, 24}, torch::kDouble).requires_grad_(true);
+    const auto p0 = p.detach().clone();
+    fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4).ns_dtype(ns));
+    for (int step = 0; step < 3; ++step) {
+      p.mutable_grad() = torch::randn({8, 24}, torch::kDouble);
+      opt.step();
+    }
+    return (p.detach() - p0).clone();
+  };
+  const auto d64 = run(torch::kDouble), d32 = run(torch::kFloat);
+  EXPECT_GT(d64.abs().max().item<double>(), 0.0);
+  EXPECT_LT((d64 - d32).norm().item<double>() / d64.norm().item<double>(), 1e-3);
+}
+
+TEST(FOGO, ConsolidateFreezesOncePerTask) {
+  auto p = torch::randn({16, 32}).requires_grad_(true);
+  fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(6).freeze_per_task(3));
+  auto step = [&] {
+    p.mutable_grad() = torch::randn({16, 32});
+    opt.step();
+  };
+  step();
+  step();
+  opt.consolidate();
+  opt.consolidate();    // the same task again: nothing new
+  opt.task_boundary();  // its consolidation is the one already done
+  EXPECT_EQ(opt.memory(0).frozen.size(0), 3);
+  EXPECT_NEAR(opt.memory(0).frozen_nu.sum().item<double>(), 1.0, 1e-6);
+  step();  // a new task has begun
+  opt.task_boundary();
+  EXPECT_EQ(opt.memory(0).frozen.size(0), 6);
+  // And the flag survives a checkpoint: a loaded optimizer does not freeze the task again.
+  std::stringstream checkpoint;
+  torch::save(opt, checkpoint);
+  fogo::FOGO loaded({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(6).freeze_per_task(3));
+  torch::load(loaded, checkpoint);
+  loaded.consolidate();
+  EXPECT_EQ(loaded.memory(0).frozen.size(0), 6);
+}
+
+TEST(FOGO, MemoryIsACopy) {
+  auto p = torch::randn({12, 24}).requires_grad_(true);
+  fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4));
+  EXPECT_FALSE(opt.memory(0).centroids.defined());
+  p.mutable_grad() = torch::randn({12, 24});
+  opt.step();
+  const auto held = opt.memory(0);
+  const auto S = held.S.clone(), N = held.N.clone(), c = held.centroids.clone();
+  held.S.fill_(7);  // writing into the copy must not reach the optimizer
+  held.N.fill_(7);
+  EXPECT_TRUE(torch::equal(opt.memory(0).N, N));
+  EXPECT_TRUE(torch::equal(opt.memory(0).S, S));
+  p.mutable_grad() = torch::randn({12, 24});
+  opt.step();  // and a step must not change what was handed out
+  EXPECT_TRUE(torch::equal(held.centroids, c));
+  EXPECT_FALSE(torch::equal(opt.memory(0).N, N));
+}
+
+TEST(FOGO, CheckpointOfAnotherMemoryLayoutIsRejectedAndChangesNothing) {
+  auto p = torch::randn({6, 20}).requires_grad_(true);
+  const auto base = fogo::FOGOOptions(0.5).codebook_size(16).proj_dim(8);
+  fogo::FOGO source({p}, base);
+  p.mutable_grad() = torch::randn({6, 20});
+  source.step();
+  std::stringstream checkpoint;
+  torch::save(source, checkpoint);
+  const std::vector<std::pair<fogo::FOGOOptions, std::string>> targets = {
+      {fogo::FOGOOptions(0.1).codebook_size(4).proj_dim(8), "codebook_size 16, this optimizer 4"},
+      {fogo::FOGOOptions(0.1).codebook_size(16).proj_dim(12), "proj_dim 8, this optimizer 12"},
+      {fogo::FOGOOptions(0.1).codebook_size(16).proj_dim(8).seed(3), "seed 0, this optimizer 3"},
+      {fogo::FOGOOptions(0.1).codebook_size(16).proj_dim(8).projection_scale(
+           fogo::ProjectionScale::JL),
+       "projection_scale 0, this optimizer 1"}};
+  for (const auto& [options, needle] : targets) {
+    fogo::FOGO target({p}, options);
+    checkpoint.clear();
+    checkpoint.seekg(0);
+    fogo::test::expect_error([&] { torch::load(target, checkpoint); }, needle);
+    EXPECT_TRUE(static_cast<const fogo::FOGOOptions&>(target.param_groups()[0].options()) ==
+                options);  // lr and C as they were
+    EXPECT_TRUE(target.state().empty());
+  }
+  // The same layout loads, and the checkpoint's lr comes with it (as LibTorch's optimizers do).
+  fogo::FOGO same({p}, fogo::FOGOOptions(0.1).codebook_size(16).proj_dim(8));
+  checkpoint.clear();
+  checkpoint.seekg(0);
+  torch::load(same, checkpoint);
+  EXPECT_DOUBLE_EQ(same.param_groups()[0].options().get_lr(), 0.5);
+}
+
+TEST(FOGO, AnyInt64SeedWorks) {
+  // The group generator's seed is mixed in unsigned arithmetic (it used to overflow a signed
+  // int64, undefined behaviour, for seeds beyond ~9.2e12).
+  std::vector<torch::Tensor> results;
+  for (const int64_t seed : {std::numeric_limits<int64_t>::max(), int64_t{-1},
+                             std::numeric_limits<int64_t>::min(), int64_t{9300000000000}}) {
+    torch::manual_seed(23);
+    auto p = torch::randn({10, 30}).requires_grad_(true);
+    fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4).seed(seed));
+    for (int step = 0; step < 2; ++step) {
+      p.mutable_grad() = torch::randn({10, 30});
+      opt.step();
+    }
+    EXPECT_TRUE(torch::isfinite(p).all().item<bool>()) << seed;
+    results.push_back(p.detach().clone());
+  }
+  EXPECT_FALSE(torch::equal(results[0], results[1]));  // different seeds, different projections
+}
+
+namespace {
+fogo::FOGO make_fogo(torch::Tensor p) {  // a factory returning by value needs a movable FOGO
+  return fogo::FOGO({std::move(p)}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4));
+}
+}  // namespace
+
+TEST(FOGO, IsMovableAndComparable) {
+  static_assert(std::is_nothrow_move_constructible_v<fogo::FOGO>);
+  static_assert(std::is_nothrow_move_assignable_v<fogo::FOGO>);
+  auto p = torch::randn({6, 20}).requires_grad_(true);
+  fogo::FOGO opt = make_fogo(p);
+  p.mutable_grad() = torch::randn({6, 20});
+  opt.step();
+  fogo::FOGO moved(std::move(opt));
+  moved.step();
+  EXPECT_EQ(moved.telemetry()[0].step, 2);
+
+  const auto a = fogo::FOGOOptions(0.01).codebook_size(8);
+  EXPECT_TRUE(a == fogo::FOGOOptions(0.01).codebook_size(8));
+  EXPECT_FALSE(a == fogo::FOGOOptions(0.01).codebook_size(9));
+  EXPECT_FALSE(a == fogo::FOGOOptions(0.01).codebook_size(8).ns_dtype(torch::kFloat));
+  EXPECT_FALSE(a ==
+               fogo::FOGOOptions(0.01).codebook_size(8).nonfinite(fogo::NonFinitePolicy::Skip));
+  EXPECT_TRUE(a == static_cast<const fogo::FOGOOptions&>(
+                       *static_cast<const torch::optim::OptimizerOptions&>(a).clone()));
+  const auto& st =
+      static_cast<const fogo::FOGOParamState&>(*moved.state().at(p.unsafeGetTensorImpl()));
+  EXPECT_TRUE(st == static_cast<const fogo::FOGOParamState&>(
+                        *static_cast<const torch::optim::OptimizerParamState&>(st).clone()));
+  auto other = static_cast<const fogo::FOGOParamState&>(
+      *static_cast<const torch::optim::OptimizerParamState&>(st).clone());
+  other.fast_momentum(other.fast_momentum() + 1);
+  EXPECT_FALSE(st == other);
+}
+
+TEST(FOGO, CubicIterationByName) {
+  EXPECT_EQ(fogo::FOGOOptions().ns_coefficients(), fogo::kQuintic);
+  auto p = torch::randn({6, 20}).requires_grad_(true);
+  fogo::FOGO opt(
+      {p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4).ns_coefficients(fogo::kCubic));
+  EXPECT_EQ(
+      std::get<0>(
+          static_cast<const fogo::FOGOOptions&>(opt.param_groups()[0].options()).ns_coefficients()),
+      1.5);
+  p.mutable_grad() = torch::randn({6, 20});
+  opt.step();
+  EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
 }

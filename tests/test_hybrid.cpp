@@ -1,11 +1,14 @@
 // The hybrid: which side each parameter goes to, and the two optimizers stepping, scheduling
 // and checkpointing as one.
+#include <fogo/fogo.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <sstream>
+
+#include "test_util.h"
 
 namespace {
 
@@ -162,4 +165,85 @@ TEST(HybridOptimizer, MismatchedCheckpointIsRejectedAndChangesNothing) {
       fogo::HybridOptimizer(nullptr, std::make_unique<torch::optim::AdamW>(net->parameters()));
   checkpoint.seekg(0);
   EXPECT_THROW(torch::load(rest_only, checkpoint), c10::Error);
+}
+
+TEST(HybridOptimizer, SetLrFactorCoversGroupsAddedLater) {
+  TinyNet net;
+  auto opt = make(net);
+  opt.set_lr_factor(0.5);
+  auto extra = torch::randn({3, 3}).requires_grad_(true);
+  opt.rest()->add_param_group(torch::optim::OptimizerParamGroup(
+      {extra}, std::make_unique<torch::optim::AdamWOptions>(1e-2)));
+  auto extra_matrix = torch::randn({4, 4}).requires_grad_(true);
+  opt.matrix()->add_param_group(
+      torch::optim::OptimizerParamGroup({extra_matrix}, std::make_unique<fogo::MuonOptions>(4e-2)));
+  opt.set_lr_factor(0.25);  // used to throw std::out_of_range
+  EXPECT_DOUBLE_EQ(opt.rest()->param_groups().back().options().get_lr(), 1e-2 * 0.25);
+  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups().back().options().get_lr(), 4e-2 * 0.25);
+  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups().front().options().get_lr(), 0.02 * 0.25);
+  EXPECT_DOUBLE_EQ(opt.rest()->param_groups().front().options().get_lr(), 3e-3 * 0.25);
+  EXPECT_EQ(opt.base_lrs(), (std::vector<double>{0.02, 4e-2, 3e-3, 1e-2}));
+}
+
+TEST(HybridOptimizer, ClosureRunsWithAutogradEvenUnderNoGrad) {
+  TinyNet net;
+  auto opt = make(net);
+  const auto before = net->fc1->weight.detach().clone();
+  torch::NoGradGuard no_grad;  // as a user's evaluation code may hold
+  const auto loss = opt.step([&] {
+    opt.zero_grad();
+    auto l = torch::nn::functional::cross_entropy(net->forward(torch::randint(0, 50, {4, 6})),
+                                                  torch::randint(0, 5, {4}));
+    l.backward();
+    return l;
+  });
+  EXPECT_TRUE(loss.defined());
+  EXPECT_FALSE(torch::equal(net->fc1->weight.detach(), before));
+}
+
+namespace {
+
+// Gradients of one training step, then a NaN in one parameter's gradient.
+void poisoned_grads(TinyNet& net, torch::Tensor& poisoned) {
+  torch::manual_seed(7);
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::randn(p.sizes());
+  poisoned.mutable_grad().view(-1)[0] = NAN;
+}
+
+std::vector<torch::Tensor> snapshot(TinyNet& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool unchanged(TinyNet& net, const std::vector<torch::Tensor>& before) {
+  const auto now = net->parameters();
+  for (size_t i = 0; i < now.size(); ++i)
+    if (!torch::equal(now[i].detach(), before[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(HybridOptimizer, NonFinitePolicyCoversBothSides) {
+  for (const auto policy : {fogo::NonFinitePolicy::Skip, fogo::NonFinitePolicy::Raise}) {
+    TinyNet net;
+    auto opt = fogo::make_hybrid<fogo::FOGO>(
+        *net, fogo::FOGOOptions(0.01).proj_dim(4).codebook_size(4).nonfinite(policy),
+        torch::optim::AdamWOptions(3e-3));
+    // A NaN on the AdamW side (a bias) and on the FOGO side (a weight): neither side steps.
+    for (auto* poisoned : {&net->fc1->bias, &net->fc1->weight}) {
+      poisoned_grads(net, *poisoned);
+      const auto before = snapshot(net);
+      if (policy == fogo::NonFinitePolicy::Skip) {
+        opt.step();
+      } else {
+        fogo::test::expect_error([&] { opt.step(); }, poisoned == &net->fc1->bias
+                                                          ? "HybridOptimizer (rest side)"
+                                                          : "HybridOptimizer (matrix side)");
+      }
+      EXPECT_TRUE(unchanged(net, before)) << static_cast<int>(policy);
+      EXPECT_TRUE(opt.rest()->state().empty());
+    }
+  }
 }

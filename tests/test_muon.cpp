@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "test_util.h"
 
@@ -292,7 +293,11 @@ TEST(Muon, RejectsBadInputWithNamedErrors) {
       [&] {
         fogo::Muon({param()}, fogo::MuonOptions().ns_coefficients({NAN, 1, 1}));
       },
-      "ns_coefficients");
+      "Muon: option 'ns_coefficients'");
+  // Named as Muon's option, not as the Newton–Schulz configuration it feeds.
+  expect_error([&] { fogo::Muon({param()}, fogo::MuonOptions().eps(0)); }, "Muon: option 'eps'");
+  expect_error([&] { fogo::Muon({param()}, fogo::MuonOptions().ns_steps(100)); },
+               "Muon: option 'ns_steps'");
 
   torch::Tensor p = param();
   fogo::Muon opt({p});
@@ -311,4 +316,45 @@ TEST(Muon, RejectsBadInputWithNamedErrors) {
   expect_error([&] { two.step(); }, "parameter 1 of group 0");
   EXPECT_TRUE(torch::equal(p.detach(), p0));
   EXPECT_TRUE(torch::equal(q.detach(), q0));
+}
+
+TEST(Muon, OptionsAndStatesCompareAndTheOptimizerMoves) {
+  static_assert(std::is_nothrow_move_constructible_v<fogo::Muon>);
+  const auto a = fogo::MuonOptions(0.02).ns_dtype(torch::kFloat);
+  EXPECT_TRUE(a == fogo::MuonOptions(0.02).ns_dtype(torch::kFloat));
+  EXPECT_FALSE(a == fogo::MuonOptions(0.02));
+  EXPECT_FALSE(a == fogo::MuonOptions(0.02).ns_dtype(torch::kFloat).ns_coefficients(fogo::kCubic));
+  EXPECT_TRUE(a == static_cast<const fogo::MuonOptions&>(
+                       *static_cast<const torch::optim::OptimizerOptions&>(a).clone()));
+  auto p = torch::randn({4, 6}).requires_grad_(true);
+  fogo::Muon opt({p}, a);
+  p.mutable_grad() = torch::randn({4, 6});
+  opt.step();
+  const auto& st =
+      static_cast<const fogo::MuonParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+  auto copy = static_cast<const fogo::MuonParamState&>(
+      *static_cast<const torch::optim::OptimizerParamState&>(st).clone());
+  EXPECT_TRUE(st == copy);
+  copy.momentum_buffer(copy.momentum_buffer() * 2);
+  EXPECT_FALSE(st == copy);
+}
+
+TEST(Muon, LoadMovesStateToTheParametersDevice) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "needs a CUDA device (a CPU-only machine has one device)";
+  auto cpu = torch::randn({4, 6}).requires_grad_(true);
+  fogo::Muon source({cpu});
+  cpu.mutable_grad() = torch::randn({4, 6});
+  source.step();
+  std::stringstream checkpoint;
+  torch::save(source, checkpoint);
+  auto gpu = torch::randn({4, 6}, torch::kCUDA).requires_grad_(true);
+  fogo::Muon target({gpu});
+  gpu.mutable_grad() = torch::randn({4, 6}, torch::kCUDA);
+  target.step();
+  torch::load(target, checkpoint);
+  const auto& st =
+      static_cast<const fogo::MuonParamState&>(*target.state().at(gpu.unsafeGetTensorImpl()));
+  EXPECT_TRUE(st.momentum_buffer().is_cuda());
+  target.step();  // and it steps with it
 }

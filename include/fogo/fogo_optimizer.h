@@ -49,9 +49,9 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   // Streams and Newton–Schulz (steps 1-2).
   TORCH_ARG(double, mu_s) = 0.95;
   TORCH_ARG(double, mu_f) = 0.35;
-  TORCH_ARG(int64_t, ns_steps_slow) = 5;  ///< K_s
-  TORCH_ARG(int64_t, ns_steps_fast) = 5;  ///< K_f
-  TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(int64_t, ns_steps_slow) = 5;                  ///< K_s
+  TORCH_ARG(int64_t, ns_steps_fast) = 5;                  ///< K_f
+  TORCH_ARG(coefficients_t, ns_coefficients) = kQuintic;  ///< or kCubic (newton_schulz.h)
   /// Newton–Schulz compute dtype; state stays fp32. kBFloat16 (default: tensor cores on a GPU,
   /// as torch.optim.Muon) or kFloat32/kFloat64, which also enable the fast stream's Gram route.
   TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
@@ -101,6 +101,8 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   void set_lr(const double lr) override;
   /// Throws naming the first invalid option.
   void validate() const;
+  /// Every option equal.
+  friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
 };
 
 /// Per-parameter state: the two momentum streams, fp32 whatever the parameter's dtype, in the
@@ -112,6 +114,8 @@ struct FOGOParamState : public torch::optim::OptimizerCloneableParamState<FOGOPa
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Both momenta equal (torch::equal), as LibTorch's param states compare.
+  friend bool operator==(const FOGOParamState& a, const FOGOParamState& b);
 };
 
 /// Per-group statistics of the last step, for a trainer to log.
@@ -135,10 +139,19 @@ class FOGO : public torch::optim::Optimizer {
   explicit FOGO(std::vector<torch::Tensor> params, FOGOOptions defaults = {})
       : FOGO({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
   ~FOGO() override;
+  FOGO(FOGO&&) noexcept;
+  FOGO& operator=(FOGO&&) noexcept;
 
+  /// One step of every param group. Everything that can be checked is checked before anything
+  /// changes (each group's options, parameter shapes and devices, gradient shapes and kinds, and
+  /// NaN/Inf in the gradients under NonFinitePolicy::Raise), so such an error leaves the optimizer
+  /// and the parameters as they were. What cannot be undone: a failure of the device itself in
+  /// the middle of a step (out of memory, a CUDA fault) may leave earlier groups stepped.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// End of a task: freeze freeze_per_task centroids of every group, chosen by importance.
+  /// Once per task: calling it again before the next step (or task_boundary() after it) adds
+  /// nothing, so the same centroids are never frozen twice.
   void consolidate();
   /// Start of a task: momenta and conflict EMA to zero, task-start codebook snapshot.
   void begin_task();
@@ -150,12 +163,16 @@ class FOGO : public torch::optim::Optimizer {
 
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Restores momenta, codebooks, EMA statistics, frozen banks, generators and step counters.
-  /// A checkpoint made for other shapes, another group layout or other codebook sizes is
-  /// rejected with an error and leaves this optimizer as it was.
+  /// The options come from the checkpoint (lr included, as LibTorch's optimizers load), except
+  /// that a checkpoint whose memory is laid out differently is rejected: other parameter shapes,
+  /// another group layout, or a group with another codebook_size, proj_dim, seed or
+  /// projection_scale (its codebook would live in another projected space). A rejected load
+  /// leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// Read-only views of a group's memory, for inspection and tests: unit centroids [C, d]
-  /// (undefined before the group's first step), EMA counts N [C], frozen bank [F, d] and nu [F].
+  /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
+  /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
+  /// group's first step), frozen bank [F, d] and its weights nu [F].
   struct MemoryView {
     torch::Tensor centroids, S, N, frozen, frozen_nu;
   };

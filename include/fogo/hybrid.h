@@ -62,7 +62,10 @@ class HybridOptimizer {
   HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix,
                   std::unique_ptr<torch::optim::Optimizer> rest);
 
-  /// Evaluates `closure` once (if given), then steps both optimizers.
+  /// Evaluates `closure` once (if given, with autograd on), then steps both optimizers. NaN/Inf
+  /// gradients on either side are handled for the whole step by the matrix side's policy
+  /// (FOGO's NonFinitePolicy, Muon's check_finite): Skip steps neither side, Raise throws naming
+  /// the parameter and steps neither side.
   torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr);
   void zero_grad(bool set_to_none = true);
 
@@ -70,8 +73,9 @@ class HybridOptimizer {
   /// base learning rates usually differ (Muon 2e-2 vs AdamW 3e-4, say).
   void set_lr_factor(double factor);
   double lr_factor() const { return factor_; }
-  /// The base learning rates, captured at construction: matrix groups first, then rest groups.
-  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  /// The base learning rates, matrix groups first, then rest groups: captured at construction,
+  /// and for a group added later (add_param_group on a side) its lr when first seen here.
+  const std::vector<double>& base_lrs() const;
 
   torch::optim::Optimizer* matrix() { return matrix_.get(); }
   torch::optim::Optimizer* rest() { return rest_.get(); }
@@ -82,8 +86,10 @@ class HybridOptimizer {
 
  private:
   std::vector<torch::optim::Optimizer*> sides() const;
+  void capture_base_lrs() const;
   std::unique_ptr<torch::optim::Optimizer> matrix_, rest_;
-  std::vector<double> base_lrs_;
+  mutable std::vector<double> base_lrs_;
+  mutable size_t matrix_groups_ = 0;  ///< matrix-side groups whose base lr is in base_lrs_
   double factor_ = 1.0;
 };
 

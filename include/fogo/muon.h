@@ -22,6 +22,7 @@
 // stays bit-identical to torch.optim.Muon (tested on single- and multi-parameter groups).
 // docs/muon.md has the details.
 
+#include <fogo/newton_schulz.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -45,7 +46,7 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(double, weight_decay) = 0.1;
   TORCH_ARG(double, momentum) = 0.95;
   TORCH_ARG(bool, nesterov) = true;
-  TORCH_ARG(coefficients_t, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(coefficients_t, ns_coefficients) = kQuintic;  ///< or kCubic (newton_schulz.h)
   TORCH_ARG(double, eps) = 1e-7;
   TORCH_ARG(int64_t, ns_steps) = 5;
   TORCH_ARG(MuonAdjustLR, adjust_lr) = MuonAdjustLR::Original;
@@ -63,6 +64,8 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   void set_lr(const double lr) override;
   /// Throws naming the first invalid option.
   void validate() const;
+  /// Every option equal.
+  friend bool operator==(const MuonOptions& a, const MuonOptions& b);
 };
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
@@ -71,6 +74,8 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Buffers equal (torch::equal), as LibTorch's param states compare.
+  friend bool operator==(const MuonParamState& a, const MuonParamState& b);
 };
 
 class Muon : public torch::optim::Optimizer {
@@ -82,8 +87,9 @@ class Muon : public torch::optim::Optimizer {
 
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores state and options; a checkpoint for other shapes or another group layout is
-  /// rejected with an error and leaves this optimizer as it was.
+  /// Restores state (moved to each parameter's device) and options; a checkpoint for other
+  /// shapes or another group layout is rejected with an error and leaves this optimizer as it
+  /// was.
   void load(torch::serialize::InputArchive& archive) override;
 
  private:

@@ -41,6 +41,11 @@ struct NSConfig {
   static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
 };
 
+/// The coefficient sets by name, for the optimizers' ns_coefficients option:
+/// `FOGOOptions().ns_coefficients(fogo::kCubic)` runs the spec's cubic iteration.
+inline constexpr std::tuple<double, double, double> kQuintic{3.4445, -4.7750, 2.0315};
+inline constexpr std::tuple<double, double, double> kCubic{1.5, -0.5, 0.0};
+
 /// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use).
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype);
