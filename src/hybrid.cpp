@@ -133,51 +133,65 @@ std::string shape_key(const std::string& /*name*/, const torch::Tensor& param) {
   return std::to_string(rows) + "x" + std::to_string(cols);
 }
 
-std::vector<torch::optim::OptimizerParamGroup> group_by(const NamedParams& params,
-                                                        const GroupKey& key) {
-  std::vector<std::string> keys;
+NamedGroups group_by(const NamedParams& params, const GroupKey& key) {
+  NamedGroups out;
   std::vector<std::vector<torch::Tensor>> members;
   for (size_t k = 0; k < params.size(); ++k) {
     const std::string group = key(params.names[k], params.params[k]);
-    auto it = std::find(keys.begin(), keys.end(), group);
-    if (it == keys.end()) {
-      keys.push_back(group);
+    auto it = std::find(out.names.begin(), out.names.end(), group);
+    if (it == out.names.end()) {
+      out.names.push_back(group);
       members.emplace_back();
-      it = keys.end() - 1;
+      it = out.names.end() - 1;
     }
-    members[it - keys.begin()].push_back(params.params[k]);
+    members[it - out.names.begin()].push_back(params.params[k]);
   }
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (auto& m : members) groups.emplace_back(std::move(m));
-  return groups;
+  for (auto& m : members) out.groups.emplace_back(std::move(m));
+  return out;
 }
+
+namespace {
+
+// The options the hybrid's base class keeps as its defaults: the matrix side's when there is one
+// (a group added without options goes there), else the rest side's.
+std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(torch::optim::Optimizer* matrix,
+                                                            torch::optim::Optimizer* rest) {
+  TORCH_CHECK(matrix || rest, "HybridOptimizer: both the matrix and the rest optimizer are null");
+  return (matrix ? matrix : rest)->defaults().clone();
+}
+
+std::string numbered(const char* base, size_t k, size_t count) {
+  return count == 1 ? std::string(base) : std::string(base) + "." + std::to_string(k);
+}
+
+}  // namespace
 
 HybridOptimizer::HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix,
-                                 std::unique_ptr<torch::optim::Optimizer> rest)
-    : matrix_(std::move(matrix)), rest_(std::move(rest)) {
-  TORCH_CHECK(matrix_ || rest_, "HybridOptimizer: both the matrix and the rest optimizer are null");
-  capture_base_lrs();
-}
-
-const std::vector<double>& HybridOptimizer::base_lrs() const {
-  capture_base_lrs();
-  return base_lrs_;
-}
-
-void HybridOptimizer::capture_base_lrs() const {
-  // Groups are only ever appended (add_param_group), matrix side first in base_lrs_: a group
-  // added to the matrix side after construction is inserted before the rest side's rates.
-  size_t k = 0;
-  for (auto* side : sides()) {
-    const auto& groups = side->param_groups();
-    const size_t known = side == matrix_.get() ? matrix_groups_ : base_lrs_.size() - matrix_groups_;
-    for (size_t g = known; g < groups.size(); ++g) {
-      base_lrs_.insert(base_lrs_.begin() + static_cast<std::ptrdiff_t>(k + g),
-                       groups[g].options().get_lr());
+                                 std::unique_ptr<torch::optim::Optimizer> rest,
+                                 std::vector<std::string> matrix_group_names)
+    : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                defaults_of(matrix.get(), rest.get())),
+      matrix_(std::move(matrix)),
+      rest_(std::move(rest)) {
+  const size_t matrix_groups = matrix_ ? matrix_->param_groups().size() : 0;
+  TORCH_CHECK(matrix_group_names.empty() || matrix_group_names.size() == matrix_groups,
+              "HybridOptimizer: ", matrix_group_names.size(), " names for ", matrix_groups,
+              " matrix param groups");
+  for (const Side s : {Side::Matrix, Side::Rest}) {
+    torch::optim::Optimizer* opt = side(s);
+    if (!opt) continue;
+    const auto& groups = opt->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      // The hybrid's own copy of the group (same tensors, cloned options) is the one users and
+      // schedulers see; sync_options() hands its options to the side.
+      param_groups_.emplace_back(groups[g].params(), groups[g].options().clone());
+      route_.emplace_back(s, g);
+      names_.push_back(s == Side::Rest              ? numbered("rest", g, groups.size())
+                       : matrix_group_names.empty() ? numbered("matrix", g, groups.size())
+                                                    : matrix_group_names[g]);
     }
-    k += groups.size();
-    if (side == matrix_.get()) matrix_groups_ = groups.size();
   }
+  base_lrs();
 }
 
 std::vector<torch::optim::Optimizer*> HybridOptimizer::sides() const {
@@ -187,7 +201,54 @@ std::vector<torch::optim::Optimizer*> HybridOptimizer::sides() const {
   return out;
 }
 
-torch::Tensor HybridOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
+void HybridOptimizer::sync_options() const {
+  // Groups the user added to the hybrid (add_param_group is not virtual in LibTorch, so they
+  // land in param_groups_ only): route each to the side whose options type it carries.
+  for (size_t g = route_.size(); g < param_groups_.size(); ++g) {
+    const auto& group = param_groups_[g];
+    const auto& options = group.options();
+    Side s;
+    if (dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+      s = Side::Rest;
+    } else {
+      TORCH_CHECK(matrix_ && typeid(options) == typeid(matrix_->defaults()),
+                  "HybridOptimizer: param group ", g, " has options of type ",
+                  c10::demangle(typeid(options).name()),
+                  ", which neither side takes (AdamWOptions go to the rest side",
+                  matrix_ ? ", " + c10::demangle(typeid(matrix_->defaults()).name()) +
+                                " to the matrix side)"
+                          : ")");
+      s = Side::Matrix;
+    }
+    torch::optim::Optimizer* opt = side(s);
+    TORCH_CHECK(opt, "HybridOptimizer: param group ", g,
+                " has AdamWOptions but this hybrid has no rest side");
+    opt->add_param_group(torch::optim::OptimizerParamGroup(group.params(), options.clone()));
+    route_.emplace_back(s, opt->param_groups().size() - 1);
+    names_.push_back((s == Side::Rest ? "rest." : "matrix.") +
+                     std::to_string(opt->param_groups().size() - 1));
+  }
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& [s, index] = route_[g];
+    side(s)->param_groups()[index].set_options(param_groups_[g].options().clone());
+  }
+}
+
+void HybridOptimizer::pull_options() {
+  for (size_t g = 0; g < route_.size(); ++g) {
+    const auto& [s, index] = route_[g];
+    param_groups_[g].set_options(side(s)->param_groups()[index].options().clone());
+  }
+}
+
+const std::string& HybridOptimizer::group_name(size_t g) const {
+  sync_options();
+  TORCH_CHECK(g < names_.size(), "HybridOptimizer::group_name: group ", g, " does not exist (",
+              names_.size(), " groups)");
+  return names_[g];
+}
+
+torch::Tensor HybridOptimizer::step(LossClosure closure) {
   torch::Tensor loss;
   if (closure) {
     // Optimizers run their closure with autograd on (LibTorch's do), even inside a
@@ -196,6 +257,7 @@ torch::Tensor HybridOptimizer::step(torch::optim::Optimizer::LossClosure closure
     loss = closure();
   }
   torch::NoGradGuard no_grad;
+  sync_options();
   // The matrix side's NaN/Inf policy holds for the whole step: with Skip nothing is stepped,
   // with Raise the error names the parameter and nothing is stepped (AdamW, on the rest side,
   // would otherwise write NaN into the biases and norms).
@@ -203,17 +265,14 @@ torch::Tensor HybridOptimizer::step(torch::optim::Optimizer::LossClosure closure
   if (check != NonFiniteCheck::None) {
     std::vector<at::Tensor> grads;
     std::vector<std::tuple<const char*, size_t, size_t, at::Tensor>> where;
-    for (auto* side : sides()) {
-      const auto& groups = side->param_groups();
-      for (size_t g = 0; g < groups.size(); ++g) {
-        for (size_t i = 0; i < groups[g].params().size(); ++i) {
-          const at::Tensor& p = groups[g].params()[i];
-          if (!p.grad().defined()) continue;
-          grads.push_back(p.grad());
-          where.emplace_back(side == matrix_.get() ? "HybridOptimizer (matrix side)"
-                                                   : "HybridOptimizer (rest side)",
-                             g, i, p);
-        }
+    for (size_t g = 0; g < param_groups_.size(); ++g) {
+      const auto& params = param_groups_[g].params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad().defined()) continue;
+        grads.push_back(params[i].grad());
+        where.emplace_back(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
+                                                           : "HybridOptimizer (rest side)",
+                           g, i, params[i]);
       }
     }
     if (const int64_t bad = detail::first_nonfinite(grads); bad >= 0) {
@@ -226,26 +285,26 @@ torch::Tensor HybridOptimizer::step(torch::optim::Optimizer::LossClosure closure
   return loss;
 }
 
-void HybridOptimizer::zero_grad(bool set_to_none) {
-  for (auto* side : sides()) side->zero_grad(set_to_none);
+const std::vector<double>& HybridOptimizer::base_lrs() const {
+  for (size_t g = base_lrs_.size(); g < param_groups_.size(); ++g)
+    base_lrs_.push_back(param_groups_[g].options().get_lr());
+  return base_lrs_;
 }
 
 void HybridOptimizer::set_lr_factor(double factor) {
   TORCH_CHECK(std::isfinite(factor) && factor >= 0,
               "HybridOptimizer::set_lr_factor: factor must be finite and >= 0, got ", factor);
-  capture_base_lrs();
-  size_t k = 0;
-  for (auto* side : sides()) {
-    for (auto& group : side->param_groups()) group.options().set_lr(base_lrs_[k++] * factor);
-  }
+  const auto& base = base_lrs();
+  for (size_t g = 0; g < param_groups_.size(); ++g)
+    param_groups_[g].options().set_lr(base[g] * factor);
   factor_ = factor;
 }
 
 void HybridOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  capture_base_lrs();
-  archive.write("fogo_hybrid/format", c10::IValue(static_cast<int64_t>(1)));
+  sync_options();
+  archive.write("fogo_hybrid/format", c10::IValue(static_cast<int64_t>(2)));
   archive.write("fogo_hybrid/lr_factor", c10::IValue(factor_));
-  archive.write("fogo_hybrid/base_lrs", c10::IValue(c10::List<double>(base_lrs_)));
+  archive.write("fogo_hybrid/base_lrs", c10::IValue(c10::List<double>(base_lrs())));
   const char* names[] = {"matrix", "rest"};
   torch::optim::Optimizer* opts[] = {matrix_.get(), rest_.get()};
   for (int s = 0; s < 2; ++s) {
@@ -259,13 +318,15 @@ void HybridOptimizer::save(torch::serialize::OutputArchive& archive) const {
 
 void HybridOptimizer::load(torch::serialize::InputArchive& archive) {
   c10::IValue value;
-  TORCH_CHECK(archive.try_read("fogo_hybrid/format", value) && value.toInt() == 1,
-              "HybridOptimizer::load: not a fogo hybrid checkpoint (format 1)");
+  // Format 1 (the two-optimizer hybrid) holds the same sides and keys; format 2 is this class.
+  TORCH_CHECK(
+      archive.try_read("fogo_hybrid/format", value) && (value.toInt() == 1 || value.toInt() == 2),
+      "HybridOptimizer::load: not a fogo hybrid checkpoint (format 1 or 2)");
+  sync_options();
   archive.read("fogo_hybrid/base_lrs", value);
   std::vector<double> base_lrs = value.toDoubleVector();
-  capture_base_lrs();
-  TORCH_CHECK(base_lrs.size() == base_lrs_.size(), "HybridOptimizer::load: the checkpoint has ",
-              base_lrs.size(), " parameter groups in all, this optimizer ", base_lrs_.size());
+  TORCH_CHECK(base_lrs.size() == param_groups_.size(), "HybridOptimizer::load: the checkpoint has ",
+              base_lrs.size(), " parameter groups in all, this optimizer ", param_groups_.size());
   const char* names[] = {"matrix", "rest"};
   torch::optim::Optimizer* opts[] = {matrix_.get(), rest_.get()};
   std::vector<torch::serialize::InputArchive> inputs(2);
@@ -290,6 +351,7 @@ void HybridOptimizer::load(torch::serialize::InputArchive& archive) {
     for (auto* side : sides()) from_bytes(*side, snapshots[k++]);
     throw;
   }
+  pull_options();
   archive.read("fogo_hybrid/lr_factor", value);
   base_lrs_ = std::move(base_lrs);
   factor_ = value.toDouble();

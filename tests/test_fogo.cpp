@@ -535,7 +535,10 @@ TEST(FOGO, WorksInTheHybridWithShapeGroupsAndSchedulers) {
                                     torch::optim::AdamWOptions(1e-3), rules, fogo::shape_key);
   ASSERT_EQ(opt.matrix()->param_groups().size(), 2u);  // 32x16 and 32x32 (two of them)
   EXPECT_EQ(opt.matrix()->param_groups()[1].params().size(), 2u);
-  torch::optim::StepLR scheduler(*opt.matrix(), 1, 0.5);
+  EXPECT_EQ(opt.group_name(0), "32x16");
+  EXPECT_EQ(opt.group_name(1), "32x32");
+  EXPECT_EQ(opt.group_name(2), "rest");
+  torch::optim::StepLR scheduler(opt, 1, 0.5);  // the hybrid is a torch::optim::Optimizer
   const auto x = torch::randn({64, 16});
   const auto y = torch::randint(0, 4, {64});
   double first = 0, last = 0;
@@ -549,7 +552,11 @@ TEST(FOGO, WorksInTheHybridWithShapeGroupsAndSchedulers) {
   EXPECT_LT(last, first);
   scheduler.step();
   scheduler.step();
-  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups()[0].options().get_lr(), 0.005);
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.005);
+  EXPECT_DOUBLE_EQ(opt.param_groups()[2].options().get_lr(), 5e-4);
+  // The side sees the scheduled rate (through the accessor, as at every step).
+  EXPECT_DOUBLE_EQ(opt.matrix<fogo::FOGO>()->param_groups()[0].options().get_lr(), 0.005);
+  fogo::test::expect_error([&] { opt.matrix<fogo::Muon>(); }, "matrix side is not a fogo::Muon");
 }
 
 TEST(FOGOPresets, MatchThePapersTable) {

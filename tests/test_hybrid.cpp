@@ -91,8 +91,10 @@ TEST(GroupBy, ShapeKeyGroupsSameShapes) {
     params.names.push_back("p");
     params.params.push_back(torch::zeros(shape));
   }
-  const auto groups = fogo::group_by(params, fogo::shape_key);
+  const auto named = fogo::group_by(params, fogo::shape_key);
+  const auto& groups = named.groups;
   ASSERT_EQ(groups.size(), 2u);  // "4x8" (three, the conv viewed as 4x8) and "8x4"
+  EXPECT_EQ(named.names, (std::vector<std::string>{"4x8", "8x4"}));
   EXPECT_EQ(groups[0].params().size(), 3u);
   EXPECT_EQ(groups[1].params().size(), 1u);
 }
@@ -167,22 +169,62 @@ TEST(HybridOptimizer, MismatchedCheckpointIsRejectedAndChangesNothing) {
   EXPECT_THROW(torch::load(rest_only, checkpoint), c10::Error);
 }
 
-TEST(HybridOptimizer, SetLrFactorCoversGroupsAddedLater) {
+TEST(HybridOptimizer, GroupsAddedLaterAreRoutedScheduledAndNamed) {
   TinyNet net;
   auto opt = make(net);
   opt.set_lr_factor(0.5);
   auto extra = torch::randn({3, 3}).requires_grad_(true);
-  opt.rest()->add_param_group(torch::optim::OptimizerParamGroup(
+  opt.add_param_group(torch::optim::OptimizerParamGroup(
       {extra}, std::make_unique<torch::optim::AdamWOptions>(1e-2)));
   auto extra_matrix = torch::randn({4, 4}).requires_grad_(true);
-  opt.matrix()->add_param_group(
+  opt.add_param_group(
       torch::optim::OptimizerParamGroup({extra_matrix}, std::make_unique<fogo::MuonOptions>(4e-2)));
   opt.set_lr_factor(0.25);  // used to throw std::out_of_range
+  EXPECT_EQ(opt.base_lrs(), (std::vector<double>{0.02, 3e-3, 1e-2, 4e-2}));
+  // Each side got its group, with the scaled rate.
   EXPECT_DOUBLE_EQ(opt.rest()->param_groups().back().options().get_lr(), 1e-2 * 0.25);
-  EXPECT_DOUBLE_EQ(opt.matrix()->param_groups().back().options().get_lr(), 4e-2 * 0.25);
+  EXPECT_DOUBLE_EQ(opt.matrix<fogo::Muon>()->param_groups().back().options().get_lr(), 4e-2 * 0.25);
   EXPECT_DOUBLE_EQ(opt.matrix()->param_groups().front().options().get_lr(), 0.02 * 0.25);
   EXPECT_DOUBLE_EQ(opt.rest()->param_groups().front().options().get_lr(), 3e-3 * 0.25);
-  EXPECT_EQ(opt.base_lrs(), (std::vector<double>{0.02, 4e-2, 3e-3, 1e-2}));
+  EXPECT_EQ(opt.group_name(0), "matrix");
+  EXPECT_EQ(opt.group_name(2), "rest.1");
+  EXPECT_EQ(opt.group_name(3), "matrix.1");
+  extra.mutable_grad() = torch::ones({3, 3});
+  extra_matrix.mutable_grad() = torch::randn({4, 4});
+  const auto e0 = extra.detach().clone(), m0 = extra_matrix.detach().clone();
+  opt.step();  // both new groups are stepped by their side
+  EXPECT_FALSE(torch::equal(extra.detach(), e0));
+  EXPECT_FALSE(torch::equal(extra_matrix.detach(), m0));
+  // Options neither side takes are refused with their type named.
+  opt.add_param_group(
+      torch::optim::OptimizerParamGroup({torch::randn({2, 2}).requires_grad_(true)},
+                                        std::make_unique<torch::optim::SGDOptions>(0.1)));
+  fogo::test::expect_error([&] { opt.step(); }, "SGDOptions");
+}
+
+TEST(HybridOptimizer, IsATorchOptimizerForSchedulersAndSaving) {
+  TinyNet net;
+  auto hybrid = make(net);
+  torch::optim::Optimizer& opt = hybrid;  // code written for LibTorch's optimizers
+  EXPECT_EQ(opt.param_groups().size(), 2u);
+  size_t params = 0;
+  for (const auto& group : opt.param_groups()) params += group.params().size();
+  EXPECT_EQ(params, net->parameters().size());
+  torch::optim::StepLR scheduler(opt, 1, 0.1);
+  scheduler.step();
+  scheduler.step();
+  EXPECT_DOUBLE_EQ(hybrid.matrix()->param_groups()[0].options().get_lr(), 0.002);
+  EXPECT_DOUBLE_EQ(hybrid.rest()->param_groups()[0].options().get_lr(), 3e-4);
+  std::stringstream checkpoint;
+  train_steps(net, hybrid, 0, 1);
+  torch::save(opt, checkpoint);
+  TinyNet other;
+  auto loaded = make(other);
+  torch::load(static_cast<torch::optim::Optimizer&>(loaded), checkpoint);
+  EXPECT_DOUBLE_EQ(loaded.param_groups()[0].options().get_lr(), 0.002);  // options come along
+  EXPECT_FALSE(loaded.matrix()->state().empty());
+  opt.zero_grad();
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
 TEST(HybridOptimizer, ClosureRunsWithAutogradEvenUnderNoGrad) {

@@ -64,7 +64,7 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
   const double matrix_lr = c.matrix_lr.value_or(c.lr);
   const c10::ScalarType ns_dtype = c.ns_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
   std::vector<torch::optim::OptimizerParamGroup> groups =
-      fogo::group_by(split.matrix, fogo::shape_key);
+      fogo::group_by(split.matrix, fogo::shape_key).groups;
   // Group names in group_by's order (first appearance of each shape).
   std::vector<std::string> names;
   std::vector<std::string> keys;

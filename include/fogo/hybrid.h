@@ -2,9 +2,9 @@
 // The hybrid: matrix parameters to FOGO or Muon, everything else to AdamW, stepped as one.
 //
 // split_parameters() decides which side each named parameter of a module goes to;
-// HybridOptimizer owns the two optimizers and steps, zero-grads, saves/loads and scales the
-// learning rate of both together.
+// HybridOptimizer is one torch::optim::Optimizer over both sides.
 
+#include <c10/util/Type.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -13,6 +13,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace fogo {
@@ -44,85 +46,147 @@ struct ParamSplit {
 /// invalid regex, or when a matrix_patterns match names a 0-D/1-D parameter.
 ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules = {});
 
-/// Key that decides which codebook group (param group) a matrix parameter joins.
+/// Key that decides which codebook group (param group) a matrix parameter joins; the key is also
+/// the group's name.
 using GroupKey = std::function<std::string(const std::string& name, const torch::Tensor& param)>;
 
 /// Groups by shape "rows x cols" of the 2-D view (the paper's GPT-2 setting: codebooks shared by
 /// parameter shape / module type).
 std::string shape_key(const std::string& name, const torch::Tensor& param);
 
-/// One param group per distinct key, in order of first appearance; options left to the
-/// optimizer's defaults.
-std::vector<torch::optim::OptimizerParamGroup> group_by(const NamedParams& params,
-                                                        const GroupKey& key);
+/// Param groups and their names (keys), in the same order.
+struct NamedGroups {
+  std::vector<std::string> names;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+};
 
-class HybridOptimizer {
+/// One param group per distinct key, in order of first appearance, named by the key; options
+/// left to the optimizer's defaults.
+NamedGroups group_by(const NamedParams& params, const GroupKey& key);
+
+/// The hybrid as one torch::optim::Optimizer: matrix parameters stepped by FOGO or Muon, the rest
+/// (biases, norms, embeddings, heads) by AdamW. Its param_groups() are all of them, matrix groups
+/// first, each with its own options (FOGOOptions / MuonOptions / AdamWOptions) and a name, so
+/// LibTorch's LR schedulers, torch::save / torch::load and any code written for
+/// torch::optim::Optimizer& work on it unchanged.
+///
+/// The two sides are optimizers of their own, reached through matrix<T>() and rest<T>() for what
+/// only they offer (FOGO's task_boundary() and telemetry(), say). Options belong to the hybrid's
+/// param_groups(): set them there (or through a scheduler); each side reads them at every step
+/// and whenever it is reached through the accessors. add_param_group() routes a group by its
+/// options' type: AdamWOptions to the rest side, the matrix side's options type to it.
+///
+/// Migration from the two-optimizer HybridOptimizer of fogo 0.1: `static_cast<fogo::FOGO&>(
+/// *opt.matrix())` becomes `opt.matrix<fogo::FOGO>()` (checked); options changed through the
+/// sides' own param_groups() are overwritten by the hybrid's at the next step (change them in
+/// opt.param_groups()); group_by() returns names with the groups; opt.state() is empty (each
+/// side keeps its state).
+class HybridOptimizer : public torch::optim::Optimizer {
  public:
-  /// Either side may be null (a model without matrices, say), not both.
+  /// Either side may be null (a model without matrices, say), not both. `matrix_group_names`
+  /// name the matrix side's param groups (default "matrix", or "matrix.<k>" for several); the
+  /// rest side's are "rest" (or "rest.<k>").
   HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix,
-                  std::unique_ptr<torch::optim::Optimizer> rest);
+                  std::unique_ptr<torch::optim::Optimizer> rest,
+                  std::vector<std::string> matrix_group_names = {});
+  HybridOptimizer(HybridOptimizer&&) noexcept = default;
+  HybridOptimizer& operator=(HybridOptimizer&&) noexcept = default;
 
-  /// Evaluates `closure` once (if given, with autograd on), then steps both optimizers. NaN/Inf
+  /// Evaluates `closure` once (if given, with autograd on), then steps both sides. NaN/Inf
   /// gradients on either side are handled for the whole step by the matrix side's policy
   /// (FOGO's NonFinitePolicy, Muon's check_finite): Skip steps neither side, Raise throws naming
   /// the parameter and steps neither side.
-  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr);
-  void zero_grad(bool set_to_none = true);
+  torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Sets every group's lr to (its base lr) * factor: how a schedule drives both sides, whose
   /// base learning rates usually differ (Muon 2e-2 vs AdamW 3e-4, say).
   void set_lr_factor(double factor);
   double lr_factor() const { return factor_; }
-  /// The base learning rates, matrix groups first, then rest groups: captured at construction,
-  /// and for a group added later (add_param_group on a side) its lr when first seen here.
+  /// The base learning rates, one per param group: captured at construction, and for a group
+  /// added later its lr when first seen here.
   const std::vector<double>& base_lrs() const;
 
-  torch::optim::Optimizer* matrix() { return matrix_.get(); }
-  torch::optim::Optimizer* rest() { return rest_.get(); }
+  /// The name of param group `g` (group_by's key for matrix groups).
+  const std::string& group_name(size_t g) const;
 
-  void save(torch::serialize::OutputArchive& archive) const;
-  /// Checks the checkpoint has the same sides and group layout before loading either side.
-  void load(torch::serialize::InputArchive& archive);
+  /// The matrix side as a T (FOGO, Muon, or torch::optim::Optimizer), with the hybrid's options;
+  /// null when there is none. Throws when it is not a T.
+  template <class T = torch::optim::Optimizer>
+  T* matrix() {
+    return side_as<T>(matrix_.get(), "matrix");
+  }
+  template <class T = torch::optim::Optimizer>
+  const T* matrix() const {
+    return side_as<T>(matrix_.get(), "matrix");
+  }
+  /// The rest side (torch::optim::AdamW as make_hybrid builds it); null when there is none.
+  template <class T = torch::optim::Optimizer>
+  T* rest() {
+    return side_as<T>(rest_.get(), "rest");
+  }
+  template <class T = torch::optim::Optimizer>
+  const T* rest() const {
+    return side_as<T>(rest_.get(), "rest");
+  }
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Checks the checkpoint has the same sides and group layout before loading either side; a
+  /// rejected checkpoint leaves this optimizer as it was.
+  void load(torch::serialize::InputArchive& archive) override;
 
  private:
+  enum class Side { Matrix, Rest };
+  template <class T>
+  T* side_as(torch::optim::Optimizer* side, const char* which) const {
+    if (!side) return nullptr;
+    sync_options();
+    T* typed = dynamic_cast<T*>(side);
+    TORCH_CHECK(typed, "HybridOptimizer: the ", which, " side is not a ",
+                c10::demangle(typeid(T).name()), " (it is a ", c10::demangle(typeid(*side).name()),
+                ")");
+    return typed;
+  }
   std::vector<torch::optim::Optimizer*> sides() const;
-  void capture_base_lrs() const;
+  torch::optim::Optimizer* side(Side s) const {
+    return s == Side::Matrix ? matrix_.get() : rest_.get();
+  }
+  /// Routes groups added to the hybrid since the last call to their side, then copies every
+  /// group's options to the side's group.
+  void sync_options() const;
+  /// The sides' options (after a load) into the hybrid's groups.
+  void pull_options();
+
   std::unique_ptr<torch::optim::Optimizer> matrix_, rest_;
+  /// For each of the hybrid's param groups: its side and index there.
+  mutable std::vector<std::pair<Side, size_t>> route_;
+  mutable std::vector<std::string> names_;
   mutable std::vector<double> base_lrs_;
-  mutable size_t matrix_groups_ = 0;  ///< matrix-side groups whose base lr is in base_lrs_
   double factor_ = 1.0;
 };
 
 /// Builds the usual hybrid for `module`: MatrixOptimizer (fogo::Muon, fogo::FOGO) with
-/// `matrix_options` on the split's matrix side (one param group per `group_key`, or a single
-/// group when it is empty), AdamW with `adamw_options` on the rest.
+/// `matrix_options` on the split's matrix side (one param group per `group_key`, named by it, or
+/// a single group "matrix" when it is empty), AdamW with `adamw_options` on the rest ("rest").
 template <class MatrixOptimizer, class MatrixOptions>
 HybridOptimizer make_hybrid(const torch::nn::Module& module, const MatrixOptions& matrix_options,
                             const torch::optim::AdamWOptions& adamw_options,
                             const ParamSplitRules& rules = {}, const GroupKey& group_key = {}) {
   ParamSplit split = split_parameters(module, rules);
   std::unique_ptr<torch::optim::Optimizer> matrix, rest;
+  std::vector<std::string> names;
   if (split.matrix.size() > 0) {
-    matrix = group_key ? std::make_unique<MatrixOptimizer>(group_by(split.matrix, group_key),
-                                                           matrix_options)
-                       : std::make_unique<MatrixOptimizer>(split.matrix.params, matrix_options);
+    if (group_key) {
+      NamedGroups groups = group_by(split.matrix, group_key);
+      matrix = std::make_unique<MatrixOptimizer>(groups.groups, matrix_options);
+      names = std::move(groups.names);
+    } else {
+      matrix = std::make_unique<MatrixOptimizer>(split.matrix.params, matrix_options);
+    }
   }
   if (split.rest.size() > 0) {
     rest = std::make_unique<torch::optim::AdamW>(split.rest.params, adamw_options);
   }
-  return HybridOptimizer(std::move(matrix), std::move(rest));
-}
-
-/// torch::save(hybrid, path) / torch::load(hybrid, path).
-inline torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
-                                                   const HybridOptimizer& opt) {
-  opt.save(archive);
-  return archive;
-}
-inline torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
-                                                  HybridOptimizer& opt) {
-  opt.load(archive);
-  return archive;
+  return HybridOptimizer(std::move(matrix), std::move(rest), std::move(names));
 }
 
 }  // namespace fogo
