@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <vector>
 
-#include "fogo/projected.h"
-
 namespace fogo {
+
+at::Tensor normalize_rows(const at::Tensor& x, double eps) {
+  return x / (at::linalg_vector_norm(x, 2, {1}, /*keepdim=*/true) + eps);
+}
 namespace {
 
 // Indices (on q's device) of up to k distinct valid rows, in an order drawn by `gen`.

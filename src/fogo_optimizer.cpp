@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <tuple>
@@ -22,141 +23,22 @@
 
 namespace fogo {
 
+ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter) {
+  return {o.xi(),
+          o.eps(),
+          {o.eps_st(), o.tau_plus(), o.tau_minus()},
+          o.lambda_hi(),
+          o.gamma_hi(),
+          o.gamma_st_min(),
+          o.gamma_st_max(),
+          o.beta_r(),
+          o.kappa(),
+          {o.eps_lt(), o.gamma_lt(), o.eps(), o.spectral_scaling()},
+          filter};
+}
+
 // ---------------------------------------------------------------------------------------------
-// Options
-
-namespace {
-
-// X0 = B / (|B|_F + eps), ALGORITHM.md step 2.
-NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
-  return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps,
-                         o.ns_dtype());
-}
-
-}  // namespace
-
-FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
-
-double FOGOOptions::get_lr() const { return lr(); }
-void FOGOOptions::set_lr(const double lr) { this->lr(lr); }
-
-void FOGOOptions::validate() const {
-  using detail::check_range;
-  const char* F = "FOGO";
-  check_range(F, "lr", lr(), 0.0, INFINITY);
-  check_range(F, "weight_decay", weight_decay(), 0.0, INFINITY);
-  check_range(F, "sigma", sigma(), 0.0, INFINITY);
-  check_range(F, "eps", eps(), 1e-30, 1.0);
-  check_range(F, "mu_s", mu_s(), 0.0, 1.0);
-  check_range(F, "mu_f", mu_f(), 0.0, 1.0);
-  check_range(F, "proj_dim", static_cast<double>(proj_dim()), 1, 1 << 20);
-  check_range(F, "xi", xi(), 0.0, 1.0);
-  check_range(F, "codebook_size", static_cast<double>(codebook_size()), 1, 1 << 20);
-  check_range(F, "beta_cb", beta_cb(), 0.0, 1.0);
-  check_range(F, "lambda_c", lambda_c(), 0.0, INFINITY);
-  check_range(F, "r_dec", static_cast<double>(r_dec()), 0, 1 << 20);
-  check_range(F, "reseed_every", static_cast<double>(reseed_every()), 0, INFINITY);
-  check_range(F, "reseed_threshold", reseed_threshold(), 0.0, INFINITY);
-  check_range(F, "eps_st", eps_st(), 0.0, 1.0);
-  check_range(F, "gamma_hi", gamma_hi(), 0.0, INFINITY);
-  check_range(F, "gamma_st_min", gamma_st_min(), 0.0, INFINITY);
-  check_range(F, "gamma_st_max", gamma_st_max(), gamma_st_min(), INFINITY);
-  check_range(F, "beta_r", beta_r(), 0.0, 1.0);
-  check_range(F, "kappa", kappa(), 1e-30, INFINITY);
-  check_range(F, "tau_plus", tau_plus(), 0.0, 1e4);
-  check_range(F, "tau_minus", tau_minus(), 0.0, 1e4);
-  check_range(F, "lambda_hi", lambda_hi(), 0.0, INFINITY);
-  check_range(F, "eps_lt", eps_lt(), 0.0, 1.0);
-  check_range(F, "gamma_lt", gamma_lt(), 0.0, INFINITY);
-  check_range(F, "lt_candidates", static_cast<double>(lt_candidates()), 1, INFINITY);
-  check_range(F, "freeze_per_task", static_cast<double>(freeze_per_task()), 0, INFINITY);
-  check_range(F, "lambda_prox", lambda_prox(), 1e-30, INFINITY);
-  TORCH_CHECK(ns_steps_slow() >= 0 && ns_steps_slow() < 100,
-              "FOGO: option 'ns_steps_slow' (K_s) must be in [0, 100), got ", ns_steps_slow());
-  TORCH_CHECK(ns_steps_fast() >= 0 && ns_steps_fast() < 100,
-              "FOGO: option 'ns_steps_fast' (K_f) must be in [0, 100), got ", ns_steps_fast());
-  fogo::validate(ns_config(*this, ns_steps_slow()));
-  TORCH_CHECK(
-      projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
-      "FOGO: option 'projection_scale' is not a known value");
-  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip,
-              "FOGO: option 'nonfinite' is not a known policy");
-}
-
-// Every plain option, for (de)serialisation; the enum-valued ones are written as integers.
-// clang-format off
-#define FOGO_OPTION_FIELDS(X) \
-  X(double, lr) \
-  X(double, weight_decay) \
-  X(double, sigma) \
-  X(double, eps) \
-  X(double, mu_s) \
-  X(double, mu_f) \
-  X(int64_t, ns_steps_slow) \
-  X(int64_t, ns_steps_fast) \
-  X(coefficients_t, ns_coefficients) \
-  X(int64_t, proj_dim) \
-  X(double, xi) \
-  X(int64_t, codebook_size) \
-  X(double, beta_cb) \
-  X(double, lambda_c) \
-  X(int64_t, r_dec) \
-  X(int64_t, reseed_every) \
-  X(double, reseed_threshold) \
-  X(double, eps_st) \
-  X(double, gamma_hi) \
-  X(double, gamma_st_min) \
-  X(double, gamma_st_max) \
-  X(double, beta_r) \
-  X(double, kappa) \
-  X(double, tau_plus) \
-  X(double, tau_minus) \
-  X(double, lambda_hi) \
-  X(double, eps_lt) \
-  X(double, gamma_lt) \
-  X(int64_t, lt_candidates) \
-  X(bool, spectral_scaling) \
-  X(int64_t, freeze_per_task) \
-  X(bool, reinit_codebook_on_task) \
-  X(double, lambda_prox) \
-  X(int64_t, seed)
-// clang-format on
-
-void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
-#define FOGO_WRITE(T, name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
-  FOGO_OPTION_FIELDS(FOGO_WRITE)
-#undef FOGO_WRITE
-  archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
-  archive.write("projection_scale", c10::IValue(static_cast<int64_t>(projection_scale())));
-  archive.write("nonfinite", c10::IValue(static_cast<int64_t>(nonfinite())));
-}
-
-void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
-#define FOGO_READ(T, name) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(T, name)
-  FOGO_OPTION_FIELDS(FOGO_READ)
-#undef FOGO_READ
-  c10::IValue value;
-  archive.read("ns_dtype", value);
-  ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
-  archive.read("projection_scale", value);
-  projection_scale(static_cast<ProjectionScale>(value.toInt()));
-  archive.read("nonfinite", value);
-  nonfinite(static_cast<NonFinitePolicy>(value.toInt()));
-}
-bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
-#define FOGO_EQUAL(T, name) a.name() == b.name()&&
-  return FOGO_OPTION_FIELDS(FOGO_EQUAL) a.ns_dtype() == b.ns_dtype() &&
-         a.projection_scale() == b.projection_scale() && a.nonfinite() == b.nonfinite();
-#undef FOGO_EQUAL
-}
-#undef FOGO_OPTION_FIELDS
-
-bool operator==(const FOGOParamState& a, const FOGOParamState& b) {
-  const auto same = [](const at::Tensor& x, const at::Tensor& y) {
-    return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
-  };
-  return same(a.slow_momentum(), b.slow_momentum()) && same(a.fast_momentum(), b.fast_momentum());
-}
+// Param state
 
 void FOGOParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(slow_momentum);
@@ -166,6 +48,13 @@ void FOGOParamState::serialize(torch::serialize::OutputArchive& archive) const {
 void FOGOParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, slow_momentum);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, fast_momentum);
+}
+
+bool operator==(const FOGOParamState& a, const FOGOParamState& b) {
+  const auto same = [](const at::Tensor& x, const at::Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
+  };
+  return same(a.slow_momentum(), b.slow_momentum()) && same(a.fast_momentum(), b.fast_momentum());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,9 +90,9 @@ struct GroupMemory {
   at::Tensor frozen_nu;  ///< importance weights [F]
   at::Tensor rbar;       ///< conflict EMA, 0-d
   at::Tensor stats;      ///< [kNumStats], last step's telemetry
-  bool consolidated =
-      false;          ///< consolidate() ran since the last step: freezing again adds nothing
-  at::Generator gen;  ///< CPU generator: initialisation, re-seeding, candidate sampling
+  at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
+  /// consolidate() ran since the last step: freezing again would add the same centroids.
+  bool consolidated = false;
 };
 
 // Pi [n, d] and the lift matrix K (projection.h), and their bf16 forms for a bf16 step's
@@ -252,7 +141,6 @@ struct FOGO::Impl {
   // regenerated from the seed, never stored.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, double>, Projection>
       projections;
-  mutable std::vector<FOGOTelemetry> telemetry;
 
   const Projection& projection(const FOGOOptions& o, int64_t n, const at::Device& device) {
     auto key =
@@ -387,7 +275,151 @@ at::Tensor entropy(const at::Tensor& N) {
   return -(p * at::log(p.clamp_min(1e-30))).sum();
 }
 
+// The stages of one group's step, in ALGORITHM.md's order (FOGO::step_group names them).
+
+// Step 1: both momenta of every parameter of the group that has a gradient, as multi-tensor ops
+// (a few launches on CUDA instead of four per parameter; per tensor, the same arithmetic), and
+// each parameter's working orientation. Sorted by shape, so that same-shape runs batch.
+std::vector<Work> update_momenta(
+    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+    ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
+    const FOGOOptions& o, const std::function<const Projection&(int64_t n)>& projection) {
+  std::vector<Work> work;
+  std::vector<at::Tensor> slow, fast, G;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    if (p.numel() == 0) continue;  // nothing to update (and no rows to orthogonalize)
+    auto& slot = state[p.unsafeGetTensorImpl()];
+    if (!slot) {
+      auto fresh = std::make_unique<FOGOParamState>();
+      fresh->slow_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
+      fresh->fast_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
+      slot = std::move(fresh);
+    }
+    auto& st = static_cast<FOGOParamState&>(*slot);
+    slow.push_back(st.slow_momentum());
+    fast.push_back(st.fast_momentum());
+    G.push_back(grads[k].to(at::kFloat));
+    const int64_t rows = p.size(0), cols = p.numel() / rows;
+    const bool transposed = rows > cols;
+    Work w{p,
+           transposed,
+           std::min(rows, cols),
+           std::max(rows, cols),
+           working_view(st.slow_momentum(), transposed),
+           working_view(st.fast_momentum(), transposed),
+           {},
+           nullptr};
+    w.proj = &projection(w.n);
+    work.push_back(std::move(w));
+  }
+  if (work.empty()) return work;
+  at::_foreach_mul_(slow, o.mu_s());
+  at::_foreach_add_(slow, G);
+  at::_foreach_mul_(fast, o.mu_f());
+  at::_foreach_add_(fast, G);
+  std::stable_sort(work.begin(), work.end(), [](const Work& a, const Work& b) {
+    return std::tie(a.m, a.n) < std::tie(b.m, b.n);
+  });
+  return work;
+}
+
+// A group's first step: the codebook from that step's queries (ALGORITHM.md "First step").
+void initialize_memory(GroupMemory& mem, const at::Tensor& Ps, const at::Tensor& Pf,
+                       const FOGOOptions& o) {
+  const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), o.eps());
+  mem.book = init_codebook(normalize_rows(z, o.eps()), at::linalg_vector_norm(z, 2, {1}) > 0,
+                           o.codebook_size(), mem.gen);
+  mem.start = mem.book.centroids.clone();
+  mem.rbar = at::zeros({}, z.options());
+  mem.initialized = true;
+}
+
+// A_t: the frozen centroids this step protects against, lt_candidates of the bank sampled by
+// importance when the bank is larger.
+std::pair<at::Tensor, at::Tensor> long_term_candidates(GroupMemory& mem, const FOGOOptions& o) {
+  if (!mem.frozen.defined() || mem.frozen.size(0) <= o.lt_candidates())
+    return {mem.frozen, mem.frozen_nu};
+  const at::Tensor pick =
+      at::multinomial(mem.frozen_nu.to(at::kDouble).cpu() + 1e-12, o.lt_candidates(),
+                      /*replacement=*/false, mem.gen)
+          .to(mem.frozen.device());
+  return {mem.frozen.index_select(0, pick), mem.frozen_nu.index_select(0, pick)};
+}
+
+// Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
+// bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
+// decay. Returns the sum over parameters of |delta|_F / |O_s|_F.
+at::Tensor lift_and_update(std::vector<Work>& work, const ShapeRuns& runs, const at::Tensor& dz,
+                           const FOGOOptions& o) {
+  at::Tensor delta_ratio = at::zeros({}, dz.options());
+  int64_t row = 0;
+  for (const auto& [begin, end] : runs) {
+    const int64_t m = work[begin].m, n = work[begin].n;
+    const int64_t rows = m * static_cast<int64_t>(end - begin);
+    const Projection& proj = *work[begin].proj;
+    const at::Tensor delta = proximal_lift(dz.slice(0, row, row + rows),
+                                           o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K)
+                                 .view({-1, m, n});
+    row += rows;
+    for (size_t i = begin; i < end; ++i) {
+      Work& w = work[i];
+      delta_ratio +=
+          ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)], w.transposed,
+                                {o.lr(), o.weight_decay(), o.sigma(), o.eps()});
+    }
+  }
+  return delta_ratio;
+}
+
+// The codebook flush (after all parameters of the group have stepped), then re-seeding every
+// reseed_every steps.
+void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGOOptions& o) {
+  ops::codebook_flush(mem.book, {r.m, r.s}, {o.beta_cb(), o.lambda_c(), o.eps(), o.r_dec()});
+  ++mem.step;
+  mem.consolidated = false;
+  if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
+    reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
+  }
+}
+
+// The step's statistics, kept on the device (telemetry() reads them back).
+void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r, const at::Tensor& delta_ratio,
+                      size_t parameters, const FOGOOptions& o) {
+  at::Tensor stats = at::zeros({kNumStats}, r.dz.options());
+  stats.slice(0, kGammaSt, kGammaSt + 4).copy_(r.stats);
+  stats[kRbar] = mem.rbar;
+  stats[kEntropy] = entropy(mem.book.N);
+  stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
+  stats[kDeltaRatio] = delta_ratio / static_cast<double>(parameters);
+  mem.stats = stats;
+}
+
 }  // namespace
+
+void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
+                      const std::vector<at::Tensor>& grads) {
+  const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+  GroupMemory& mem = impl_->group(g, o);
+  const auto projection = [&](int64_t n) -> const Projection& {
+    return impl_->projection(o, n, params.front().device());
+  };
+  std::vector<Work> work = update_momenta(params, grads, state_, o, projection);  // 1
+  if (work.empty()) return;
+  const ShapeRuns runs = shape_runs(work);
+  const auto [Ps, Pf] = orthogonalize(work, runs, o);  // 2, 3
+  const bool first = !mem.initialized;
+  if (first) initialize_memory(mem, Ps, Pf, o);
+  const auto [frozen, nu] = first ? std::pair<at::Tensor, at::Tensor>{mem.frozen, mem.frozen_nu}
+                                  : long_term_candidates(mem, o);
+  const ProjectedStepResult r =
+      ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
+                          projected_step_params(o, /*filter=*/!first));  // 4-7
+  mem.rbar = r.rbar;
+  const at::Tensor delta_ratio = lift_and_update(work, runs, r.dz, o);  // 8, 9
+  flush_and_reseed(mem, r, o);
+  record_telemetry(mem, r, delta_ratio, work.size(), o);
+}
 
 torch::Tensor FOGO::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
@@ -396,7 +428,6 @@ torch::Tensor FOGO::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-
   // Validate everything before changing anything: a bad input leaves the optimizer as it was.
   const detail::GradItems items = detail::collect_grads(
       "FOGO", param_groups_,
@@ -405,125 +436,19 @@ torch::Tensor FOGO::step(LossClosure closure) {
         check_matrix(g, i, p, param_groups_[g].params()[0]);
       });
   const auto& [params, grads, where] = items;
-  const int64_t bad = detail::first_nonfinite(grads);
-  if (bad >= 0) {
+  if (const int64_t bad = detail::first_nonfinite(grads); bad >= 0) {
     const auto& options =
         static_cast<const FOGOOptions&>(param_groups_[where[bad].first].options());
     if (options.nonfinite() == NonFinitePolicy::Skip) return loss;
     detail::throw_nonfinite("FOGO", where[bad].first, where[bad].second, params[bad]);
   }
-
-  size_t k = 0;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
-    GroupMemory& mem = impl_->group(g, o);
-    const double eps = o.eps();
-
-    // Step 1: momenta, and the working orientation of each parameter. The momentum updates of
-    // the whole group are two multi-tensor ops per stream (_foreach_*: a few launches on CUDA
-    // instead of four per parameter; per tensor, the same arithmetic).
-    std::vector<Work> work;
-    std::vector<at::Tensor> slow, fast, G;
-    for (; k < params.size() && where[k].first == g; ++k) {
-      const at::Tensor& p = params[k];
-      if (p.numel() == 0) continue;  // nothing to update (and no rows to orthogonalize)
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {
-        auto fresh = std::make_unique<FOGOParamState>();
-        fresh->slow_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
-        fresh->fast_momentum(at::zeros(p.sizes(), p.options().dtype(at::kFloat)));
-        slot = std::move(fresh);
-      }
-      auto& st = static_cast<FOGOParamState&>(*slot);
-      slow.push_back(st.slow_momentum());
-      fast.push_back(st.fast_momentum());
-      G.push_back(grads[k].to(at::kFloat));
-      const int64_t rows = p.size(0), cols = p.numel() / rows;
-      const bool transposed = rows > cols;
-      Work w{p,
-             transposed,
-             std::min(rows, cols),
-             std::max(rows, cols),
-             working_view(st.slow_momentum(), transposed),
-             working_view(st.fast_momentum(), transposed),
-             {},
-             nullptr};
-      w.proj = &impl_->projection(o, w.n, p.device());
-      work.push_back(std::move(w));
-    }
-    if (work.empty()) continue;
-    at::_foreach_mul_(slow, o.mu_s());
-    at::_foreach_add_(slow, G);
-    at::_foreach_mul_(fast, o.mu_f());
-    at::_foreach_add_(fast, G);
-    std::stable_sort(work.begin(), work.end(), [](const Work& a, const Work& b) {
-      return std::tie(a.m, a.n) < std::tie(b.m, b.n);
-    });
-    const ShapeRuns runs = shape_runs(work);
-
-    // Step 2: Newton–Schulz; step 3: projection. Rows of all parameters form one batch.
-    const auto [Ps, Pf] = orthogonalize(work, runs, o);
-
-    // Steps 4-7 in the projected space (projected.h). On a group's first step the codebook is
-    // initialised from that step's queries and nothing is filtered (ALGORITHM.md).
-    const bool first = !mem.initialized;
-    if (first) {
-      const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), eps);
-      mem.book = init_codebook(normalize_rows(z, eps), at::linalg_vector_norm(z, 2, {1}) > 0,
-                               o.codebook_size(), mem.gen);
-      mem.start = mem.book.centroids.clone();
-      mem.rbar = at::zeros({}, z.options());
-      mem.initialized = true;
-    }
-    at::Tensor frozen = mem.frozen, nu = mem.frozen_nu;
-    if (!first && frozen.defined() && frozen.size(0) > o.lt_candidates()) {
-      // A_t: lt_candidates of the frozen bank, sampled by importance.
-      const at::Tensor pick = at::multinomial(nu.to(at::kDouble).cpu() + 1e-12, o.lt_candidates(),
-                                              /*replacement=*/false, mem.gen)
-                                  .to(frozen.device());
-      frozen = frozen.index_select(0, pick);
-      nu = nu.index_select(0, pick);
-    }
-    const ProjectedStepResult r =
-        ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
-                            projected_step_params(o, /*filter=*/!first));
-    mem.rbar = r.rbar;
-
-    // Step 8: proximal lift of dz = zbar - Ps; step 9: RMS-scaled update, decoupled decay.
-    // The lift is one GEMM per shape run, at the NS precision (bf16 products when the NS computes
-    // in bf16, proximal_lift).
-    at::Tensor delta_ratio = at::zeros({}, Ps.options());
-    int64_t row = 0;
-    for (const auto& [begin, end] : runs) {
-      const int64_t m = work[begin].m, n = work[begin].n;
-      const int64_t rows = m * static_cast<int64_t>(end - begin);
-      const Projection& proj = *work[begin].proj;
-      const at::Tensor delta = proximal_lift(r.dz.slice(0, row, row + rows),
-                                             o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K)
-                                   .view({-1, m, n});
-      row += rows;
-      for (size_t i = begin; i < end; ++i) {
-        Work& w = work[i];
-        delta_ratio +=
-            ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)],
-                                  w.transposed, {o.lr(), o.weight_decay(), o.sigma(), eps});
-      }
-    }
-
-    // Codebook flush (after all parameters of the group have stepped), then re-seeding.
-    ops::codebook_flush(mem.book, {r.m, r.s}, {o.beta_cb(), o.lambda_c(), eps, o.r_dec()});
-    ++mem.step;
-    mem.consolidated = false;
-    if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
-      reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
-    }
-    at::Tensor stats = at::zeros({kNumStats}, Ps.options());
-    stats.slice(0, kGammaSt, kGammaSt + 4).copy_(r.stats);
-    stats[kRbar] = mem.rbar;
-    stats[kEntropy] = entropy(mem.book.N);
-    stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
-    stats[kDeltaRatio] = delta_ratio / static_cast<double>(work.size());
-    mem.stats = stats;
+  for (size_t k = 0; k < params.size();) {  // the items come group by group
+    const size_t g = where[k].first;
+    size_t end = k;
+    while (end < params.size() && where[end].first == g) ++end;
+    step_group(g, {params.begin() + k, params.begin() + end},
+               {grads.begin() + k, grads.begin() + end});
+    k = end;
   }
   return loss;
 }
@@ -574,26 +499,35 @@ void FOGO::task_boundary() {
   begin_task();
 }
 
-const std::vector<FOGOTelemetry>& FOGO::telemetry() const {
-  impl_->telemetry.assign(param_groups_.size(), FOGOTelemetry{});
-  for (size_t g = 0; g < impl_->groups.size() && g < param_groups_.size(); ++g) {
+std::vector<FOGOTelemetry> FOGO::telemetry() const {
+  std::vector<FOGOTelemetry> out(param_groups_.size());
+  // The groups' statistics vectors, stacked per device and read back in one transfer each (one
+  // for a model on one device), instead of one synchronisation per group.
+  std::map<std::string, std::vector<size_t>> by_device;
+  for (size_t g = 0; g < impl_->groups.size() && g < out.size(); ++g) {
     const GroupMemory& mem = impl_->groups[g];
-    FOGOTelemetry& t = impl_->telemetry[g];
-    t.step = mem.step;
-    t.frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
-    if (!mem.stats.defined()) continue;
-    const at::Tensor s = mem.stats.to(at::kDouble).cpu();
-    const double* v = s.data_ptr<double>();
-    t.rbar = v[kRbar];
-    t.gamma_st = v[kGammaSt];
-    t.frac_conflicting = v[kFracConflicting];
-    t.frac_over_aligned = v[kFracOverAligned];
-    t.frac_lt_protected = v[kFracLtProtected];
-    t.codebook_entropy = v[kEntropy];
-    t.live_centroids = static_cast<int64_t>(v[kLive]);
-    t.delta_ratio = v[kDeltaRatio];
+    out[g].step = mem.step;
+    out[g].frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
+    if (mem.stats.defined()) by_device[mem.stats.device().str()].push_back(g);
   }
-  return impl_->telemetry;
+  for (const auto& [device, groups] : by_device) {
+    std::vector<at::Tensor> stats;
+    for (const size_t g : groups) stats.push_back(impl_->groups[g].stats);
+    const at::Tensor host = at::stack(stats).to(at::kCPU, at::kDouble).contiguous();
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const double* v = host.data_ptr<double>() + k * kNumStats;
+      FOGOTelemetry& t = out[groups[k]];
+      t.rbar = v[kRbar];
+      t.gamma_st = v[kGammaSt];
+      t.frac_conflicting = v[kFracConflicting];
+      t.frac_over_aligned = v[kFracOverAligned];
+      t.frac_lt_protected = v[kFracLtProtected];
+      t.codebook_entropy = v[kEntropy];
+      t.live_centroids = static_cast<int64_t>(v[kLive]);
+      t.delta_ratio = v[kDeltaRatio];
+    }
+  }
+  return out;
 }
 
 FOGO::MemoryView FOGO::memory(size_t group) const {
@@ -743,138 +677,4 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
   impl_->groups = std::move(loaded);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table).
-
-namespace presets {
-
-FOGOOptions class_imbalanced_backbone() {
-  return FOGOOptions(1e-3)
-      .codebook_size(96)
-      .proj_dim(128)
-      .mu_s(0.97)
-      .mu_f(0.35)
-      .ns_steps_slow(5)
-      .ns_steps_fast(5)
-      .xi(0.25)
-      .eps_st(0.15)
-      .gamma_hi(0.05)
-      .gamma_st_min(0.10)
-      .gamma_st_max(0.30)
-      .kappa(0.15)
-      .beta_cb(0.95)
-      .lambda_c(0.10)
-      .r_dec(8)
-      .reseed_every(50)
-      .reseed_threshold(0.03)
-      .sigma(0.1)
-      .lambda_prox(1.0);
-}
-
-FOGOOptions class_imbalanced_head() { return class_imbalanced_backbone().codebook_size(64); }
-
-FOGOOptions domain_il_backbone() {
-  return class_imbalanced_backbone()
-      .codebook_size(64)
-      .proj_dim(128)
-      .mu_s(0.95)
-      .mu_f(0.35)
-      .xi(0.3)
-      .eps_st(0.15)
-      .beta_cb(0.95)
-      .reseed_every(50)
-      .reseed_threshold(0.03)
-      .sigma(0.1)
-      .eps_lt(0.10)
-      .gamma_lt(0.6)
-      .freeze_per_task(21);
-}
-
-FOGOOptions domain_il_head() {
-  return domain_il_backbone().codebook_size(32).proj_dim(64).gamma_lt(0.4).freeze_per_task(12);
-}
-
-FOGOOptions class_il_backbone() {
-  return FOGOOptions(2e-3)
-      .codebook_size(96)
-      .proj_dim(256)
-      .mu_s(0.97)
-      .mu_f(0.20)
-      .ns_steps_slow(4)
-      .ns_steps_fast(4)
-      .xi(0.2)
-      .eps_st(0.25)
-      .gamma_hi(0.01)
-      .gamma_st_min(0.15)
-      .gamma_st_max(0.40)
-      .kappa(0.15)
-      .beta_cb(0.96)
-      .lambda_c(0.05)
-      .r_dec(8)
-      .reseed_every(50)
-      .reseed_threshold(0.10)
-      .sigma(0.1)
-      .eps_lt(0.001)
-      .gamma_lt(1.0)
-      .lt_candidates(48)
-      .freeze_per_task(20)
-      .lambda_prox(1.0);
-}
-
-FOGOOptions class_il_head_fc() {
-  return class_il_backbone().codebook_size(48).proj_dim(96).freeze_per_task(20);
-}
-
-FOGOOptions class_il_classifier() {
-  return class_il_backbone().codebook_size(12).proj_dim(16).sigma(0.05).freeze_per_task(8);
-}
-
-FOGOOptions gpt2() {
-  return FOGOOptions(6e-4)
-      .weight_decay(0.1)
-      .codebook_size(256)
-      .proj_dim(512)
-      .mu_s(0.95)
-      .mu_f(0.15)
-      .ns_steps_slow(5)
-      .ns_steps_fast(5)
-      .xi(0.25)
-      .eps_st(0.20)
-      .gamma_hi(0.001)
-      .gamma_st_min(0.15)
-      .gamma_st_max(0.30)
-      .kappa(0.15)
-      .beta_cb(0.96)
-      .lambda_c(0.05)
-      .r_dec(8)
-      .reseed_every(200)
-      .reseed_threshold(0.10)
-      .sigma(0.2)
-      .lambda_prox(1.0);
-}
-
-FOGOOptions lora() {
-  // The table's empty LoRA cells (beta_cb, lambda_c and r, re-seeding, kappa) inherit from the
-  // row above, as every other row does: the class-IL rows.
-  return class_il_backbone()
-      .lr(1e-3)
-      .codebook_size(48)
-      .proj_dim(128)
-      .mu_s(0.96)
-      .mu_f(0.16)
-      .ns_steps_slow(5)
-      .ns_steps_fast(4)
-      .xi(0.25)
-      .eps_st(0.20)
-      .gamma_hi(0.01)
-      .gamma_st_min(0.15)
-      .gamma_st_max(0.45)
-      .sigma(0.2)
-      .eps_lt(0.05)
-      .gamma_lt(1.0)
-      .freeze_per_task(23)
-      .lambda_prox(0.8);
-}
-
-}  // namespace presets
 }  // namespace fogo

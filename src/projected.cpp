@@ -8,10 +8,6 @@
 
 namespace fogo {
 
-at::Tensor normalize_rows(const at::Tensor& x, double eps) {
-  return x / (at::linalg_vector_norm(x, 2, {1}, /*keepdim=*/true) + eps);
-}
-
 at::Tensor slerp_fuse(const at::Tensor& Ps, const at::Tensor& Pf, double xi, double eps) {
   const at::Tensor norm_s = at::linalg_vector_norm(Ps, 2, {1}, /*keepdim=*/true);
   const at::Tensor ps = Ps / (norm_s + eps);
@@ -65,20 +61,6 @@ LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& fro
     gamma = gamma * at::clamp_max(1.0 / trace.clamp_min(std::numeric_limits<float>::min()), 1.0);
   }
   return {ztilde - gamma * z_lt, active.any(1)};
-}
-
-ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter) {
-  return {o.xi(),
-          o.eps(),
-          {o.eps_st(), o.tau_plus(), o.tau_minus()},
-          o.lambda_hi(),
-          o.gamma_hi(),
-          o.gamma_st_min(),
-          o.gamma_st_max(),
-          o.beta_r(),
-          o.kappa(),
-          {o.eps_lt(), o.gamma_lt(), o.eps(), o.spectral_scaling()},
-          filter};
 }
 
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,

@@ -10,6 +10,9 @@
 
 namespace fogo {
 
+/// Row-wise x / (|x| + eps): queries and centroids as unit directions.
+at::Tensor normalize_rows(const at::Tensor& x, double eps);
+
 struct Codebook {
   at::Tensor centroids;  ///< cbar [C, d], unit rows
   at::Tensor S;          ///< EMA of assigned query sums [C, d]

@@ -16,7 +16,8 @@
 //
 // Each param group is one codebook group with its own options.
 
-#include <fogo/newton_schulz.h>
+#include <fogo/fogo_options.h>
+#include <fogo/projected.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -25,85 +26,9 @@
 
 namespace fogo {
 
-enum class ProjectionScale : int64_t {
-  Unit = 0,  ///< Pi entries +-1 (the paper's Method section)
-  JL = 1,    ///< Pi entries +-1/sqrt(d) (Johnson–Lindenstrauss scaling)
-};
-
-/// What a step does with a gradient holding NaN or Inf.
-enum class NonFinitePolicy : int64_t {
-  Raise = 0,  ///< throw naming the parameter; nothing is changed (default)
-  Skip = 1,   ///< skip the whole step, leave every parameter and state untouched
-};
-
-struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
-  FOGOOptions(double lr = 1e-3);
-  using coefficients_t = std::tuple<double, double, double>;
-
-  // Update (step 9).
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(double, weight_decay) = 0.0;
-  TORCH_ARG(double, sigma) = 0.2;  ///< target update RMS (gamma_t = sigma sqrt(mn)/|Ohat|_F)
-  TORCH_ARG(double, eps) = 1e-8;
-
-  // Streams and Newton–Schulz (steps 1-2).
-  TORCH_ARG(double, mu_s) = 0.95;
-  TORCH_ARG(double, mu_f) = 0.35;
-  TORCH_ARG(int64_t, ns_steps_slow) = 5;                  ///< K_s
-  TORCH_ARG(int64_t, ns_steps_fast) = 5;                  ///< K_f
-  TORCH_ARG(coefficients_t, ns_coefficients) = kQuintic;  ///< or kCubic (newton_schulz.h)
-  /// Newton–Schulz compute dtype; state stays fp32. kBFloat16 (default: tensor cores on a GPU,
-  /// as torch.optim.Muon) or kFloat32/kFloat64, which also enable the fast stream's Gram route.
-  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
-
-  // Projection and fusion (steps 3-4).
-  TORCH_ARG(int64_t, proj_dim) = 128;  ///< d
-  TORCH_ARG(ProjectionScale, projection_scale) = ProjectionScale::Unit;
-  TORCH_ARG(double, xi) = 0.25;
-
-  // Codebook (step 5, flush).
-  TORCH_ARG(int64_t, codebook_size) = 64;  ///< C
-  TORCH_ARG(double, beta_cb) = 0.96;
-  TORCH_ARG(double, lambda_c) = 0.1;
-  TORCH_ARG(int64_t, r_dec) = 8;
-  TORCH_ARG(int64_t, reseed_every) = 50;
-  TORCH_ARG(double, reseed_threshold) = 0.03;
-
-  // Short-term filter (step 6).
-  TORCH_ARG(double, eps_st) = 0.15;
-  TORCH_ARG(double, gamma_hi) = 0.05;
-  TORCH_ARG(double, gamma_st_min) = 0.10;
-  TORCH_ARG(double, gamma_st_max) = 0.30;
-  TORCH_ARG(double, beta_r) = 0.95;
-  TORCH_ARG(double, kappa) = 0.20;
-  TORCH_ARG(double, tau_plus) = 5.0;
-  TORCH_ARG(double, tau_minus) = 5.0;
-  TORCH_ARG(double, lambda_hi) = 0.1;
-
-  // Long-term protection (step 7) and consolidation.
-  TORCH_ARG(double, eps_lt) = 0.10;
-  TORCH_ARG(double, gamma_lt) = 1.0;
-  TORCH_ARG(int64_t, lt_candidates) = 48;
-  TORCH_ARG(bool, spectral_scaling) = true;
-  TORCH_ARG(int64_t, freeze_per_task) = 20;  ///< K centroids frozen per task by consolidate()
-  TORCH_ARG(bool, reinit_codebook_on_task) = false;
-
-  // Proximal lift (step 8).
-  TORCH_ARG(double, lambda_prox) = 1.0;
-
-  TORCH_ARG(int64_t, seed) = 0;
-  TORCH_ARG(NonFinitePolicy, nonfinite) = NonFinitePolicy::Raise;
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  double get_lr() const override;
-  void set_lr(const double lr) override;
-  /// Throws naming the first invalid option.
-  void validate() const;
-  /// Every option equal.
-  friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
-};
+/// The projected-space stages' parameters (ALGORITHM.md steps 4-7) from a group's options;
+/// `filter` is false on a group's first step.
+ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 
 /// Per-parameter state: the two momentum streams, fp32 whatever the parameter's dtype, in the
 /// parameter's shape.
@@ -158,8 +83,9 @@ class FOGO : public torch::optim::Optimizer {
   /// consolidate() then begin_task().
   void task_boundary();
 
-  /// One entry per param group, from the last step.
-  const std::vector<FOGOTelemetry>& telemetry() const;
+  /// One entry per param group, from the last step: a read, with one device-to-host transfer
+  /// for all groups (per device).
+  std::vector<FOGOTelemetry> telemetry() const;
 
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Restores momenta, codebooks, EMA statistics, frozen banks, generators and step counters.
@@ -179,6 +105,9 @@ class FOGO : public torch::optim::Optimizer {
   MemoryView memory(size_t group) const;
 
  private:
+  /// Steps 1-9 and the flush for param group `g`, whose parameters with gradients are `params`.
+  void step_group(size_t g, const std::vector<at::Tensor>& params,
+                  const std::vector<at::Tensor>& grads);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>
@@ -186,18 +115,5 @@ class FOGO : public torch::optim::Optimizer {
     _TORCH_OPTIM_SERIALIZE_WITH_TEMPLATE_ARG(FOGO);
   }
 };
-
-/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table).
-namespace presets {
-FOGOOptions class_imbalanced_backbone();
-FOGOOptions class_imbalanced_head();
-FOGOOptions domain_il_backbone();
-FOGOOptions domain_il_head();
-FOGOOptions class_il_backbone();
-FOGOOptions class_il_head_fc();
-FOGOOptions class_il_classifier();
-FOGOOptions gpt2();
-FOGOOptions lora();
-}  // namespace presets
 
 }  // namespace fogo

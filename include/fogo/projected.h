@@ -3,7 +3,7 @@
 // all rows of a codebook group at once ([R, d]); nothing loops over rows.
 
 #include <ATen/Tensor.h>
-#include <fogo/fogo_optimizer.h>
+#include <fogo/codebook.h>
 
 namespace fogo {
 
@@ -11,9 +11,6 @@ namespace fogo {
 /// Fusion"): ps, pf normalised, a = <pf, ps>, theta = acos(clip(a, -1+eps, 1-eps)),
 /// v = (pf - a ps)/(|pf - a ps| + eps), z' = cos(xi theta) ps + sin(xi theta) v.
 at::Tensor slerp_fuse(const at::Tensor& Ps, const at::Tensor& Pf, double xi, double eps);
-
-/// Row-wise x / (|x| + eps).
-at::Tensor normalize_rows(const at::Tensor& x, double eps);
 
 struct ShortTermParams {
   double eps_st, tau_plus, tau_minus;
@@ -71,8 +68,6 @@ struct ProjectedStepResult {
   at::Tensor rbar;   ///< 0-d     updated conflict EMA (unchanged when !filter)
   at::Tensor stats;  ///< [4]     gamma_st, frac conflicting, frac over-aligned, frac protected
 };
-/// The parameters of projected_step from a group's options.
-ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 
 /// `frozen` [K, d] / `nu` [K]: the long-term candidates (K may be 0 or the tensors undefined).
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,

@@ -1,0 +1,122 @@
+#pragma once
+// FOGOOptions: every hyper-parameter of ALGORITHM.md, defined once in the tables below. Each
+// table row generates the builder field (TORCH_ARG), its validation, its serialization and its
+// part in operator==; FOGO's step reads the fields and hands the stage functions their own small
+// parameter structs (projected.h, codebook.h, update.h). The paper's configurations are in
+// fogo::presets.
+
+#include <fogo/newton_schulz.h>
+#include <fogo/projection.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+
+namespace fogo {
+
+/// What a step does with a gradient holding NaN or Inf.
+enum class NonFinitePolicy : int64_t {
+  Raise = 0,  ///< throw naming the parameter; nothing is changed (default)
+  Skip = 1,   ///< skip the whole step, leave every parameter and state untouched
+};
+
+// clang-format off
+/// Numeric options: X(type, name, default, smallest valid, largest valid). Symbols of
+/// ALGORITHM.md in the comments.
+#define FOGO_RANGED_OPTIONS(X)                                                                    \
+  /* update (step 9) */                                                                           \
+  X(double,  lr,               1e-3,  0.0,   INFINITY)     /* learning rate */                    \
+  X(double,  weight_decay,     0.0,   0.0,   INFINITY)     /* decoupled */                        \
+  X(double,  sigma,            0.2,   0.0,   INFINITY)     /* target update RMS */                \
+  X(double,  eps,              1e-8,  1e-30, 1.0)                                                 \
+  /* streams and Newton–Schulz (steps 1-2) */                                                     \
+  X(double,  mu_s,             0.95,  0.0,   1.0)                                                 \
+  X(double,  mu_f,             0.35,  0.0,   1.0)                                                 \
+  X(int64_t, ns_steps_slow,    5,     0,     99)           /* K_s */                              \
+  X(int64_t, ns_steps_fast,    5,     0,     99)           /* K_f */                              \
+  /* projection and fusion (steps 3-4) */                                                         \
+  X(int64_t, proj_dim,         128,   1,     1 << 20)      /* d */                                \
+  X(double,  xi,               0.25,  0.0,   1.0)                                                 \
+  /* codebook (step 5, flush) */                                                                  \
+  X(int64_t, codebook_size,    64,    1,     1 << 20)      /* C */                                \
+  X(double,  beta_cb,          0.96,  0.0,   1.0)                                                 \
+  X(double,  lambda_c,         0.1,   0.0,   INFINITY)                                            \
+  X(int64_t, r_dec,            8,     0,     1 << 20)                                             \
+  X(int64_t, reseed_every,     50,    0,     INFINITY)     /* 0: never */                         \
+  X(double,  reseed_threshold, 0.03,  0.0,   INFINITY)                                            \
+  /* short-term filter (step 6) */                                                                \
+  X(double,  eps_st,           0.15,  0.0,   1.0)                                                 \
+  X(double,  gamma_hi,         0.05,  0.0,   INFINITY)                                            \
+  X(double,  gamma_st_min,     0.10,  0.0,   INFINITY)                                            \
+  X(double,  gamma_st_max,     0.30,  gamma_st_min(), INFINITY)                                   \
+  X(double,  beta_r,           0.95,  0.0,   1.0)                                                 \
+  X(double,  kappa,            0.20,  1e-30, INFINITY)                                            \
+  X(double,  tau_plus,         5.0,   0.0,   1e4)                                                 \
+  X(double,  tau_minus,        5.0,   0.0,   1e4)                                                 \
+  X(double,  lambda_hi,        0.1,   0.0,   INFINITY)                                            \
+  /* long-term protection (step 7) and consolidation */                                           \
+  X(double,  eps_lt,           0.10,  0.0,   1.0)                                                 \
+  X(double,  gamma_lt,         1.0,   0.0,   INFINITY)                                            \
+  X(int64_t, lt_candidates,    48,    1,     INFINITY)     /* |A_t| */                            \
+  X(int64_t, freeze_per_task,  20,    0,     INFINITY)     /* K frozen per consolidate() */       \
+  /* proximal lift (step 8) */                                                                    \
+  X(double,  lambda_prox,      1.0,   1e-30, INFINITY)                                            \
+  X(int64_t, seed,             0,     -INFINITY, INFINITY) /* Pi and the group generators */
+
+/// Options checked elsewhere: X(type, name, default). The coefficients by NSConfig's validation
+/// (finite), booleans need none.
+#define FOGO_PLAIN_OPTIONS(X)                                                                     \
+  X(coefficients_t, ns_coefficients,          kQuintic)  /* or kCubic */                          \
+  X(bool,           spectral_scaling,         true)      /* gamma_lt by the trace bound */        \
+  X(bool,           reinit_codebook_on_task,  false)
+
+/// Enumerations, serialized as integers: X(type, name, default).
+#define FOGO_ENUM_OPTIONS(X)                                                                      \
+  /* Newton–Schulz compute dtype (state stays fp32): bf16 (tensor cores, as torch.optim.Muon),  \
+     fp32 or fp64, which also enable the fast stream's Gram route */                              \
+  X(c10::ScalarType,  ns_dtype,         c10::kBFloat16)                                           \
+  X(ProjectionScale,  projection_scale, ProjectionScale::Unit)                                    \
+  X(NonFinitePolicy,  nonfinite,        NonFinitePolicy::Raise)
+// clang-format on
+
+struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
+  using coefficients_t = std::tuple<double, double, double>;
+  FOGOOptions(double lr = 1e-3);
+
+#define FOGO_DECLARE_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;
+  FOGO_RANGED_OPTIONS(FOGO_DECLARE_OPTION)
+  FOGO_PLAIN_OPTIONS(FOGO_DECLARE_OPTION)
+  FOGO_ENUM_OPTIONS(FOGO_DECLARE_OPTION)
+#undef FOGO_DECLARE_OPTION
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+  /// Throws naming the first invalid option.
+  void validate() const;
+  /// Every option equal.
+  friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
+};
+
+/// FOGO's Newton–Schulz configuration for `steps` iterations: X0 = B / (|B|_F + eps)
+/// (ALGORITHM.md step 2), the options' coefficients and compute dtype.
+NSConfig ns_config(const FOGOOptions& o, int64_t steps);
+
+/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table).
+namespace presets {
+FOGOOptions class_imbalanced_backbone();
+FOGOOptions class_imbalanced_head();
+FOGOOptions domain_il_backbone();
+FOGOOptions domain_il_head();
+FOGOOptions class_il_backbone();
+FOGOOptions class_il_head_fc();
+FOGOOptions class_il_classifier();
+FOGOOptions gpt2();
+FOGOOptions lora();
+}  // namespace presets
+
+}  // namespace fogo

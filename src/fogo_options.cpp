@@ -1,0 +1,200 @@
+// FOGOOptions: validation, serialization and comparison, generated from the option tables of
+// fogo_options.h; and the paper's presets.
+#include "fogo/fogo_options.h"
+
+#include <torch/serialize/archive.h>
+
+#include "fogo/detail/checks.h"
+
+namespace fogo {
+
+NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
+  return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps,
+                         o.ns_dtype());
+}
+
+FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
+
+double FOGOOptions::get_lr() const { return lr(); }
+void FOGOOptions::set_lr(const double lr) { this->lr(lr); }
+
+void FOGOOptions::validate() const {
+#define FOGO_CHECK_RANGE(T, name, def, lo, hi) \
+  detail::check_range("FOGO", #name, static_cast<double>(name()), lo, hi);
+  FOGO_RANGED_OPTIONS(FOGO_CHECK_RANGE)
+#undef FOGO_CHECK_RANGE
+  fogo::validate(ns_config(*this, ns_steps_slow()));  // coefficients finite, NS dtype
+  TORCH_CHECK(
+      projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
+      "FOGO: option 'projection_scale' is not a known value");
+  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip,
+              "FOGO: option 'nonfinite' is not a known policy");
+}
+
+void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
+#define FOGO_WRITE(T, name, ...) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
+  FOGO_RANGED_OPTIONS(FOGO_WRITE)
+  FOGO_PLAIN_OPTIONS(FOGO_WRITE)
+#undef FOGO_WRITE
+#define FOGO_WRITE_ENUM(T, name, def) \
+  archive.write(#name, c10::IValue(static_cast<int64_t>(name())));
+  FOGO_ENUM_OPTIONS(FOGO_WRITE_ENUM)
+#undef FOGO_WRITE_ENUM
+}
+
+void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
+#define FOGO_READ(T, name, ...) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(T, name)
+  FOGO_RANGED_OPTIONS(FOGO_READ)
+  FOGO_PLAIN_OPTIONS(FOGO_READ)
+#undef FOGO_READ
+  c10::IValue value;
+#define FOGO_READ_ENUM(T, name, def) \
+  archive.read(#name, value);        \
+  name(static_cast<T>(value.toInt()));
+  FOGO_ENUM_OPTIONS(FOGO_READ_ENUM)
+#undef FOGO_READ_ENUM
+}
+
+bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
+#define FOGO_EQUAL(T, name, ...) a.name() == b.name()&&
+  return FOGO_RANGED_OPTIONS(FOGO_EQUAL) FOGO_PLAIN_OPTIONS(FOGO_EQUAL)
+      FOGO_ENUM_OPTIONS(FOGO_EQUAL) true;
+#undef FOGO_EQUAL
+}
+
+// ---------------------------------------------------------------------------------------------
+// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table).
+
+namespace presets {
+
+FOGOOptions class_imbalanced_backbone() {
+  return FOGOOptions(1e-3)
+      .codebook_size(96)
+      .proj_dim(128)
+      .mu_s(0.97)
+      .mu_f(0.35)
+      .ns_steps_slow(5)
+      .ns_steps_fast(5)
+      .xi(0.25)
+      .eps_st(0.15)
+      .gamma_hi(0.05)
+      .gamma_st_min(0.10)
+      .gamma_st_max(0.30)
+      .kappa(0.15)
+      .beta_cb(0.95)
+      .lambda_c(0.10)
+      .r_dec(8)
+      .reseed_every(50)
+      .reseed_threshold(0.03)
+      .sigma(0.1)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions class_imbalanced_head() { return class_imbalanced_backbone().codebook_size(64); }
+
+FOGOOptions domain_il_backbone() {
+  return class_imbalanced_backbone()
+      .codebook_size(64)
+      .proj_dim(128)
+      .mu_s(0.95)
+      .mu_f(0.35)
+      .xi(0.3)
+      .eps_st(0.15)
+      .beta_cb(0.95)
+      .reseed_every(50)
+      .reseed_threshold(0.03)
+      .sigma(0.1)
+      .eps_lt(0.10)
+      .gamma_lt(0.6)
+      .freeze_per_task(21);
+}
+
+FOGOOptions domain_il_head() {
+  return domain_il_backbone().codebook_size(32).proj_dim(64).gamma_lt(0.4).freeze_per_task(12);
+}
+
+FOGOOptions class_il_backbone() {
+  return FOGOOptions(2e-3)
+      .codebook_size(96)
+      .proj_dim(256)
+      .mu_s(0.97)
+      .mu_f(0.20)
+      .ns_steps_slow(4)
+      .ns_steps_fast(4)
+      .xi(0.2)
+      .eps_st(0.25)
+      .gamma_hi(0.01)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.40)
+      .kappa(0.15)
+      .beta_cb(0.96)
+      .lambda_c(0.05)
+      .r_dec(8)
+      .reseed_every(50)
+      .reseed_threshold(0.10)
+      .sigma(0.1)
+      .eps_lt(0.001)
+      .gamma_lt(1.0)
+      .lt_candidates(48)
+      .freeze_per_task(20)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions class_il_head_fc() {
+  return class_il_backbone().codebook_size(48).proj_dim(96).freeze_per_task(20);
+}
+
+FOGOOptions class_il_classifier() {
+  return class_il_backbone().codebook_size(12).proj_dim(16).sigma(0.05).freeze_per_task(8);
+}
+
+FOGOOptions gpt2() {
+  return FOGOOptions(6e-4)
+      .weight_decay(0.1)
+      .codebook_size(256)
+      .proj_dim(512)
+      .mu_s(0.95)
+      .mu_f(0.15)
+      .ns_steps_slow(5)
+      .ns_steps_fast(5)
+      .xi(0.25)
+      .eps_st(0.20)
+      .gamma_hi(0.001)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.30)
+      .kappa(0.15)
+      .beta_cb(0.96)
+      .lambda_c(0.05)
+      .r_dec(8)
+      .reseed_every(200)
+      .reseed_threshold(0.10)
+      .sigma(0.2)
+      .lambda_prox(1.0);
+}
+
+FOGOOptions lora() {
+  // The table's empty LoRA cells (beta_cb, lambda_c and r, re-seeding, kappa) inherit from the
+  // row above, as every other row does: the class-IL rows.
+  return class_il_backbone()
+      .lr(1e-3)
+      .codebook_size(48)
+      .proj_dim(128)
+      .mu_s(0.96)
+      .mu_f(0.16)
+      .ns_steps_slow(5)
+      .ns_steps_fast(4)
+      .xi(0.25)
+      .eps_st(0.20)
+      .gamma_hi(0.01)
+      .gamma_st_min(0.15)
+      .gamma_st_max(0.45)
+      .sigma(0.2)
+      .eps_lt(0.05)
+      .gamma_lt(1.0)
+      .freeze_per_task(23)
+      .lambda_prox(0.8);
+}
+
+}  // namespace presets
+
+}  // namespace fogo
