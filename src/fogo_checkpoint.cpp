@@ -1,0 +1,145 @@
+// FOGO's checkpoints: LibTorch's optimizer archive (options, momenta) plus each group's memory
+// (codebook, EMA statistics, frozen bank, generator, step counter).
+#include <torch/serialize/archive.h>
+
+#include "fogo/detail/checks.h"
+#include "fogo/fogo_optimizer.h"
+#include "fogo_state.h"
+
+namespace fogo {
+
+namespace {
+
+at::Tensor or_empty(const at::Tensor& t) { return t.defined() ? t : at::empty({0}); }
+
+// The options that lay out a group's memory: a checkpoint that differs in one of them holds a
+// codebook of another size or in another projected space, which this optimizer cannot continue.
+void check_same_layout(size_t group, const FOGOOptions& mine, const FOGOOptions& theirs) {
+  const auto check = [&](const char* option, int64_t a, int64_t b) {
+    TORCH_CHECK(a == b, "FOGO::load: group ", group, " of the checkpoint has ", option, " ", b,
+                ", this optimizer ", a, "; a codebook cannot move to another ", option);
+  };
+  check("codebook_size", mine.codebook_size(), theirs.codebook_size());
+  check("proj_dim", mine.proj_dim(), theirs.proj_dim());
+  check("seed", mine.seed(), theirs.seed());
+  check("projection_scale", static_cast<int64_t>(mine.projection_scale()),
+        static_cast<int64_t>(theirs.projection_scale()));
+}
+
+}  // namespace
+
+void FOGO::save(torch::serialize::OutputArchive& archive) const {
+  serialize(*this, archive);
+  archive.write("fogo/format", c10::IValue(static_cast<int64_t>(1)));
+  archive.write("fogo/groups", c10::IValue(static_cast<int64_t>(impl_->groups.size())));
+  for (size_t g = 0; g < impl_->groups.size(); ++g) {
+    const GroupMemory& mem = impl_->groups[g];
+    torch::serialize::OutputArchive a(archive.compilation_unit());
+    a.write("initialized", c10::IValue(mem.initialized));
+    a.write("step", c10::IValue(mem.step));
+    a.write("centroids", or_empty(mem.book.centroids), /*is_buffer=*/true);
+    a.write("S", or_empty(mem.book.S), true);
+    a.write("N", or_empty(mem.book.N), true);
+    a.write("start", or_empty(mem.start), true);
+    a.write("frozen", or_empty(mem.frozen), true);
+    a.write("frozen_nu", or_empty(mem.frozen_nu), true);
+    a.write("rbar", or_empty(mem.rbar), true);
+    a.write("stats", or_empty(mem.stats), true);
+    a.write("generator", mem.gen.get_state(), true);
+    a.write("consolidated", c10::IValue(mem.consolidated));
+    archive.write("fogo/group/" + std::to_string(g), a);
+  }
+}
+
+void FOGO::load(torch::serialize::InputArchive& archive) {
+  std::vector<GroupMemory> loaded;
+  detail::load_transactional(
+      *this,
+      [&] {
+        c10::IValue value;
+        TORCH_CHECK(archive.try_read("fogo/format", value) && value.toInt() == 1,
+                    "FOGO::load: not a FOGO checkpoint (format 1)");
+        std::vector<FOGOOptions> before;
+        for (const auto& group : param_groups_)
+          before.push_back(static_cast<const FOGOOptions&>(group.options()));
+        serialize(*this, archive);
+        for (size_t g = 0; g < before.size() && g < param_groups_.size(); ++g) {
+          check_same_layout(g, before[g],
+                            static_cast<const FOGOOptions&>(param_groups_[g].options()));
+        }
+        archive.read("fogo/groups", value);
+        const int64_t count = value.toInt();
+        TORCH_CHECK(count <= static_cast<int64_t>(param_groups_.size()),
+                    "FOGO::load: the checkpoint has memory for ", count, " groups, this optimizer ",
+                    param_groups_.size(), " groups");
+        for (int64_t g = 0; g < count; ++g) {
+          const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+          const at::Device device = param_groups_[g].params().empty()
+                                        ? at::Device(at::kCPU)
+                                        : param_groups_[g].params()[0].device();
+          torch::serialize::InputArchive a;
+          archive.read("fogo/group/" + std::to_string(g), a);
+          GroupMemory mem;
+          a.read("initialized", value);
+          mem.initialized = value.toBool();
+          a.read("step", value);
+          mem.step = value.toInt();
+          mem.consolidated = a.try_read("consolidated", value) && value.toBool();
+          auto tensor = [&](const char* name) {
+            at::Tensor t;
+            a.read(name, t, /*is_buffer=*/true);
+            return t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
+          };
+          mem.book.centroids = tensor("centroids");
+          mem.book.S = tensor("S");
+          mem.book.N = tensor("N");
+          mem.start = tensor("start");
+          mem.frozen = tensor("frozen");
+          mem.frozen_nu = tensor("frozen_nu");
+          mem.rbar = tensor("rbar");
+          mem.stats = tensor("stats");
+          at::Tensor gen_state;
+          a.read("generator", gen_state, true);
+          mem.gen = make_cpu_generator(0);
+          mem.gen.set_state(gen_state);
+          const int64_t C = o.codebook_size(), d = o.proj_dim();
+          if (mem.initialized) {
+            auto expect = [&](const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
+              TORCH_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "FOGO::load: group ",
+                          g, "'s ", what, " has shape ",
+                          t.defined() ? t.sizes() : at::IntArrayRef{}, ", expected ",
+                          at::IntArrayRef(shape),
+                          " (codebook_size C and proj_dim d must match the checkpoint's)");
+            };
+            expect(mem.book.centroids, {C, d}, "codebook");
+            expect(mem.book.S, {C, d}, "codebook statistics S");
+            expect(mem.book.N, {C}, "codebook counts N");
+            expect(mem.start, {C, d}, "task-start snapshot");
+            expect(mem.rbar, {}, "conflict EMA");
+          }
+          if (mem.frozen.defined()) {
+            TORCH_CHECK(mem.frozen.dim() == 2 && mem.frozen.size(1) == d &&
+                            mem.frozen_nu.defined() && mem.frozen_nu.size(0) == mem.frozen.size(0),
+                        "FOGO::load: group ", g, "'s frozen bank has shape ", mem.frozen.sizes(),
+                        ", expected [F, ", d, "] with F importance weights");
+          }
+          loaded.push_back(std::move(mem));
+        }
+      },
+      [&](size_t g, size_t i, const torch::Tensor& p) {
+        auto it = state_.find(p.unsafeGetTensorImpl());
+        if (it == state_.end()) return;
+        auto& st = static_cast<FOGOParamState&>(*it->second);
+        for (const at::Tensor& t : {st.slow_momentum(), st.fast_momentum()}) {
+          TORCH_CHECK(t.defined() && t.sizes() == p.sizes(),
+                      "FOGO::load: the checkpoint's momentum for ", detail::describe_param(g, i, p),
+                      " has shape ", t.defined() ? t.sizes() : at::IntArrayRef{},
+                      "; the checkpoint was made for a different model");
+        }
+        st.slow_momentum(st.slow_momentum().to(p.device()));
+        st.fast_momentum(st.fast_momentum().to(p.device()));
+      });
+  impl_->groups = std::move(loaded);
+}
+
+}  // namespace fogo

@@ -1,0 +1,91 @@
+#pragma once
+// FOGO's internal state (private to src/), shared by the step (fogo_optimizer.cpp) and
+// checkpointing (fogo_checkpoint.cpp): a group's memory, the projections, and the telemetry layout.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fogo/codebook.h"
+#include "fogo/fogo_optimizer.h"
+#include "fogo/projection.h"
+
+namespace fogo {
+
+// Telemetry is kept on the device as one vector and read back only when asked for, so a step
+// never waits on the host for it.
+enum Stat : int64_t {
+  kRbar,
+  kGammaSt,
+  kFracConflicting,
+  kFracOverAligned,
+  kFracLtProtected,
+  kEntropy,
+  kLive,
+  kDeltaRatio,
+  kNumStats
+};
+
+inline at::Generator make_cpu_generator(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+// The codebook group's memory: everything of ALGORITHM.md that is not per parameter.
+struct GroupMemory {
+  bool initialized = false;
+  int64_t step = 0;
+  Codebook book;
+  at::Tensor start;      ///< task-start snapshot of the centroids
+  at::Tensor frozen;     ///< frozen bank [F, d]
+  at::Tensor frozen_nu;  ///< importance weights [F]
+  at::Tensor rbar;       ///< conflict EMA, 0-d
+  at::Tensor stats;      ///< [kNumStats], last step's telemetry
+  at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
+  /// consolidate() ran since the last step: freezing again would add the same centroids.
+  bool consolidated = false;
+};
+
+// Pi [n, d] and the lift matrix K (projection.h), and their bf16 forms for a bf16 step's
+// tensor-core products: Pi_bf16 only when that is exact (unit scale), K_bf16 always.
+struct Projection {
+  at::Tensor Pi, K, Pi_bf16, K_bf16;
+};
+
+struct FOGO::Impl {
+  std::vector<GroupMemory> groups;
+  // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
+  // regenerated from the seed, never stored.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, double>, Projection>
+      projections;
+
+  const Projection& projection(const FOGOOptions& o, int64_t n, const at::Device& device) {
+    auto key =
+        std::make_tuple(o.seed(), n, o.proj_dim(), static_cast<int64_t>(o.projection_scale()),
+                        device.str(), o.lambda_prox());
+    auto it = projections.find(key);
+    if (it == projections.end()) {
+      at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
+      at::Tensor K = lift_operator(Pi, o.lambda_prox());
+      at::Tensor Pi_bf16 =
+          o.projection_scale() == ProjectionScale::Unit ? Pi.to(at::kBFloat16) : at::Tensor();
+      it = projections.emplace(key, Projection{Pi, K, Pi_bf16, K.to(at::kBFloat16)}).first;
+    }
+    return it->second;
+  }
+
+  GroupMemory& group(size_t g, const FOGOOptions& o) {
+    while (groups.size() <= g) {
+      GroupMemory fresh;
+      // Unsigned arithmetic: any int64 seed is valid, and the product wraps as defined.
+      fresh.gen = make_cpu_generator(static_cast<uint64_t>(o.seed()) * 1000003u + groups.size());
+      groups.push_back(std::move(fresh));
+    }
+    return groups[g];
+  }
+};
+
+}  // namespace fogo
