@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "fogo/codebook.h"
+#include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
 #include "fogo/ops.h"
 #include "fogo/projected.h"
@@ -71,19 +72,9 @@ struct Work {
   const Projection* proj;
 };
 
-// [begin, end) of each run of same-shape parameters in `work`, which is sorted by shape: a run
-// shares Pi and goes through Newton–Schulz, the projection and the lift as one batch.
-using ShapeRuns = std::vector<std::pair<size_t, size_t>>;
-
-ShapeRuns shape_runs(const std::vector<Work>& work) {
-  ShapeRuns runs;
-  for (size_t i = 0; i < work.size(); ++i) {
-    if (runs.empty() || work[i].m != work[i - 1].m || work[i].n != work[i - 1].n)
-      runs.emplace_back(i, i);
-    runs.back().second = i + 1;
-  }
-  return runs;
-}
+// [begin, end) of each run of same-shape parameters in `work`: a run shares Pi and goes through
+// Newton–Schulz, the projection and the lift as one batch (detail/batching.h).
+using ShapeRuns = detail::Runs;
 
 at::Tensor working_view(const at::Tensor& t, bool transposed) {
   const int64_t rows = t.size(0);
@@ -204,7 +195,7 @@ at::Tensor entropy(const at::Tensor& N) {
 
 // Step 1: both momenta of every parameter of the group that has a gradient, as multi-tensor ops
 // (a few launches on CUDA instead of four per parameter; per tensor, the same arithmetic), and
-// each parameter's working orientation. Sorted by shape, so that same-shape runs batch.
+// each parameter's working orientation.
 std::vector<Work> update_momenta(
     const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
     ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
@@ -243,9 +234,6 @@ std::vector<Work> update_momenta(
   at::_foreach_add_(slow, G);
   at::_foreach_mul_(fast, o.mu_f());
   at::_foreach_add_(fast, G);
-  std::stable_sort(work.begin(), work.end(), [](const Work& a, const Work& b) {
-    return std::tie(a.m, a.n) < std::tie(b.m, b.n);
-  });
   return work;
 }
 
@@ -331,7 +319,8 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   };
   std::vector<Work> work = update_momenta(params, grads, state_, o, projection);  // 1
   if (work.empty()) return;
-  const ShapeRuns runs = shape_runs(work);
+  const ShapeRuns runs =
+      detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   const auto [Ps, Pf] = orthogonalize(work, runs, o);  // 2, 3
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <map>
+#include <tuple>
 #include <vector>
 
+#include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
 #include "fogo/newton_schulz.h"
 
@@ -30,14 +33,6 @@ NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
                          o.ns_dtype());
 }
-
-// The parameters of a group whose 2-D views share one shape (and device).
-struct ShapeBucket {
-  int64_t rows;
-  int64_t cols;
-  c10::Device device;
-  std::vector<torch::Tensor> params;
-};
 
 }  // namespace
 
@@ -187,34 +182,39 @@ torch::Tensor Muon::step(LossClosure closure) {
     const double lr = options.lr();
     const double momentum = options.momentum();
 
-    // On a GPU, one Newton–Schulz chain per matrix shape: each bucket's updates go through a
+    // On a GPU, one Newton–Schulz chain per matrix shape: each run's updates go through a
     // single batched chain, which fills the GPU where one small GEMM per parameter cannot (tall
     // and wide shapes stay apart; newton_schulz transposes tall ones itself). On the CPU every
     // parameter takes its own chain, as torch.optim.Muon does: batching gains nothing there
     // (the GEMMs are compute-bound), and ATen's CPU bmm can round differently from mm on small
     // matrices, which would break the bit-identity with PyTorch.
-    std::vector<ShapeBucket> buckets;
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      const int64_t rows = p.size(0);
-      const int64_t cols = p.numel() / std::max<int64_t>(rows, 1);
-      auto bucket = std::find_if(buckets.begin(), buckets.end(), [&](const ShapeBucket& b) {
-        return p.is_cuda() && b.rows == rows && b.cols == cols && b.device == p.device();
-      });
-      if (bucket == buckets.end()) {
-        buckets.push_back({rows, cols, p.device(), {}});
-        bucket = std::prev(buckets.end());
-      }
-      bucket->params.push_back(p);
+    std::vector<torch::Tensor> params;
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) params.push_back(p);
     }
+    // The shape key: the matrix view [rows, numel / rows] and the device; on the CPU each
+    // parameter's position too, so that every run there is one parameter.
+    std::map<const void*, size_t> position;
+    for (size_t k = 0; k < params.size(); ++k) position[params[k].unsafeGetTensorImpl()] = k;
+    const auto key = [&](const torch::Tensor& p) {
+      const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
+      const size_t alone = p.is_cuda() ? 0 : position.at(p.unsafeGetTensorImpl());
+      return std::make_tuple(alone, static_cast<int>(p.device().type()), p.device().index(), rows,
+                             cols);
+    };
+    const detail::Runs runs = detail::sort_into_runs(params, key);
 
-    // The elementwise ops of a bucket are multi-tensor (_foreach_*) ops: a few launches on
+    // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
     // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
     // per-parameter lerp_/lerp/mul_ do (on the CPU they are those calls).
-    for (auto& bucket : buckets) {
-      const auto count = static_cast<int64_t>(bucket.params.size());
+    for (const auto& [begin, end] : runs) {
+      const std::vector<torch::Tensor> run(params.begin() + static_cast<std::ptrdiff_t>(begin),
+                                           params.begin() + static_cast<std::ptrdiff_t>(end));
+      const int64_t rows = run.front().size(0),
+                    cols = run.front().numel() / std::max<int64_t>(rows, 1);
+      const auto count = static_cast<int64_t>(run.size());
       std::vector<torch::Tensor> grads, bufs;
-      for (const torch::Tensor& p : bucket.params) {
+      for (const torch::Tensor& p : run) {
         auto& slot = state_[p.unsafeGetTensorImpl()];
         if (!slot) {
           auto fresh = std::make_unique<MuonParamState>();
@@ -228,19 +228,18 @@ torch::Tensor Muon::step(LossClosure closure) {
       const std::vector<torch::Tensor> nesterov =
           options.nesterov() ? at::_foreach_lerp(grads, bufs, momentum) : bufs;
       torch::Tensor updates =
-          at::empty({count, bucket.rows, bucket.cols},
-                    at::TensorOptions().dtype(ns.compute_dtype).device(bucket.device));
+          at::empty({count, rows, cols},
+                    at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
       for (int64_t k = 0; k < count; ++k) {  // cast to the compute dtype in the copy
         updates[k].view(nesterov[k].sizes()).copy_(nesterov[k]);
       }
 
       const torch::Tensor ortho =
           count == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
-      const double adjusted_lr =
-          muon_adjusted_lr(lr, options.adjust_lr(), bucket.rows, bucket.cols);
-      at::_foreach_mul_(bucket.params, 1.0 - lr * options.weight_decay());
+      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
+      at::_foreach_mul_(run, 1.0 - lr * options.weight_decay());
       for (int64_t k = 0; k < count; ++k) {
-        bucket.params[k].add_(ortho[k].reshape(bucket.params[k].sizes()), -adjusted_lr);
+        run[k].add_(ortho[k].reshape(run[k].sizes()), -adjusted_lr);
       }
     }
   }
