@@ -55,6 +55,19 @@ void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
 #undef FOGO_READ_ENUM
 }
 
+std::string options_markdown() {
+  std::string out = "| option | default | valid |\n|---|---|---|\n";
+#define FOGO_ROW_RANGE(T, name, def, lo, hi) \
+  out += "| `" #name "` | `" #def "` | [`" #lo "`, `" #hi "`] |\n";
+#define FOGO_ROW(T, name, def) out += "| `" #name "` | `" #def "` | " #T " |\n";
+  FOGO_RANGED_OPTIONS(FOGO_ROW_RANGE)
+  FOGO_PLAIN_OPTIONS(FOGO_ROW)
+  FOGO_ENUM_OPTIONS(FOGO_ROW)
+#undef FOGO_ROW
+#undef FOGO_ROW_RANGE
+  return out;
+}
+
 bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
 #define FOGO_EQUAL(T, name, ...) a.name() == b.name()&&
   return FOGO_RANGED_OPTIONS(FOGO_EQUAL) FOGO_PLAIN_OPTIONS(FOGO_EQUAL)

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <type_traits>
@@ -772,4 +774,16 @@ TEST(FOGO, CubicIterationByName) {
   p.mutable_grad() = torch::randn({6, 20});
   opt.step();
   EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+TEST(FOGOOptions, DocsListEveryOptionAsTheTableDefinesIt) {
+  // docs/algorithm.md holds the generated table; an option added, renamed or re-ranged in
+  // fogo_options.h without the docs fails here (the message is the text to paste).
+  std::ifstream in(FOGO_TEST_DATA_DIR "/../../docs/algorithm.md");
+  ASSERT_TRUE(in.good());
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string table = fogo::options_markdown();
+  EXPECT_NE(docs.find(table), std::string::npos) << "docs/algorithm.md lacks:\n" << table;
+  EXPECT_NE(table.find("| `codebook_size` | `64` | [`1`, `1 << 20`] |"), std::string::npos);
+  EXPECT_NE(table.find("| `nonfinite` | `NonFinitePolicy::Raise` |"), std::string::npos);
 }

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
 
 namespace fogo {
@@ -101,6 +102,10 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   /// Every option equal.
   friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
 };
+
+/// Every option of the tables as a Markdown table (option | default | valid values), in table
+/// order: docs/algorithm.md holds this text, and a test keeps the two equal.
+std::string options_markdown();
 
 /// FOGO's Newton–Schulz configuration for `steps` iterations: X0 = B / (|B|_F + eps)
 /// (ALGORITHM.md step 2), the options' coefficients and compute dtype.
