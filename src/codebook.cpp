@@ -111,4 +111,17 @@ FrozenPicks select_important(const Codebook& book, const at::Tensor& start, int6
   return {c.index_select(0, index).clone(), nu.to(c.options())};
 }
 
+at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, at::Generator& gen) {
+  const int64_t F = nu.size(0);
+  TORCH_CHECK(k >= 1 && k <= F, "sample_candidates: k must be in [1, ", F, "], got ", k);
+  // log(u) / w is a monotone transform of u^(1/w): the k largest are a weighted sample without
+  // replacement. The uniforms are drawn on the host from the group's generator (identical on
+  // every device, in checkpoints and across ranks) and copied without waiting for the device.
+  at::Tensor log_u = at::rand({F}, gen, at::TensorOptions().dtype(at::kDouble)).log_();
+  if (nu.is_cuda()) log_u = log_u.pin_memory();
+  const at::Tensor keys =
+      log_u.to(nu.device(), /*non_blocking=*/true) / (nu.to(at::kDouble).clamp_min(1e-12));
+  return std::get<1>(keys.topk(k));
+}
+
 }  // namespace fogo

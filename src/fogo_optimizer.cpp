@@ -253,10 +253,7 @@ void initialize_memory(GroupMemory& mem, const at::Tensor& Ps, const at::Tensor&
 std::pair<at::Tensor, at::Tensor> long_term_candidates(GroupMemory& mem, const FOGOOptions& o) {
   if (!mem.frozen.defined() || mem.frozen.size(0) <= o.lt_candidates())
     return {mem.frozen, mem.frozen_nu};
-  const at::Tensor pick =
-      at::multinomial(mem.frozen_nu.to(at::kDouble).cpu() + 1e-12, o.lt_candidates(),
-                      /*replacement=*/false, mem.gen)
-          .to(mem.frozen.device());
+  const at::Tensor pick = sample_candidates(mem.frozen_nu, o.lt_candidates(), mem.gen);
   return {mem.frozen.index_select(0, pick), mem.frozen_nu.index_select(0, pick)};
 }
 

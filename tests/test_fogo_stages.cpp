@@ -1,6 +1,7 @@
 // FOGO's stages one by one, each against an independent truth: the direct high-dimensional
 // solve for the lift, Theorem 4 for the protection, geometry for slerp and the filters, brute
 // force and the spec's formulas for the codebook.
+#include <ATen/CPUGeneratorImpl.h>
 #include <fogo/codebook.h>
 #include <fogo/projected.h>
 #include <fogo/projection.h>
@@ -334,4 +335,38 @@ TEST(Codebook, ConsolidationPicksByImportance) {
   fogo::Codebook drifted{torch::eye(5), torch::eye(5), torch::tensor({1.0, 2.0, 0.0, 1.5, 2.0})};
   picks = fogo::select_important(drifted, start, 1);  // 4: 0.308 * 1.29 beats 1: 0.308
   EXPECT_TRUE(torch::equal(picks.centroids[0], torch::eye(5)[4]));
+}
+
+TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {
+  // Against the exact inclusion probabilities of a weighted draw of 2 out of 3 without
+  // replacement (computed by hand from the sequential definition), over many draws.
+  const auto nu = torch::tensor({0.6, 0.3, 0.1});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<double> count(3, 0.0);
+  const int draws = 20000;
+  for (int k = 0; k < draws; ++k) {
+    const auto pick = fogo::sample_candidates(nu, 2, gen);
+    ASSERT_EQ(pick.size(0), 2);
+    ASSERT_NE(pick[0].item<int64_t>(), pick[1].item<int64_t>());
+    for (int j = 0; j < 2; ++j) count[pick[j].item<int64_t>()] += 1.0 / draws;
+  }
+  // P(i in sample) = w_i + sum_{j != i} w_j w_i / (1 - w_j).
+  const double w[3] = {0.6, 0.3, 0.1};
+  for (int i = 0; i < 3; ++i) {
+    double p = w[i];
+    for (int j = 0; j < 3; ++j)
+      if (j != i) p += w[j] * w[i] / (1 - w[j]);
+    EXPECT_NEAR(count[i], p, 0.015) << i;  // binomial sd <= 0.0035 at 20,000 draws
+  }
+  // The same generator state gives the same picks; a zero weight is drawn only when it must be.
+  auto a = at::make_generator<at::CPUGeneratorImpl>(9),
+       b = at::make_generator<at::CPUGeneratorImpl>(9);
+  EXPECT_TRUE(torch::equal(fogo::sample_candidates(nu, 2, a), fogo::sample_candidates(nu, 2, b)));
+  const auto zero = torch::tensor({0.5, 0.0, 0.5});
+  for (int k = 0; k < 50; ++k) {
+    const auto pick = std::get<0>(fogo::sample_candidates(zero, 2, a).sort());
+    EXPECT_TRUE(torch::equal(pick, torch::tensor({0, 2}, torch::kLong)));
+    EXPECT_EQ(fogo::sample_candidates(zero, 3, a).size(0), 3);
+  }
+  EXPECT_THROW(fogo::sample_candidates(nu, 4, a), c10::Error);
 }

@@ -59,4 +59,10 @@ struct FrozenPicks {
 };
 FrozenPicks select_important(const Codebook& book, const at::Tensor& start, int64_t K);
 
+/// A_t: `k` indices of the frozen bank drawn without replacement with probabilities
+/// proportional to `nu` [F] (Efraimidis–Spirakis: the k largest log(u_i) / nu_i, u_i uniform).
+/// The uniforms come from the CPU generator `gen`; the selection runs on nu's device, so on a GPU
+/// nothing waits for the device. Zero weights are floored at 1e-12 (still drawable, last).
+at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, at::Generator& gen);
+
 }  // namespace fogo
