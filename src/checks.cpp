@@ -1,6 +1,7 @@
 #include "fogo/detail/checks.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cmath>
 #include <sstream>
@@ -32,12 +33,21 @@ GradItems collect_grads(const char* optimizer,
                         const std::vector<torch::optim::OptimizerParamGroup>& groups,
                         const std::function<void(size_t)>& check_group,
                         const std::function<void(size_t, size_t, const at::Tensor&)>& check_param) {
+  // Python's torch.optim refuses a parameter listed twice at construction; LibTorch's
+  // add_param_group only notices one that already has state, which fogo creates lazily. Stepped
+  // once per listing through one shared state, it would silently move twice as far.
+  ska::flat_hash_map<const c10::TensorImpl*, std::pair<size_t, size_t>> seen;
   GradItems items;
   for (size_t g = 0; g < groups.size(); ++g) {
     check_group(g);
     const auto& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& p = params[i];
+      const auto [first, inserted] = seen.emplace(p.unsafeGetTensorImpl(), std::make_pair(g, i));
+      TORCH_CHECK(inserted, optimizer, ": ", describe_param(g, i, p), " is also ",
+                  describe_param(first->second.first, first->second.second, p),
+                  ": a parameter may not appear in more than one parameter group (or twice in "
+                  "one)");
       if (!p.grad().defined()) continue;
       check_param(g, i, p);
       check_grad_kind(optimizer, g, i, p, p.grad());
@@ -49,22 +59,44 @@ GradItems collect_grads(const char* optimizer,
   return items;
 }
 
-int64_t first_nonfinite(const std::vector<at::Tensor>& tensors) {
-  if (tensors.empty()) return -1;
+namespace {
+// A gradient's Frobenius norm, accumulated in float32 at least (as the Newton–Schulz input's
+// normalisation and AdamW's second moment are).
+at::Tensor grad_norm(const at::Tensor& grad) {
+  const auto dtype = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return at::linalg_vector_norm(grad, 2, {}, /*keepdim=*/false, dtype);
+}
+
+double max_grad_norm(const at::Tensor& grad) {
+  return grad.scalar_type() == at::kDouble ? kMaxGradNormDouble : kMaxGradNorm;
+}
+}  // namespace
+
+int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return -1;
   std::vector<at::Tensor> flags;
-  flags.reserve(tensors.size());
-  for (const auto& t : tensors) flags.push_back(at::isfinite(t).all());
+  flags.reserve(grads.size());
+  // NaN <= x and Inf <= x are false: one reduction per gradient tests all three conditions.
+  for (const auto& g : grads) flags.push_back(grad_norm(g) <= max_grad_norm(g));
   const at::Tensor ok = at::stack(flags).cpu();  // the one synchronisation
   const bool* data = ok.data_ptr<bool>();
-  for (size_t k = 0; k < tensors.size(); ++k) {
+  for (size_t k = 0; k < grads.size(); ++k) {
     if (!data[k]) return static_cast<int64_t>(k);
   }
   return -1;
 }
 
-void throw_nonfinite(const char* optimizer, size_t group, size_t index, const at::Tensor& param) {
+void throw_unusable_grad(const char* optimizer, size_t group, size_t index,
+                         const at::Tensor& param) {
+  const at::Tensor& grad = param.grad();
+  const bool finite = at::isfinite(grad).all().item<bool>();
   TORCH_CHECK(false, optimizer, ": gradient of ", describe_param(group, index, param),
-              " contains NaN or Inf; the step was not applied (the parameters are unchanged)");
+              finite ? " has Frobenius norm " + std::to_string(grad_norm(grad).item<double>()) +
+                           " above " + std::to_string(max_grad_norm(grad)) +
+                           ", where the update's arithmetic would overflow (a silent zero or Inf "
+                           "update)"
+                     : std::string(" contains NaN or Inf"),
+              "; the step was not applied (the parameters are unchanged)");
 }
 
 void load_transactional(torch::optim::Optimizer& optimizer, const std::function<void()>& load,
@@ -75,6 +107,9 @@ void load_transactional(torch::optim::Optimizer& optimizer, const std::function<
   for (const auto& group : optimizer.param_groups())
     saved_options.push_back(group.options().clone());
   try {
+    // A checkpoint replaces the state (as torch.optim's load_state_dict does): LibTorch's load
+    // only adds entries, which would keep newer state of parameters the checkpoint lacks.
+    optimizer.state().clear();
     load();
     auto& groups = optimizer.param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {

@@ -347,11 +347,11 @@ torch::Tensor FOGO::step(LossClosure closure) {
         check_matrix(g, i, p, param_groups_[g].params()[0]);
       });
   const auto& [params, grads, where] = items;
-  if (const int64_t bad = detail::first_nonfinite(grads); bad >= 0) {
+  if (const int64_t bad = detail::first_unusable_grad(grads); bad >= 0) {
     const auto& options =
         static_cast<const FOGOOptions&>(param_groups_[where[bad].first].options());
     if (options.nonfinite() == NonFinitePolicy::Skip) return loss;
-    detail::throw_nonfinite("FOGO", where[bad].first, where[bad].second, params[bad]);
+    detail::throw_unusable_grad("FOGO", where[bad].first, where[bad].second, params[bad]);
   }
   for (size_t k = 0; k < params.size();) {  // the items come group by group
     const size_t g = where[k].first;

@@ -9,8 +9,8 @@
 namespace fogo {
 
 NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
-  return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps,
-                         o.ns_dtype());
+  return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps, o.ns_dtype(),
+                         o.ns_form(), o.ns_gram_restart());
 }
 
 FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
@@ -23,7 +23,7 @@ void FOGOOptions::validate() const {
   detail::check_range("FOGO", #name, static_cast<double>(name()), lo, hi);
   FOGO_RANGED_OPTIONS(FOGO_CHECK_RANGE)
 #undef FOGO_CHECK_RANGE
-  fogo::validate(ns_config(*this, ns_steps_slow()));  // coefficients finite, NS dtype
+  fogo::validate(ns_config(*this, ns_steps_slow()));  // coefficients finite, NS dtype and form
   TORCH_CHECK(
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");
@@ -43,14 +43,16 @@ void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
-#define FOGO_READ(T, name, ...) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(T, name)
+  // An option added later (ns_gram_restart, ns_form) is absent from older checkpoints: its
+  // default holds.
+  c10::IValue value;
+#define FOGO_READ(T, name, ...) \
+  if (archive.try_read(#name, value)) name(value.to<T>());
   FOGO_RANGED_OPTIONS(FOGO_READ)
   FOGO_PLAIN_OPTIONS(FOGO_READ)
 #undef FOGO_READ
-  c10::IValue value;
 #define FOGO_READ_ENUM(T, name, def) \
-  archive.read(#name, value);        \
-  name(static_cast<T>(value.toInt()));
+  if (archive.try_read(#name, value)) name(static_cast<T>(value.toInt()));
   FOGO_ENUM_OPTIONS(FOGO_READ_ENUM)
 #undef FOGO_READ_ENUM
 }

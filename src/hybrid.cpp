@@ -258,27 +258,22 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
   }
   torch::NoGradGuard no_grad;
   sync_options();
-  // The matrix side's NaN/Inf policy holds for the whole step: with Skip nothing is stepped,
-  // with Raise the error names the parameter and nothing is stepped (AdamW, on the rest side,
-  // would otherwise write NaN into the biases and norms).
+  // Everything both sides will read is checked before either side changes anything: no
+  // parameter listed twice, gradient kinds and shapes (the matrix side checks its own too; the
+  // rest side's AdamW would fail half-way, naming no parameter). The matrix side's policy for
+  // unusable gradients (NaN/Inf, or a norm where the arithmetic overflows) holds for the whole
+  // step: with Skip nothing is stepped, with Raise the error names the parameter and nothing is
+  // stepped (AdamW would otherwise write NaN or Inf into the rest side's state).
+  const detail::GradItems items = detail::collect_grads(
+      "HybridOptimizer", param_groups_, [](size_t) {}, [](size_t, size_t, const at::Tensor&) {});
   const NonFiniteCheck check = nonfinite_check(matrix_.get());
   if (check != NonFiniteCheck::None) {
-    std::vector<at::Tensor> grads;
-    std::vector<std::tuple<const char*, size_t, size_t, at::Tensor>> where;
-    for (size_t g = 0; g < param_groups_.size(); ++g) {
-      const auto& params = param_groups_[g].params();
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (!params[i].grad().defined()) continue;
-        grads.push_back(params[i].grad());
-        where.emplace_back(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
-                                                           : "HybridOptimizer (rest side)",
-                           g, i, params[i]);
-      }
-    }
-    if (const int64_t bad = detail::first_nonfinite(grads); bad >= 0) {
+    if (const int64_t bad = detail::first_unusable_grad(items.grads); bad >= 0) {
       if (check == NonFiniteCheck::Skip) return loss;
-      const auto& [name, g, i, p] = where[bad];
-      detail::throw_nonfinite(name, g, i, p);
+      const auto [g, i] = items.where[bad];
+      detail::throw_unusable_grad(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
+                                                                  : "HybridOptimizer (rest side)",
+                                  g, i, items.params[bad]);
     }
   }
   for (auto* side : sides()) side->step();
@@ -343,6 +338,7 @@ void HybridOptimizer::load(torch::serialize::InputArchive& archive) {
   try {
     for (int s = 0; s < 2; ++s) {
       if (!opts[s]) continue;
+      opts[s]->state().clear();  // a checkpoint replaces the state; LibTorch's load only adds
       opts[s]->load(inputs[s]);
       check_state_shapes(*opts[s], names[s]);
     }

@@ -31,7 +31,7 @@ namespace {
 // torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
 NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
-                         o.ns_dtype());
+                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart());
 }
 
 }  // namespace
@@ -58,6 +58,11 @@ void MuonOptions::validate() const {
               "Muon: option 'ns_coefficients' must be finite, got (", a, ", ", b, ", ", c, ")");
   TORCH_CHECK(ns_dtype() == at::kBFloat16 || ns_dtype() == at::kFloat,
               "Muon: option 'ns_dtype' must be kBFloat16 or kFloat32, got ", ns_dtype());
+  TORCH_CHECK(ns_form() == NSForm::Plain || ns_form() == NSForm::Gram || ns_form() == NSForm::Auto,
+              "Muon: option 'ns_form' is not a known value (", static_cast<int64_t>(ns_form()),
+              ")");
+  TORCH_CHECK(ns_gram_restart() >= 0, "Muon: option 'ns_gram_restart' must be >= 0, got ",
+              ns_gram_restart());
   fogo::validate(ns_config(*this));
   TORCH_CHECK(adjust_lr() == MuonAdjustLR::Original || adjust_lr() == MuonAdjustLR::MatchRmsAdamW,
               "Muon: option 'adjust_lr' is not a known rule (", static_cast<int64_t>(adjust_lr()),
@@ -76,6 +81,8 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(strict_2d);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(check_finite);
+  archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
 }
 
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -93,6 +100,9 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, strict_2d);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, check_finite);
+  // Added later: absent from older checkpoints, whose defaults hold.
+  if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
+  if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
 }
 
 bool operator==(const MuonOptions& a, const MuonOptions& b) {
@@ -100,7 +110,8 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.nesterov() == b.nesterov() && a.ns_coefficients() == b.ns_coefficients() &&
          a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
          a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
-         a.check_finite() == b.check_finite();
+         a.check_finite() == b.check_finite() && a.ns_form() == b.ns_form() &&
+         a.ns_gram_restart() == b.ns_gram_restart();
 }
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
@@ -171,9 +182,10 @@ torch::Tensor Muon::step(LossClosure closure) {
       checked_item.push_back(k);
     }
   }
-  if (const int64_t bad = detail::first_nonfinite(checked); bad >= 0) {
+  if (const int64_t bad = detail::first_unusable_grad(checked); bad >= 0) {
     const size_t k = checked_item[bad];
-    detail::throw_nonfinite("Muon", items.where[k].first, items.where[k].second, items.params[k]);
+    detail::throw_unusable_grad("Muon", items.where[k].first, items.where[k].second,
+                                items.params[k]);
   }
 
   for (auto& group : param_groups_) {
@@ -250,7 +262,18 @@ void Muon::save(torch::serialize::OutputArchive& archive) const { serialize(*thi
 
 void Muon::load(torch::serialize::InputArchive& archive) {
   detail::load_transactional(
-      *this, [&] { serialize(*this, archive); },
+      *this,
+      [&] {
+        // LibTorch's reader throws torch::jit errors (no c10::Error, no optimizer named) for an
+        // archive that is not a Muon checkpoint (a module's, AdamW's).
+        try {
+          serialize(*this, archive);
+        } catch (const c10::Error&) {
+          throw;
+        } catch (const std::exception& e) {
+          TORCH_CHECK(false, "Muon::load: not a Muon checkpoint: ", e.what());
+        }
+      },
       [&](size_t g, size_t i, const torch::Tensor& p) {
         auto it = state_.find(p.unsafeGetTensorImpl());
         if (it == state_.end()) return;

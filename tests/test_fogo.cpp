@@ -441,7 +441,8 @@ TEST(FOGO, CheckpointWithOtherCodebookSizeIsRejected) {
 TEST(FOGO, EdgeShapesAndScalesStayFinite) {
   torch::manual_seed(6);
   for (auto shape : {std::vector<int64_t>{1, 1}, {1, 40}, {40, 1}, {4, 7}, {64, 3, 3, 3}}) {
-    for (double scale : {0.0, 1e-30, 1e-12, 1.0, 1e12, 1e30}) {
+    // Up to 1e15: larger norms (> 1e17) are refused as unusable (AdversarialInput.*Scale1e30).
+    for (double scale : {0.0, 1e-30, 1e-12, 1.0, 1e12, 1e15}) {
       auto p = torch::randn(shape).requires_grad_(true);
       // d = 32 exceeds n for all but the conv weight (n = 27 < 32 too).
       fogo::FOGO opt({p}, fogo::FOGOOptions(0.01).proj_dim(32).codebook_size(4).weight_decay(0.1));
@@ -786,4 +787,30 @@ TEST(FOGOOptions, DocsListEveryOptionAsTheTableDefinesIt) {
   EXPECT_NE(docs.find(table), std::string::npos) << "docs/algorithm.md lacks:\n" << table;
   EXPECT_NE(table.find("| `codebook_size` | `64` | [`1`, `1 << 20`] |"), std::string::npos);
   EXPECT_NE(table.find("| `nonfinite` | `NonFinitePolicy::Raise` |"), std::string::npos);
+}
+
+// FOGO's streams through the Gram form: with fp64 Newton–Schulz the same trajectory as the
+// plain chain to rounding (the codebook's decisions see the same numbers), and not the same
+// computation (the parameters differ in the last bits).
+TEST(FOGO, GramFormStepsAsThePlainChain) {
+  torch::manual_seed(23);
+  const auto w0 = torch::randn({8, 48}, torch::kDouble);
+  std::vector<torch::Tensor> final;
+  for (const auto form : {fogo::NSForm::Plain, fogo::NSForm::Gram}) {
+    auto w = w0.clone().requires_grad_(true);
+    fogo::FOGO opt({w}, fogo::FOGOOptions(0.01)
+                            .proj_dim(16)
+                            .codebook_size(8)
+                            .ns_dtype(torch::kDouble)
+                            .ns_form(form)
+                            .ns_gram_restart(2));
+    torch::manual_seed(24);
+    for (int step = 0; step < 6; ++step) {
+      w.mutable_grad() = torch::randn({8, 48}, torch::kDouble);
+      opt.step();
+    }
+    final.push_back(w.detach().clone());
+  }
+  EXPECT_LT((final[1] - final[0]).abs().max().item<double>(), 1e-10);
+  EXPECT_FALSE(torch::equal(final[1], final[0]));
 }

@@ -37,6 +37,7 @@ enum class NonFinitePolicy : int64_t {
   X(double,  mu_f,             0.35,  0.0,   1.0)                                                 \
   X(int64_t, ns_steps_slow,    5,     0,     99)           /* K_s */                              \
   X(int64_t, ns_steps_fast,    5,     0,     99)           /* K_f */                              \
+  X(int64_t, ns_gram_restart,  3,     0,     99)           /* Gram form: re-form every k */       \
   /* projection and fusion (steps 3-4) */                                                         \
   X(int64_t, proj_dim,         128,   1,     1 << 20)      /* d */                                \
   X(double,  xi,               0.25,  0.0,   1.0)                                                 \
@@ -78,6 +79,8 @@ enum class NonFinitePolicy : int64_t {
   /* Newton–Schulz compute dtype (state stays fp32): bf16 (tensor cores, as torch.optim.Muon),  \
      fp32 or fp64, which also enable the fast stream's Gram route */                              \
   X(c10::ScalarType,  ns_dtype,         c10::kBFloat16)                                           \
+  /* Newton–Schulz on X (Plain), on its Gram matrix with restarts (Gram), or by cost (Auto) */    \
+  X(NSForm,           ns_form,          NSForm::Plain)                                            \
   X(ProjectionScale,  projection_scale, ProjectionScale::Unit)                                    \
   X(NonFinitePolicy,  nonfinite,        NonFinitePolicy::Raise)
 // clang-format on

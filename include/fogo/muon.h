@@ -54,8 +54,14 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
   /// Reject N-D (conv) weights the way torch.optim.Muon does instead of flattening them.
   TORCH_ARG(bool, strict_2d) = false;
-  /// Raise naming the parameter when a gradient holds NaN/Inf (one host sync per step).
+  /// Raise naming the parameter when a gradient holds NaN/Inf or has a norm where the update's
+  /// arithmetic overflows (one host sync per step).
   TORCH_ARG(bool, check_finite) = true;
+  /// Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), or
+  /// Gram where a cost model says it is cheaper for the shape (Auto); newton_schulz.h.
+  TORCH_ARG(NSForm, ns_form) = NSForm::Plain;
+  /// Gram form: iterations between re-formings of the Gram matrix (0: never).
+  TORCH_ARG(int64_t, ns_gram_restart) = 3;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;

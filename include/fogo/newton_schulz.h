@@ -27,6 +27,13 @@ enum class NSNormalization {
   AddEps,    ///< X0 = B / (||B||_F + eps)      (FOGO, ALGORITHM.md step 2)
 };
 
+/// How the iteration is computed (the same map either way, up to rounding).
+enum class NSForm : int64_t {
+  Plain = 0,  ///< on X [m, n] itself: torch.optim.Muon's op sequence, bit for bit
+  Gram = 1,   ///< on the m x m Gram matrix, applied to X once (newton_schulz, "Gram form")
+  Auto = 2,   ///< Gram where newton_schulz_gram_is_cheaper says so for the shape, else Plain
+};
+
 struct NSConfig {
   /// (a, b, c) of X <- a X + (b A + c A^2) X. Muon's quintic by default.
   std::array<double, 3> coefficients{3.4445, -4.7750, 2.0315};
@@ -36,6 +43,10 @@ struct NSConfig {
   NSNormalization normalization = NSNormalization::ClampMin;
   /// Dtype the iteration runs in (kBFloat16 as in torch.optim.Muon, or kFloat32).
   c10::ScalarType compute_dtype = c10::kBFloat16;
+  NSForm form = NSForm::Plain;
+  /// Gram form: the Gram matrix is formed anew from the current iterate after every
+  /// `gram_restart` iterations (0: never), which bounds the rounding it accumulates.
+  int64_t gram_restart = 3;
 
   static constexpr std::array<double, 3> quintic() { return {3.4445, -4.7750, 2.0315}; }
   static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
@@ -48,14 +59,30 @@ inline constexpr std::tuple<double, double, double> kCubic{1.5, -0.5, 0.0};
 
 /// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use).
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
-                   double eps, NSNormalization normalization, c10::ScalarType compute_dtype);
+                   double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
+                   NSForm form, int64_t gram_restart);
 
 /// Checks a configuration; throws c10::Error naming the offending field.
 void validate(const NSConfig& config);
 
 /// Orthogonalizes `B` ([m, n] or [batch, m, n], floating point, any device). Tall matrices are
 /// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`.
+///
+/// The Gram form (config.form) iterates on the wide orientation's m x m Gram matrix instead of
+/// on X: with F_k = a I + b A_k + c A_k^2 each iterate is X_{k+1} = F_k X_k, so
+///
+///   A_{k+1} = F_k A_k F_k,   Q_{k+1} = F_k Q_k,   X_K = Q_K X_0,
+///
+/// m x m products plus two m x m x n ones (A_0 and the final Q_K X_0), where the plain form
+/// takes two m x m x n products per iteration. A restart every `gram_restart` iterations forms
+/// X_k = Q_k X_0 and A_k = X_k X_k^T anew (two more m x m x n products), so the Gram matrix's
+/// rounding does not compound over the whole chain: in bf16 it is then as accurate as the plain
+/// chain (tests/test_newton_schulz.cpp checks both against the SVD).
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config = {});
+
+/// Whether the Gram form takes fewer multiply-adds than the plain one for a matrix with m rows
+/// and n columns on its wide orientation (m <= n), `steps` iterations and `restart`.
+bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t restart);
 
 /// NS(B) Pi without forming NS(B), for a wide B ([m, n] or [batch, m, n], m <= n) and Pi [n, d];
 /// returns [m, d] (or [batch, m, d]) in `config.compute_dtype`. Each iteration multiplies X by a

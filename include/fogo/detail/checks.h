@@ -28,24 +28,34 @@ struct GradItems {
 };
 
 /// Collects the parameters with gradients after validating everything, before anything changes:
-/// `check_group(g)` for each group (its options), `check_param(g, i, param)` for each parameter
-/// with a gradient, and check_grad_kind on its gradient.
+/// `check_group(g)` for each group (its options), that no parameter is listed twice (in one group
+/// or two), `check_param(g, i, param)` for each parameter with a gradient, and check_grad_kind on
+/// its gradient.
 GradItems collect_grads(const char* optimizer,
                         const std::vector<torch::optim::OptimizerParamGroup>& groups,
                         const std::function<void(size_t)>& check_group,
                         const std::function<void(size_t, size_t, const at::Tensor&)>& check_param);
 
-/// Index of the first tensor holding a NaN or an infinity, or -1: one host synchronisation for
-/// the whole list.
-int64_t first_nonfinite(const std::vector<at::Tensor>& tensors);
+/// Largest Frobenius norm a float32/bf16/fp16 (double) gradient may have. Above about 1.8e19
+/// (1.3e154) its square overflows: the Newton–Schulz input's normalisation X / |X| would give a
+/// silent zero update, AdamW's second moment Inf. The margin of ~180 covers the momentum buffer,
+/// which sums up to 1 / (1 - momentum) gradients (momentum <= 0.994).
+inline constexpr double kMaxGradNorm = 1e17;
+inline constexpr double kMaxGradNormDouble = 1e151;
 
-/// The error for a non-finite gradient of `param` (parameter `index` of group `group`).
-[[noreturn]] void throw_nonfinite(const char* optimizer, size_t group, size_t index,
-                                  const at::Tensor& param);
+/// Index of the first gradient that holds a NaN or an infinity or whose norm exceeds
+/// kMaxGradNorm, or -1: one reduction per gradient and one host synchronisation for the list.
+int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
-/// Loads with LibTorch's optimizer serialisation, then runs `validate(group, index, param)` on
-/// every parameter that received state. If loading or validation throws, the optimizer's previous
-/// state and options are restored before the error propagates: a bad checkpoint loses nothing.
+/// The error for the unusable gradient of `param` (parameter `index` of group `group`): what is
+/// wrong with it (non-finite, or its norm too large) and that nothing was changed.
+[[noreturn]] void throw_unusable_grad(const char* optimizer, size_t group, size_t index,
+                                      const at::Tensor& param);
+
+/// Replaces the optimizer's state by a checkpoint's (LibTorch's load only adds entries), then runs
+/// `validate(group, index, param)` on every parameter that received state. If loading or validation
+/// throws, the optimizer's previous state and options are restored before the error propagates: a
+/// bad checkpoint loses nothing.
 void load_transactional(torch::optim::Optimizer& optimizer, const std::function<void()>& load,
                         const std::function<void(size_t, size_t, const at::Tensor&)>& validate);
 
