@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -53,12 +54,6 @@ bool parse_bool(const std::string& flag, const std::string& text) {
   throw Cli::error(flag, "expected true or false, got '" + text + "'");
 }
 
-std::string format_double(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
 template <class T, class F>
 std::string join(const std::vector<T>& values, F&& fmt) {
   std::string out;
@@ -67,6 +62,16 @@ std::string join(const std::vector<T>& values, F&& fmt) {
 }
 
 }  // namespace
+
+std::string flag_text(double value) {
+  // %.17g always reads back exactly; fewer digits usually do, and read as typed.
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+    if (std::strtod(buf, nullptr) == value) break;
+  }
+  return buf;
+}
 
 Cli::Cli(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
@@ -129,19 +134,19 @@ std::string Cli::render(const Target& target) {
         } else if constexpr (std::is_same_v<T, int64_t>) {
           return std::to_string(*p);
         } else if constexpr (std::is_same_v<T, double>) {
-          return format_double(*p);
+          return flag_text(*p);
         } else if constexpr (std::is_same_v<T, bool>) {
           return *p ? "true" : "false";
         } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
           return *p ? std::to_string(**p) : "auto";
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
-          return *p ? format_double(**p) : "auto";
+          return *p ? flag_text(**p) : "auto";
         } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
           return join(*p, [](const std::string& s) { return s; });
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           return join(*p, [](int64_t v) { return std::to_string(v); });
         } else {
-          return join(*p, format_double);
+          return join(*p, flag_text);
         }
       },
       target);

@@ -89,4 +89,8 @@ class Cli {
   std::vector<Flag> flags_;
 };
 
+/// The shortest text that reads back as exactly `value` ("0.1", "6e-05", "2"): how the trainers
+/// show a floating-point flag's value, in --help and in run signatures.
+std::string flag_text(double value);
+
 }  // namespace fogo::trainer

@@ -1,5 +1,5 @@
 // Tests of the shared trainer utilities: flag parsing, metrics files (and their trimming on
-// resume), tables, checkpoints and plots.
+// resume), tables, checkpoints, run signatures and plots.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/progress.h"
 #include "common/report.h"
+#include "common/signature.h"
 
 namespace fs = std::filesystem;
 using namespace fogo::trainer;
@@ -254,4 +255,85 @@ TEST(Checkpoint, RoundTripIsExactAndAtomic) {
   EXPECT_THROW(CheckpointReader((path.parent_path() / "junk.pt").string()), std::runtime_error);
   torch::nn::Linear c(5, 3);
   EXPECT_THROW(r.load_module("model", *c), std::runtime_error);
+}
+
+TEST(Cli, FlagTextIsTheShortestExactText) {
+  EXPECT_EQ(flag_text(0.1), "0.1");
+  EXPECT_EQ(flag_text(6e-4), "0.0006");
+  EXPECT_EQ(flag_text(1e-5), "1e-05");
+  EXPECT_EQ(flag_text(2.0), "2");
+  EXPECT_EQ(flag_text(0.0), "0");
+  EXPECT_EQ(flag_text(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(flag_text(0.1 + 0.2), "0.30000000000000004");
+  for (const double v : {0.1, 6e-4, 1.0 / 3.0, 0.95, 123456789.125, -2.5e-300}) {
+    EXPECT_EQ(std::strtod(flag_text(v).c_str(), nullptr), v) << flag_text(v);
+  }
+}
+
+TEST(RunSignature, TextRoundTripAndDifferences) {
+  RunSignature a("prog");
+  a.add("model", "mini").add("dropout", 0.1).add("batch-size", 16).add("augment", true);
+  a.add("classes", std::vector<int64_t>{4, 5});
+  EXPECT_EQ(a.to_text(), "model=mini\ndropout=0.1\nbatch-size=16\naugment=true\nclasses=4,5\n");
+  const RunSignature back = RunSignature::from_text("prog", a.to_text());
+  EXPECT_EQ(back.entries(), a.entries());
+  EXPECT_TRUE(a.differences(back).empty());
+
+  RunSignature b("prog");
+  b.add("model", "mini").add("dropout", 0.0).add("batch-size", 8).add("extra", "x");
+  EXPECT_EQ(b.differences(a), (std::vector<std::string>{
+                                  "--dropout was 0.1, now 0", "--batch-size was 16, now 8",
+                                  "--extra was (absent), now x", "--augment was true, now (absent)",
+                                  "--classes was 4,5, now (absent)"}));
+  EXPECT_THROW(a.add("model", "again"), std::logic_error);
+  EXPECT_THROW(a.add("note", "two\nlines"), std::logic_error);
+}
+
+TEST(RunSignature, ResumeRefusesAnotherRunNamingTheFlag) {
+  const fs::path dir = temp_dir("signature");
+  const std::string path = (dir / "checkpoint.pt").string();
+  auto signature = [](double dropout) {
+    RunSignature s("prog");
+    s.add("model", "mini").add("dropout", dropout).add("seed", 1337);
+    return s;
+  };
+  EXPECT_FALSE(open_for_resume(path, signature(0.1)).has_value()) << "no checkpoint yet";
+  {
+    CheckpointWriter w;
+    signature(0.1).write(w);
+    w.put("step", int64_t{7});
+    w.commit(path);
+  }
+  auto same = open_for_resume(path, signature(0.1));
+  ASSERT_TRUE(same.has_value());
+  EXPECT_EQ(same->get_int("step"), 7);
+  try {
+    open_for_resume(path, signature(0.0));
+    ADD_FAILURE() << "resumed under another --dropout";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--resume: checkpoint '" + path +
+                  "' belongs to a run with other settings (--dropout was 0.1, now 0); use "
+                  "another --out or drop --resume to start afresh");
+  }
+  RunSignature other("other_prog");
+  other.add("model", "mini");
+  try {
+    open_for_resume(path, other);
+    ADD_FAILURE() << "resumed another program's checkpoint";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("was written by prog, not other_prog"), std::string::npos)
+        << e.what();
+  }
+  {
+    CheckpointWriter w;
+    w.put("step", int64_t{7});
+    w.commit(path);
+  }
+  try {
+    open_for_resume(path, signature(0.1));
+    ADD_FAILURE() << "resumed a checkpoint without a signature";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("has no run signature"), std::string::npos) << e.what();
+  }
 }

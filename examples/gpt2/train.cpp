@@ -10,7 +10,6 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include "common/checkpoint.h"
@@ -19,6 +18,7 @@
 #include "common/progress.h"
 #include "common/report.h"
 #include "common/runtime.h"
+#include "common/signature.h"
 
 namespace gpt2 {
 
@@ -200,24 +200,49 @@ std::vector<Point> from_tensor(const torch::Tensor& t) {
   return out;
 }
 
-// What a checkpoint must agree on with the command that resumes it, so that the continuation
-// is the run that was interrupted (same model, optimizer, data order and schedule).
-std::map<std::string, std::string> identity(const TrainConfig& cfg, const GPTConfig& model,
-                                            const Corpus& corpus, int64_t steps,
-                                            int64_t tokens_per_step, int64_t warmup) {
-  std::ostringstream opt;
+// The flags that decide a run's trajectory, "auto" resolved: a checkpoint must agree on every
+// one with the command that resumes it. --eval-every and --eval-batches leave the weights alone
+// but define the validation curve of the run's history. Left out, as they change neither:
+// --out, --log-every, --ckpt-every, --stop-at-step, --resume, --quiet, --peak-tflops; and
+// --device, --threads, --deterministic, which change the arithmetic only in its rounding (a
+// checkpoint may move between machines).
+tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
+                               int64_t steps, int64_t warmup, bool autocast) {
   const auto& o = cfg.optimizer;
-  opt << o.name << " lr " << o.lr << " matrix_lr " << o.matrix_lr.value_or(o.lr) << " wd "
-      << o.weight_decay << " betas " << o.beta1 << "," << o.beta2 << " muon " << o.muon_adjust
-      << " ns " << o.ns_dtype;
-  std::ostringstream schedule;
-  schedule << "steps " << steps << " tokens/step " << tokens_per_step << " warmup " << warmup
-           << " decay " << cfg.decay_frac << " min " << cfg.min_lr_factor << " clip "
-           << cfg.grad_clip;
-  return {{"model", model.describe()},
-          {"optimizer", opt.str()},
-          {"data", corpus.description + " seed " + std::to_string(cfg.data_seed)},
-          {"schedule", schedule.str()}};
+  tr::RunSignature s("gpt2");
+  s.add("model", cfg.model)
+      .add("arch", cfg.arch)
+      .add("n-layer", model.n_layer)
+      .add("n-head", model.n_head)
+      .add("n-embd", model.n_embd)
+      .add("block-size", model.block_size)
+      .add("vocab-size", model.vocab_size)
+      .add("dropout", cfg.dropout)
+      .add("data", cfg.data.path)
+      .add("format", to_string(corpus.format))
+      .add("val-fraction", cfg.data.val_fraction)
+      .add("chunk-bytes", cfg.data.chunk_bytes)
+      .add("data-seed", cfg.data_seed)
+      .add("optimizer", o.name)
+      .add("lr", o.lr)
+      .add("matrix-lr", o.matrix_lr.value_or(o.lr))
+      .add("weight-decay", o.weight_decay)
+      .add("beta1", o.beta1)
+      .add("beta2", o.beta2)
+      .add("muon-adjust", o.muon_adjust)
+      .add("ns-dtype", o.ns_dtype)
+      .add("steps", steps)
+      .add("batch-size", cfg.batch_size)
+      .add("grad-accum", cfg.grad_accum)
+      .add("warmup-steps", warmup)
+      .add("decay-frac", cfg.decay_frac)
+      .add("min-lr-factor", cfg.min_lr_factor)
+      .add("grad-clip", cfg.grad_clip)
+      .add("eval-every", cfg.eval_every)
+      .add("eval-batches", cfg.eval_batches)
+      .add("autocast", autocast ? "bf16" : "off")
+      .add("seed", cfg.seed);
+  return s;
 }
 
 void write_model_config(tr::CheckpointWriter& w, const GPTConfig& c) {
@@ -292,17 +317,14 @@ RunResult train(const TrainConfig& cfg, std::ostream& log) {
   // Resume: everything a step depends on is the step index (batches, schedule, dropout seed)
   // or lives in the checkpoint (weights, optimizer state, history and interval accumulators).
   const std::string ckpt_path = (std::filesystem::path(cfg.out_dir) / "ckpt.pt").string();
-  const auto id = identity(cfg, mc, corpus, steps, tokens_per_step, warmup);
+  const tr::RunSignature signature = run_signature(cfg, mc, corpus, steps, warmup, autocast);
   int64_t start = 0;
   double interval_sum = 0;
   int64_t interval_count = 0;
-  if (cfg.resume && tr::checkpoint_exists(ckpt_path)) {
-    tr::CheckpointReader in(ckpt_path, device);
-    for (const auto& [key, value] : id) {
-      const std::string saved = in.get_string("id_" + key);
-      TORCH_CHECK(saved == value, "--resume: ", ckpt_path, " was made with ", key, " '", saved,
-                  "' but this run has '", value, "'; use another --out or drop --resume");
-    }
+  std::optional<tr::CheckpointReader> resumed;
+  if (cfg.resume) resumed = tr::open_for_resume(ckpt_path, signature, device);
+  if (resumed) {
+    tr::CheckpointReader& in = *resumed;
     in.load_module("model", *model);
     in.load_optimizer("optimizer", opt.hybrid);
     start = in.get_int("step");
@@ -334,7 +356,7 @@ RunResult train(const TrainConfig& cfg, std::ostream& log) {
 
   auto save = [&](int64_t step) {
     tr::CheckpointWriter w;
-    for (const auto& [key, value] : id) w.put("id_" + key, value);
+    signature.write(w);
     write_model_config(w, mc);
     w.put("data_format", to_string(corpus.format));
     w.put("step", step);

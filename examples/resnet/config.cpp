@@ -194,38 +194,40 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> run_signature(const Config& c) {
-  return {{"scenario", c.scenario},
-          {"dataset", c.dataset},
-          {"train-per-class", text(c.train_per_class)},
-          {"test-per-class", text(c.test_per_class)},
-          {"rare-classes", text(c.rare_classes)},
-          {"rare-fraction", text(c.rare_fraction)},
-          {"task-order", c.task_order},
-          {"domains", c.domains},
-          {"num-domains", text(c.num_domains)},
-          {"rotation-step", text(c.rotation_step)},
-          {"domain-order", text(c.domain_order)},
-          {"replay", c.replay},
-          {"buffer-size", text(c.buffer_size)},
-          {"replay-batch", text(c.replay_batch)},
-          {"replay-alpha", text(*c.replay_alpha)},
-          {"der-beta", text(c.der_beta)},
-          {"augment", c.augment ? "true" : "false"},
-          {"crop-pad", text(*c.crop_pad)},
-          {"width", text(c.width)},
-          {"head-fc", text(*c.head_fc)},
-          {"optimizer", c.optimizer},
-          {"seed", text(c.seed)},
-          {"lr", text(*c.lr)},
-          {"adamw-lr", text(*c.adamw_lr)},
-          {"head-lr", text(*c.head_lr)},
-          {"weight-decay", text(*c.weight_decay)},
-          {"clip", text(*c.clip)},
-          {"ns-dtype", c.ns_dtype},
-          {"epochs", text(*c.epochs)},
-          {"batch-size", text(c.batch_size)},
-          {"eval-every", text(c.eval_every)}};
+trainer::RunSignature run_signature(const Config& c) {
+  trainer::RunSignature s("resnet_train");
+  s.add("scenario", c.scenario)
+      .add("dataset", c.dataset)
+      .add("train-per-class", c.train_per_class)
+      .add("test-per-class", c.test_per_class)
+      .add("rare-classes", c.rare_classes)
+      .add("rare-fraction", c.rare_fraction)
+      .add("task-order", c.task_order)
+      .add("domains", c.domains)
+      .add("num-domains", c.num_domains)
+      .add("rotation-step", c.rotation_step)
+      .add("domain-order", c.domain_order)
+      .add("replay", c.replay)
+      .add("buffer-size", c.buffer_size)
+      .add("replay-batch", c.replay_batch)
+      .add("replay-alpha", *c.replay_alpha)
+      .add("der-beta", c.der_beta)
+      .add("augment", c.augment)
+      .add("crop-pad", *c.crop_pad)
+      .add("width", c.width)
+      .add("head-fc", *c.head_fc)
+      .add("optimizer", c.optimizer)
+      .add("seed", c.seed)
+      .add("lr", *c.lr)
+      .add("adamw-lr", *c.adamw_lr)
+      .add("head-lr", *c.head_lr)
+      .add("weight-decay", *c.weight_decay)
+      .add("clip", *c.clip)
+      .add("ns-dtype", c.ns_dtype)
+      .add("epochs", *c.epochs)
+      .add("batch-size", c.batch_size)
+      .add("eval-every", c.eval_every);
+  return s;
 }
 
 std::string run_dir(const Config& c) { return c.out + "/" + c.optimizer + "-seed" + text(c.seed); }

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/signature.h"
+
 namespace fogo::trainer {
 class Cli;
 }
@@ -72,9 +74,9 @@ void add_flags(trainer::Cli& cli, Config& config);
 /// Throws std::invalid_argument naming the flag at fault.
 Config resolve(const Config& config, const std::string& optimizer, int64_t seed);
 
-/// The values that define a run's trajectory ("name=value" pairs of a resolved config): stored
-/// in checkpoints so that --resume refuses to continue a run under different settings.
-std::vector<std::pair<std::string, std::string>> run_signature(const Config& resolved);
+/// The flags that define a run's trajectory, with the values of a resolved config: stored in
+/// checkpoints so that --resume refuses to continue a run under different settings.
+trainer::RunSignature run_signature(const Config& resolved);
 
 /// The folder of one run: <out>/<optimizer>-seed<seed>.
 std::string run_dir(const Config& resolved);

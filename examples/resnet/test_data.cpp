@@ -342,7 +342,8 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   }
   // The value is part of the run's signature, so --resume refuses another one.
   bool found = false;
-  for (const auto& [key, value] : run_signature(resolve(parse({"--ns-dtype", "fp32"}), "fogo", 0)))
+  for (const auto& [key, value] :
+       run_signature(resolve(parse({"--ns-dtype", "fp32"}), "fogo", 0)).entries())
     found = found || (key == "ns-dtype" && value == "fp32");
   EXPECT_TRUE(found);
 

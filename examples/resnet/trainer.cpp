@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "common/progress.h"
 #include "common/runtime.h"
+#include "common/signature.h"
 #include "optimizers.h"
 #include "resnet.h"
 
@@ -107,35 +108,6 @@ double percent(const torch::Tensor& correct, const torch::Tensor& total) {
   return n > 0 ? 100.0 * static_cast<double>(correct.sum().item<int64_t>()) / n : kNaN;
 }
 
-std::string signature_text(const Config& c) {
-  std::string out;
-  for (const auto& [k, v] : run_signature(c)) out += k + "=" + v + "\n";
-  return out;
-}
-
-// "--lr: checkpoint 0.001, now 0.002; ..." for the keys whose values differ.
-std::string signature_diff(const std::string& stored, const std::string& now) {
-  auto parse = [](const std::string& s) {
-    std::vector<std::pair<std::string, std::string>> kv;
-    std::stringstream in(s);
-    for (std::string line; std::getline(in, line);) {
-      const size_t eq = line.find('=');
-      if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
-    }
-    return kv;
-  };
-  const auto a = parse(stored), b = parse(now);
-  std::string diff;
-  for (const auto& [k, v] : b) {
-    std::string old = "(absent)";
-    for (const auto& [k2, v2] : a) {
-      if (k2 == k) old = v2;
-    }
-    if (old != v) diff += (diff.empty() ? "" : "; ") + ("--" + k + " was " + old + ", now " + v);
-  }
-  return diff;
-}
-
 torch::Tensor to_tensor(const std::vector<std::vector<double>>& rows, int64_t cols) {
   auto t = torch::full({static_cast<int64_t>(rows.size()), cols}, kNaN, torch::kDouble);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -190,8 +162,13 @@ class Run {
   }
 
   RunResult run() {
-    const bool resumed = c_.resume && trainer::checkpoint_exists(ckpt_path_);
-    if (resumed) load_checkpoint();
+    bool resumed = false;
+    if (c_.resume) {
+      if (auto in = trainer::open_for_resume(ckpt_path_, run_signature(c_), device_)) {
+        load_checkpoint(*in);
+        resumed = true;
+      }
+    }
     const std::string ext = "." + c_.metrics_format;
     auto open = [&](const std::string& name) {
       const std::string path = dir_ + "/" + name + ext;
@@ -392,8 +369,7 @@ class Run {
 
   void save_checkpoint() {
     trainer::CheckpointWriter w;
-    w.put("format", std::string("fogo-resnet-1"));
-    w.put("signature", signature_text(c_));
+    run_signature(c_).write(w);
     w.put("step", step_);
     w.put("seconds", seconds_);
     w.put("best_rare", best_rare_);
@@ -407,17 +383,7 @@ class Run {
     w.commit(ckpt_path_);
   }
 
-  void load_checkpoint() {
-    trainer::CheckpointReader in(ckpt_path_, device_);
-    if (!in.has("format") || in.get_string("format") != "fogo-resnet-1") {
-      throw std::runtime_error("checkpoint '" + ckpt_path_ + "' was not written by resnet_train");
-    }
-    const std::string diff = signature_diff(in.get_string("signature"), signature_text(c_));
-    if (!diff.empty()) {
-      throw std::invalid_argument("--resume: checkpoint '" + ckpt_path_ +
-                                  "' belongs to a run with other settings (" + diff +
-                                  "); use another --out or drop --resume to start afresh");
-    }
+  void load_checkpoint(trainer::CheckpointReader& in) {
     step_ = in.get_int("step");
     if (step_ < 0 || step_ > total_) {
       throw std::runtime_error("checkpoint '" + ckpt_path_ + "': step " + std::to_string(step_) +
