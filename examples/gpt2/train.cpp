@@ -165,20 +165,6 @@ class AutocastGuard {
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
-double evaluate(GPT& model, const Batcher& val, const TrainConfig& cfg, torch::Device device,
-                bool autocast) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  double sum = 0;
-  for (int64_t k = 0; k < cfg.eval_batches; ++k) {
-    auto [x, y] = val.eval_batch(k, cfg.eval_batches, cfg.batch_size);
-    AutocastGuard guard(device.type(), autocast);
-    sum += model->loss(x.to(device), y.to(device)).item<double>();
-  }
-  model->train();
-  return sum / static_cast<double>(cfg.eval_batches);
-}
-
 torch::Tensor to_tensor(const std::vector<Point>& points) {
   auto t = torch::empty({static_cast<int64_t>(points.size()), 3}, torch::kDouble);
   auto a = t.accessor<double, 2>();
@@ -277,201 +263,305 @@ std::string format_double(double v, int precision) {
   return s.str();
 }
 
-}  // namespace
-
-RunResult train(const TrainConfig& cfg, std::ostream& log) {
+// Checks the settings and applies the process-wide ones (threads, determinism, TF32); returns
+// the device to train on.
+torch::Device set_up_runtime(const TrainConfig& cfg) {
   validate(cfg);
   validate(cfg.optimizer);
   const torch::Device device = tr::parse_device(cfg.device);
   tr::set_threads(cfg.threads);
   if (cfg.deterministic) tr::make_deterministic(cfg.seed);
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32
-  const bool autocast = cfg.autocast == "bf16" || (cfg.autocast == "auto" && device.is_cuda());
+  return device;
+}
 
-  const Corpus corpus = load_corpus(cfg.data);
-  const GPTConfig mc = model_config(cfg, corpus.vocab_size);
-  const Batcher train_data(corpus.train, "train", mc.block_size, mc.vocab_size, cfg.data_seed);
-  const Batcher val_data(corpus.val, "val", mc.block_size, mc.vocab_size, cfg.data_seed);
-
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+// The initial weights come from --seed alone, whatever ran before.
+GPT make_model(const GPTConfig& mc, int64_t seed, torch::Device device) {
+  torch::manual_seed(static_cast<uint64_t>(seed));
   GPT model(mc);
   model->to(device);
-  Optimizer opt = make_optimizer(cfg.optimizer, *model);
+  return model;
+}
 
-  const int64_t tokens_per_step = cfg.batch_size * cfg.grad_accum * mc.block_size;
-  const int64_t steps =
-      cfg.max_steps > 0 ? cfg.max_steps : (cfg.tokens + tokens_per_step - 1) / tokens_per_step;
+int64_t total_steps(const TrainConfig& cfg, int64_t tokens_per_step) {
+  return cfg.max_steps > 0 ? cfg.max_steps : (cfg.tokens + tokens_per_step - 1) / tokens_per_step;
+}
+
+int64_t warmup_steps(const TrainConfig& cfg, int64_t steps) {
   const int64_t warmup =
       cfg.warmup_steps >= 0 ? cfg.warmup_steps : std::llround(0.02 * static_cast<double>(steps));
   TORCH_CHECK(warmup <= steps, "--warmup-steps ", warmup, " exceeds the run's ", steps, " steps");
-  const double peak_tflops =
-      cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device.is_cuda() ? 989.0 : 0.0);
+  return warmup;
+}
 
-  RunResult result;
-  result.optimizer = cfg.optimizer.name;
-  result.model = mc;
-  result.steps = steps;
-  result.tokens_per_step = tokens_per_step;
-  result.device = tr::describe_runtime(device) + (autocast ? ", bf16 autocast" : ", fp32");
+}  // namespace
 
-  // Resume: everything a step depends on is the step index (batches, schedule, dropout seed)
-  // or lives in the checkpoint (weights, optimizer state, history and interval accumulators).
-  const std::string ckpt_path = (std::filesystem::path(cfg.out_dir) / "ckpt.pt").string();
-  const tr::RunSignature signature = run_signature(cfg, mc, corpus, steps, warmup, autocast);
-  int64_t start = 0;
-  double interval_sum = 0;
-  int64_t interval_count = 0;
-  std::optional<tr::CheckpointReader> resumed;
-  if (cfg.resume) resumed = tr::open_for_resume(ckpt_path, signature, device);
-  if (resumed) {
-    tr::CheckpointReader& in = *resumed;
-    in.load_module("model", *model);
-    in.load_optimizer("optimizer", opt.hybrid);
-    start = in.get_int("step");
-    result.train_seconds = in.get_double("train_seconds");
-    interval_sum = in.get_double("interval_loss_sum");
-    interval_count = in.get_int("interval_count");
-    result.train_loss = from_tensor(in.get_tensor("history_train"));
-    result.val_loss = from_tensor(in.get_tensor("history_val"));
-    log << "resumed " << ckpt_path << " at step " << start << "/" << steps << "\n";
-  }
+// One run, in the parts of its loop: set-up (the constructor), one training step, evaluation,
+// the record of a step (metrics files, progress line) and checkpointing. Everything a step
+// depends on is its index (batches, schedule, dropout seed) or state that the checkpoint holds
+// (weights, optimizer, history, the partial logging interval): hence an exact resume.
+class Trainer::Impl {
+ public:
+  Impl(const TrainConfig& cfg, std::ostream& log);
+  bool done() const { return step_ >= end_; }
+  int64_t step() const { return step_; }
+  void advance();
+  RunResult finish();
 
-  const std::filesystem::path out(cfg.out_dir);
-  auto open_metrics = [&](const char* name) {
-    const std::string path = (out / name).string();
-    return start > 0 ? tr::MetricsWriter::resume(path, start) : tr::MetricsWriter::create(path);
-  };
-  std::vector<tr::MetricsWriter> metrics;
-  metrics.push_back(open_metrics("metrics.jsonl"));
-  metrics.push_back(open_metrics("metrics.csv"));
-
-  log << "[" << cfg.optimizer.name << "] " << result.device << "\n"
-      << "  model " << mc.describe() << ", " << mc.num_parameters() << " parameters\n"
-      << "  data " << corpus.description << "\n"
-      << "  " << steps << " steps x " << tokens_per_step << " tokens (batch " << cfg.batch_size
-      << " x accum " << cfg.grad_accum << " x context " << mc.block_size << "), warmup " << warmup
-      << ", lr " << cfg.optimizer.lr
-      << (cfg.optimizer.name == "adamw" ? "" : ", Newton-Schulz in " + cfg.optimizer.ns_dtype)
-      << "\n";
-
-  auto save = [&](int64_t step) {
-    tr::CheckpointWriter w;
-    signature.write(w);
-    write_model_config(w, mc);
-    w.put("data_format", to_string(corpus.format));
-    w.put("step", step);
-    w.put("train_seconds", result.train_seconds);
-    w.put("interval_loss_sum", interval_sum);
-    w.put("interval_count", interval_count);
-    w.put_tensor("history_train", to_tensor(result.train_loss));
-    w.put_tensor("history_val", to_tensor(result.val_loss));
-    w.put_module("model", *model);
-    w.put_optimizer("optimizer", opt.hybrid);
-    w.commit(ckpt_path);
+ private:
+  struct StepStats {
+    double train_loss = 0, grad_norm = 0, lr_factor = 0;
   };
 
-  const int64_t end = cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps) : steps;
-  if (start == 0) {
-    result.val_loss.push_back({0, 0, evaluate(model, val_data, cfg, device, autocast)});
-  }
-  std::unique_ptr<tr::Progress> progress;
-  if (!cfg.quiet) {
-    progress = std::make_unique<tr::Progress>(
-        steps, start, tr::ProgressOptions{.label = cfg.optimizer.name, .unit = "tokens"}, log);
-  }
-  const auto params = model->parameters();
-  const double max_norm =
-      cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity();
-  model->train();
+  void resume(tr::CheckpointReader& in);
+  void open_metrics();
+  void describe_run() const;
+  StepStats train_step();
+  double evaluate();
+  void record(const StepStats& stats, bool evaluated, double val_loss);
+  void show_progress(const StepStats& stats, bool evaluated, double val_loss, double mfu);
+  void save();
 
-  for (int64_t step = start; step < end; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double factor = wsd_factor(step, steps, warmup, cfg.decay_frac, cfg.min_lr_factor);
-    opt.hybrid.set_lr_factor(factor);
-    torch::manual_seed(static_cast<uint64_t>(cfg.seed) + static_cast<uint64_t>(step));  // dropout
-    auto loss_sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat));
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      auto [x, y] = train_data.train_batch(step, micro, cfg.batch_size);
-      torch::Tensor loss;
-      {
-        AutocastGuard guard(device.type(), autocast);
-        loss = model->loss(x.to(device), y.to(device));
-      }
-      (loss / static_cast<double>(cfg.grad_accum)).backward();
-      loss_sum += loss.detach();
-    }
-    // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
-    const double grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
-    const double train_loss = loss_sum.item<double>() / static_cast<double>(cfg.grad_accum);
-    TORCH_CHECK(std::isfinite(grad_norm) && std::isfinite(train_loss), "step ", step + 1,
-                ": non-finite loss (", train_loss, ") or gradient norm (", grad_norm,
-                "); no update was applied. Lower --lr or check the data");
-    // The .item() reads above synchronised: what follows until the next synchronisation is the
-    // optimizer's own time.
-    const auto t_opt = std::chrono::steady_clock::now();
-    opt.hybrid.step();
-    opt.hybrid.zero_grad();
-    if (device.is_cuda()) torch::cuda::synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    result.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
-    result.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
-    result.train_seconds += result.step_seconds.back();
+  const TrainConfig cfg_;
+  std::ostream& log_;
+  const torch::Device device_;
+  const bool autocast_;
+  const Corpus corpus_;
+  const GPTConfig mc_;
+  const Batcher train_data_, val_data_;
+  GPT model_;
+  Optimizer opt_;
+  const std::vector<torch::Tensor> params_;
+  const int64_t tokens_per_step_, steps_, warmup_, end_;
+  const double peak_tflops_, max_norm_;
+  const tr::RunSignature signature_;
+  const std::string ckpt_path_;
+  RunResult result_;
+  int64_t step_ = 0;  ///< steps done
+  // Training losses since the last record: a stop between records keeps them in the
+  // checkpoint, so records fall on the same steps whether or not the run was interrupted.
+  double interval_sum_ = 0;
+  int64_t interval_count_ = 0;
+  std::vector<tr::MetricsWriter> metrics_;
+  std::unique_ptr<tr::Progress> progress_;
+};
 
-    const int64_t done = step + 1, tokens = done * tokens_per_step;
-    interval_sum += train_loss;
-    ++interval_count;
-    const bool eval_now = done % cfg.eval_every == 0 || done == steps;
-    double val_loss = std::numeric_limits<double>::quiet_NaN();
-    if (eval_now) {
-      val_loss = evaluate(model, val_data, cfg, device, autocast);
-      result.val_loss.push_back({done, tokens, val_loss});
-    }
-    const double tps = static_cast<double>(tokens) / result.train_seconds;
-    const double mfu = peak_tflops > 0 ? mc.flops_per_token() * tps / (peak_tflops * 1e12) : -1;
-    // Records fall on the same steps whether or not the run was interrupted (a stop keeps its
-    // partial interval in the checkpoint), so a resumed metrics file equals an uninterrupted one.
-    if (eval_now || done % cfg.log_every == 0) {
-      const double mean = interval_sum / static_cast<double>(interval_count);
-      result.train_loss.push_back({done, tokens, mean});
-      interval_sum = 0;
-      interval_count = 0;
-      tr::Record rec;
-      rec.set("step", done)
-          .set("tokens", tokens)
-          .set("optimizer", cfg.optimizer.name)
-          .set("lr", cfg.optimizer.lr * factor)
-          .set("train_loss", mean)
-          .set("val_loss", val_loss)
-          .set("grad_norm", grad_norm)
-          .set("tokens_per_s", tps)
-          .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
-          .set("train_seconds", result.train_seconds);
-      for (const auto& [key, value] : telemetry(opt)) rec.set(key, value);
-      for (auto& m : metrics) m.write(rec);
-    }
-    if (progress) {
-      std::ostringstream extra;
-      extra << "lr " << std::scientific << std::setprecision(2) << cfg.optimizer.lr * factor
-            << "  |g| " << std::fixed << std::setprecision(3) << grad_norm;
-      if (mfu >= 0) extra << "  MFU " << std::setprecision(1) << 100 * mfu << "%";
-      progress->update(done, tokens_per_step, {.loss = train_loss, .extra = extra.str()});
-      if (eval_now) {
-        progress->note("[" + cfg.optimizer.name + "] step " + std::to_string(done) + "  tokens " +
-                       std::to_string(tokens) + "  val loss " + format_double(val_loss, 4));
-      }
-    }
-    if ((cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == end) save(done);
+Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
+    : cfg_(cfg),
+      log_(log),
+      device_(set_up_runtime(cfg)),
+      autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),
+      corpus_(load_corpus(cfg.data)),
+      mc_(model_config(cfg, corpus_.vocab_size)),
+      train_data_(corpus_.train, "train", mc_.block_size, mc_.vocab_size, cfg.data_seed),
+      val_data_(corpus_.val, "val", mc_.block_size, mc_.vocab_size, cfg.data_seed),
+      model_(make_model(mc_, cfg.seed, device_)),
+      opt_(make_optimizer(cfg.optimizer, *model_)),
+      params_(model_->parameters()),
+      tokens_per_step_(cfg.batch_size * cfg.grad_accum * mc_.block_size),
+      steps_(total_steps(cfg, tokens_per_step_)),
+      warmup_(warmup_steps(cfg, steps_)),
+      end_(cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps_) : steps_),
+      peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
+      max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
+      signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_)),
+      ckpt_path_((std::filesystem::path(cfg.out_dir) / "ckpt.pt").string()) {
+  result_.optimizer = cfg.optimizer.name;
+  result_.model = mc_;
+  result_.steps = steps_;
+  result_.tokens_per_step = tokens_per_step_;
+  result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
+  if (cfg_.resume) {
+    if (auto in = tr::open_for_resume(ckpt_path_, signature_, device_)) resume(*in);
   }
-  if (progress) progress->finish();
+  open_metrics();
+  describe_run();
+  if (step_ == 0) result_.val_loss.push_back({0, 0, evaluate()});
+  if (!cfg_.quiet) {
+    progress_ = std::make_unique<tr::Progress>(
+        steps_, step_, tr::ProgressOptions{.label = cfg_.optimizer.name, .unit = "tokens"}, log_);
+  }
+  model_->train();
+}
 
-  const int64_t trained = end * tokens_per_step;
-  result.tokens_per_second =
-      result.train_seconds > 0 ? static_cast<double>(trained) / result.train_seconds : 0.0;
-  if (peak_tflops > 0) {
-    result.mfu = mc.flops_per_token() * result.tokens_per_second / (peak_tflops * 1e12);
+void Trainer::Impl::resume(tr::CheckpointReader& in) {
+  in.load_module("model", *model_);
+  in.load_optimizer("optimizer", opt_.hybrid);
+  step_ = in.get_int("step");
+  result_.train_seconds = in.get_double("train_seconds");
+  interval_sum_ = in.get_double("interval_loss_sum");
+  interval_count_ = in.get_int("interval_count");
+  result_.train_loss = from_tensor(in.get_tensor("history_train"));
+  result_.val_loss = from_tensor(in.get_tensor("history_val"));
+  log_ << "resumed " << ckpt_path_ << " at step " << step_ << "/" << steps_ << "\n";
+}
+
+void Trainer::Impl::open_metrics() {
+  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
+    const std::string path = (std::filesystem::path(cfg_.out_dir) / name).string();
+    metrics_.push_back(step_ > 0 ? tr::MetricsWriter::resume(path, step_)
+                                 : tr::MetricsWriter::create(path));
   }
-  result.trained = model;
-  return result;
+}
+
+void Trainer::Impl::describe_run() const {
+  const auto& o = cfg_.optimizer;
+  log_ << "[" << o.name << "] " << result_.device << "\n"
+       << "  model " << mc_.describe() << ", " << mc_.num_parameters() << " parameters\n"
+       << "  data " << corpus_.description << "\n"
+       << "  " << steps_ << " steps x " << tokens_per_step_ << " tokens (batch " << cfg_.batch_size
+       << " x accum " << cfg_.grad_accum << " x context " << mc_.block_size << "), warmup "
+       << warmup_ << ", lr " << o.lr
+       << (o.name == "adamw" ? "" : ", Newton-Schulz in " + o.ns_dtype) << "\n";
+}
+
+void Trainer::Impl::advance() {
+  const StepStats stats = train_step();
+  ++step_;
+  interval_sum_ += stats.train_loss;
+  ++interval_count_;
+  const bool evaluated = step_ % cfg_.eval_every == 0 || step_ == steps_;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  if (evaluated) {
+    val_loss = evaluate();
+    result_.val_loss.push_back({step_, step_ * tokens_per_step_, val_loss});
+  }
+  record(stats, evaluated, val_loss);
+  if ((cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) || step_ == end_) save();
+}
+
+// Step step_ + 1: forward and backward over the micro-batches, clipping, the update; timed.
+Trainer::Impl::StepStats Trainer::Impl::train_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats stats;
+  stats.lr_factor = wsd_factor(step_, steps_, warmup_, cfg_.decay_frac, cfg_.min_lr_factor);
+  opt_.hybrid.set_lr_factor(stats.lr_factor);
+  torch::manual_seed(static_cast<uint64_t>(cfg_.seed) + static_cast<uint64_t>(step_));  // dropout
+  auto loss_sum = torch::zeros({}, torch::TensorOptions(device_).dtype(torch::kFloat));
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    auto [x, y] = train_data_.train_batch(step_, micro, cfg_.batch_size);
+    torch::Tensor loss;
+    {
+      AutocastGuard guard(device_.type(), autocast_);
+      loss = model_->loss(x.to(device_), y.to(device_));
+    }
+    (loss / static_cast<double>(cfg_.grad_accum)).backward();
+    loss_sum += loss.detach();
+  }
+  // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
+  stats.grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
+  stats.train_loss = loss_sum.item<double>() / static_cast<double>(cfg_.grad_accum);
+  TORCH_CHECK(std::isfinite(stats.grad_norm) && std::isfinite(stats.train_loss), "step ", step_ + 1,
+              ": non-finite loss (", stats.train_loss, ") or gradient norm (", stats.grad_norm,
+              "); no update was applied. Lower --lr or check the data");
+  // The .item() reads above synchronised: what follows until the next synchronisation is the
+  // optimizer's own time.
+  const auto t_opt = std::chrono::steady_clock::now();
+  opt_.hybrid.step();
+  opt_.hybrid.zero_grad();
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  result_.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+  result_.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
+  result_.train_seconds += result_.step_seconds.back();
+  return stats;
+}
+
+// Mean loss over the fixed validation batches.
+double Trainer::Impl::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  double sum = 0;
+  for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
+    auto [x, y] = val_data_.eval_batch(k, cfg_.eval_batches, cfg_.batch_size);
+    AutocastGuard guard(device_.type(), autocast_);
+    sum += model_->loss(x.to(device_), y.to(device_)).item<double>();
+  }
+  model_->train();
+  return sum / static_cast<double>(cfg_.eval_batches);
+}
+
+// A metrics record every --log-every steps and at each evaluation; the progress line.
+void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_loss) {
+  const int64_t tokens = step_ * tokens_per_step_;
+  const double tps = static_cast<double>(tokens) / result_.train_seconds;
+  const double mfu = peak_tflops_ > 0 ? mc_.flops_per_token() * tps / (peak_tflops_ * 1e12) : -1;
+  if (evaluated || step_ % cfg_.log_every == 0) {
+    const double mean = interval_sum_ / static_cast<double>(interval_count_);
+    result_.train_loss.push_back({step_, tokens, mean});
+    interval_sum_ = 0;
+    interval_count_ = 0;
+    tr::Record rec;
+    rec.set("step", step_)
+        .set("tokens", tokens)
+        .set("optimizer", cfg_.optimizer.name)
+        .set("lr", cfg_.optimizer.lr * stats.lr_factor)
+        .set("train_loss", mean)
+        .set("val_loss", val_loss)
+        .set("grad_norm", stats.grad_norm)
+        .set("tokens_per_s", tps)
+        .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
+        .set("train_seconds", result_.train_seconds);
+    for (const auto& [key, value] : telemetry(opt_)) rec.set(key, value);
+    for (auto& m : metrics_) m.write(rec);
+  }
+  if (progress_) show_progress(stats, evaluated, val_loss, mfu);
+}
+
+void Trainer::Impl::show_progress(const StepStats& stats, bool evaluated, double val_loss,
+                                  double mfu) {
+  std::ostringstream extra;
+  extra << "lr " << std::scientific << std::setprecision(2) << cfg_.optimizer.lr * stats.lr_factor
+        << "  |g| " << std::fixed << std::setprecision(3) << stats.grad_norm;
+  if (mfu >= 0) extra << "  MFU " << std::setprecision(1) << 100 * mfu << "%";
+  progress_->update(step_, tokens_per_step_, {.loss = stats.train_loss, .extra = extra.str()});
+  if (evaluated) {
+    progress_->note("[" + cfg_.optimizer.name + "] step " + std::to_string(step_) + "  tokens " +
+                    std::to_string(step_ * tokens_per_step_) + "  val loss " +
+                    format_double(val_loss, 4));
+  }
+}
+
+void Trainer::Impl::save() {
+  tr::CheckpointWriter w;
+  signature_.write(w);
+  write_model_config(w, mc_);
+  w.put("data_format", to_string(corpus_.format));
+  w.put("step", step_);
+  w.put("train_seconds", result_.train_seconds);
+  w.put("interval_loss_sum", interval_sum_);
+  w.put("interval_count", interval_count_);
+  w.put_tensor("history_train", to_tensor(result_.train_loss));
+  w.put_tensor("history_val", to_tensor(result_.val_loss));
+  w.put_module("model", *model_);
+  w.put_optimizer("optimizer", opt_.hybrid);
+  w.commit(ckpt_path_);
+}
+
+RunResult Trainer::Impl::finish() {
+  if (progress_) progress_->finish();
+  const int64_t trained = end_ * tokens_per_step_;
+  result_.tokens_per_second =
+      result_.train_seconds > 0 ? static_cast<double>(trained) / result_.train_seconds : 0.0;
+  if (peak_tflops_ > 0) {
+    result_.mfu = mc_.flops_per_token() * result_.tokens_per_second / (peak_tflops_ * 1e12);
+  }
+  result_.trained = model_;
+  return result_;
+}
+
+Trainer::Trainer(const TrainConfig& config, std::ostream& log)
+    : impl_(std::make_unique<Impl>(config, log)) {}
+Trainer::~Trainer() = default;
+bool Trainer::done() const { return impl_->done(); }
+int64_t Trainer::step() const { return impl_->step(); }
+void Trainer::advance() { impl_->advance(); }
+RunResult Trainer::finish() { return impl_->finish(); }
+
+RunResult train(const TrainConfig& cfg, std::ostream& log) {
+  Trainer trainer(cfg, log);
+  while (!trainer.done()) trainer.advance();
+  return trainer.finish();
 }
 
 std::string step_time_summary(const RunResult& r) {

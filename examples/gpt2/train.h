@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,6 +90,29 @@ struct RunResult {
   std::vector<double> step_seconds, optimizer_seconds;
   std::string device;
   GPT trained{nullptr};  ///< the final model
+};
+
+/// One run driven step by step. The constructor sets the run up (checks the settings, opens the
+/// data, builds the model and optimizer, continues from the checkpoint under --resume, evaluates
+/// step 0 of a fresh run); advance() trains one step, then evaluates, records and checkpoints
+/// when they are due; finish() ends the run. Throws as train() does.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, std::ostream& log);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Whether the run has reached its last step (or --stop-at-step).
+  bool done() const;
+  /// Steps done so far, those of earlier sessions included.
+  int64_t step() const;
+  void advance();
+  RunResult finish();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 /// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt. Progress goes to
