@@ -9,6 +9,7 @@
 #include <functional>
 #include <sstream>
 
+#include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/report.h"
 #include "test_util.h"
@@ -141,6 +142,56 @@ TEST_F(Training, ResumeEqualsUninterruptedBitwise) {
     for (std::string line; std::getline(csv, line);) ++lines;
     EXPECT_EQ(lines, 1 + 4) << "a header and steps 5, 10, 15, 20";
   }
+}
+
+int64_t step_of(const fs::path& checkpoint) {
+  return fogo::trainer::CheckpointReader(checkpoint.string()).get_int("step");
+}
+
+TEST_F(Training, CheckpointsAtEveryEvaluationAndKeepsTheBest) {
+  // At this rate the validation loss bottoms out before the last step, so the test can tell
+  // best.pt from the last checkpoint.
+  TrainConfig c = config("adamw", "ckpt");
+  c.optimizer.lr = 1e-2;
+  c.eval_every = 2;
+  const fs::path ckpt = fs::path(c.out_dir) / "ckpt.pt", best = fs::path(c.out_dir) / "best.pt";
+  Trainer trainer(c, log_);
+  EXPECT_FALSE(fs::exists(ckpt)) << "a checkpoint of the untrained model";
+  trainer.advance();
+  EXPECT_FALSE(fs::exists(ckpt)) << "a checkpoint before the first evaluation";
+  trainer.advance();
+  EXPECT_EQ(step_of(ckpt), 2);
+  EXPECT_EQ(step_of(best), 2);
+  trainer.advance();
+  EXPECT_EQ(step_of(ckpt), 2) << "a checkpoint between evaluations";
+  while (!trainer.done()) trainer.advance();
+  const RunResult r = trainer.finish();
+  EXPECT_EQ(step_of(ckpt), 30);
+  Point lowest{.value = std::numeric_limits<double>::infinity()};
+  for (const Point& p : r.val_loss) {
+    if (p.step > 0 && p.value < lowest.value) lowest = p;
+  }
+  ASSERT_NE(lowest.step, r.val_loss.back().step) << "the loss fell to the end: raise the lr";
+  EXPECT_EQ(step_of(best), lowest.step);
+  // best.pt is a whole checkpoint, written at that evaluation: its history ends with the
+  // lowest loss, and it samples.
+  const auto history = fogo::trainer::CheckpointReader(best.string()).get_tensor("history_val");
+  EXPECT_EQ(history[-1][2].item<double>(), lowest.value);
+  SampleConfig s;
+  s.checkpoint = best.string();
+  s.tokens = 5;
+  EXPECT_EQ(sample(s).size(), 1u + 5u);
+
+  // With --ckpt-every the periodic checkpoint follows it; best.pt still follows evaluations.
+  c.out_dir = (dir_ / "ckpt_every").string();
+  c.ckpt_every = 3;
+  Trainer periodic(c, log_);
+  periodic.advance();
+  periodic.advance();
+  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / "ckpt.pt"));
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / "best.pt"), 2);
+  periodic.advance();
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / "ckpt.pt"), 3);
 }
 
 TEST_F(Training, ResumeRejectsADifferentRun) {

@@ -90,8 +90,10 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("eval-every", &c.eval_every, "steps between validations");
   cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
   cli.flag("log-every", &c.log_every, "steps between metrics records");
-  cli.flag("out", &c.out_dir, "output directory (metrics.jsonl, metrics.csv, ckpt.pt)");
-  cli.flag("ckpt-every", &c.ckpt_every, "steps between checkpoints (0: at the end only)");
+  cli.flag("out", &c.out_dir, "output directory (metrics.jsonl, metrics.csv, ckpt.pt, best.pt)");
+  cli.flag("ckpt-every", &c.ckpt_every,
+           "steps between checkpoints (0: at every evaluation); always at the end, and best.pt "
+           "at each new lowest validation loss");
   cli.flag("resume", &c.resume, "continue from <out>/ckpt.pt when it exists");
   cli.flag("stop-at-step", &c.stop_at_step, "stop after this step, checkpointed (0: never)");
   cli.flag("peak-tflops", &c.peak_tflops, "device peak for MFU (-1: 989 on CUDA, none on CPU)");
@@ -320,7 +322,9 @@ class Trainer::Impl {
   double evaluate();
   void record(const StepStats& stats, bool evaluated, double val_loss);
   void show_progress(const StepStats& stats, bool evaluated, double val_loss, double mfu);
-  void save();
+  void checkpoint(bool evaluated, double val_loss);
+  double best_val_loss() const;
+  void write_state(tr::CheckpointWriter& w) const;
 
   const TrainConfig cfg_;
   std::ostream& log_;
@@ -335,7 +339,7 @@ class Trainer::Impl {
   const int64_t tokens_per_step_, steps_, warmup_, end_;
   const double peak_tflops_, max_norm_;
   const tr::RunSignature signature_;
-  const std::string ckpt_path_;
+  const std::string ckpt_path_, best_path_;
   RunResult result_;
   int64_t step_ = 0;  ///< steps done
   // Training losses since the last record: a stop between records keeps them in the
@@ -365,7 +369,8 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
       max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
       signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_)),
-      ckpt_path_((std::filesystem::path(cfg.out_dir) / "ckpt.pt").string()) {
+      ckpt_path_((std::filesystem::path(cfg.out_dir) / "ckpt.pt").string()),
+      best_path_((std::filesystem::path(cfg.out_dir) / "best.pt").string()) {
   result_.optimizer = cfg.optimizer.name;
   result_.model = mc_;
   result_.steps = steps_;
@@ -427,7 +432,7 @@ void Trainer::Impl::advance() {
     result_.val_loss.push_back({step_, step_ * tokens_per_step_, val_loss});
   }
   record(stats, evaluated, val_loss);
-  if ((cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) || step_ == end_) save();
+  checkpoint(evaluated, val_loss);
 }
 
 // Step step_ + 1: forward and backward over the micro-batches, clipping, the update; timed.
@@ -522,8 +527,31 @@ void Trainer::Impl::show_progress(const StepStats& stats, bool evaluated, double
   }
 }
 
-void Trainer::Impl::save() {
+// ckpt.pt at every evaluation (or every --ckpt-every steps) and at the session's last step, so
+// that a crash loses at most the steps since; best.pt whenever the validation loss is the lowest
+// yet. Each is replaced atomically.
+void Trainer::Impl::checkpoint(bool evaluated, double val_loss) {
+  const bool due =
+      (cfg_.ckpt_every > 0 ? step_ % cfg_.ckpt_every == 0 : evaluated) || step_ == end_;
+  const bool best = evaluated && val_loss < best_val_loss();
+  if (!due && !best) return;
   tr::CheckpointWriter w;
+  write_state(w);
+  if (due) w.commit(ckpt_path_);
+  if (best) w.commit(best_path_);
+}
+
+// The lowest validation loss of the evaluations before this step's, step 0's (the untrained
+// model, not worth keeping) left out.
+double Trainer::Impl::best_val_loss() const {
+  double best = std::numeric_limits<double>::infinity();
+  for (const Point& p : result_.val_loss) {
+    if (p.step > 0 && p.step < step_) best = std::min(best, p.value);
+  }
+  return best;
+}
+
+void Trainer::Impl::write_state(tr::CheckpointWriter& w) const {
   signature_.write(w);
   write_model_config(w, mc_);
   w.put("data_format", to_string(corpus_.format));
@@ -535,7 +563,6 @@ void Trainer::Impl::save() {
   w.put_tensor("history_val", to_tensor(result_.val_loss));
   w.put_module("model", *model_);
   w.put_optimizer("optimizer", opt_.hybrid);
-  w.commit(ckpt_path_);
 }
 
 RunResult Trainer::Impl::finish() {

@@ -47,7 +47,7 @@ struct TrainConfig {
   int64_t log_every = 10;    ///< steps between metrics records
 
   std::string out_dir = "runs/gpt2";
-  int64_t ckpt_every = 0;    ///< steps between checkpoints (0: only at the end)
+  int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)
   bool resume = false;       ///< continue from out_dir/ckpt.pt when it exists
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step: simulates a crash
 
@@ -115,8 +115,9 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt. Progress goes to
-/// `log`. Throws on bad configuration, bad data, or a non-finite loss or gradient.
+/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt and best.pt (the
+/// checkpoint of the lowest validation loss). Progress goes to `log`. Throws on bad
+/// configuration, bad data, or a non-finite loss or gradient.
 RunResult train(const TrainConfig& config, std::ostream& log);
 
 /// One line on the steady state of a run: median step and optimizer times over the steps after
