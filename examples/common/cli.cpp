@@ -1,5 +1,7 @@
 #include "common/cli.h"
 
+#include <c10/util/Exception.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -80,6 +82,10 @@ CliError Cli::error(const std::string& flag, const std::string& what) {
   return CliError("--" + flag + ": " + what);
 }
 
+void Cli::require(bool ok, const std::string& flag, const std::string& what) {
+  if (!ok) throw error(flag, what);
+}
+
 void Cli::section(std::string title) { section_ = std::move(title); }
 
 void Cli::add(const std::string& name, Target target, std::string help,
@@ -113,6 +119,13 @@ void Cli::flag(const std::string& n, std::vector<double>* t, std::string h) {
 void Cli::choice(const std::string& name, std::string* target, std::vector<std::string> choices,
                  std::string help) {
   add(name, target, std::move(help), std::move(choices));
+}
+
+void Cli::renamed(const std::string& old_name, const std::string& new_name) {
+  if (find(old_name) || !find(new_name)) {
+    throw CliError("Cli: cannot rename --" + old_name + " to --" + new_name);
+  }
+  renamed_.emplace_back(old_name, new_name);
 }
 
 Cli::Flag* Cli::find(const std::string& name) {
@@ -219,7 +232,12 @@ bool Cli::parse(int argc, const char* const* argv, std::ostream& help_out) {
         continue;
       }
     }
-    if (!flag) throw CliError("unknown flag --" + name + " (see --help)");
+    if (!flag) {
+      for (const auto& [old_name, new_name] : renamed_) {
+        if (name == old_name) throw error(name, "now called --" + new_name);
+      }
+      throw CliError("unknown flag --" + name + " (see --help)");
+    }
     if (!value) {
       if (std::holds_alternative<bool*>(flag->target)) {
         value = "true";
@@ -292,6 +310,24 @@ std::vector<std::pair<std::string, std::string>> Cli::values() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& f : flags_) out.emplace_back(f.name, render(f.target));
   return out;
+}
+
+int run_main(const std::string& program, const std::function<int()>& body, std::ostream& err) {
+  try {
+    return body();
+  } catch (const std::invalid_argument& e) {
+    err << program << ": error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const c10::Error& e) {
+    err << program << ": error: " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    err << program << ": error: " << e.what() << "\n";
+  }
+  return kExitFailure;
+}
+
+int run_main(const std::string& program, const std::function<int()>& body) {
+  return run_main(program, body, std::cerr);
 }
 
 }  // namespace fogo::trainer

@@ -1,16 +1,20 @@
-// Tests of the shared trainer utilities: flag parsing, metrics files (and their trimming on
-// resume), tables, checkpoints, run signatures and plots.
+// Tests of the shared trainer utilities: flag parsing and exit statuses, metrics files (and
+// their trimming on resume), tables, checkpoints and histories, run signatures, the optimizer
+// flags and telemetry, and plots.
+#include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/report.h"
 #include "common/signature.h"
@@ -336,4 +340,108 @@ TEST(RunSignature, ResumeRefusesAnotherRunNamingTheFlag) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("has no run signature"), std::string::npos) << e.what();
   }
+}
+
+TEST(Cli, RenamedFlagNamesItsSuccessor) {
+  Cli cli("prog", "test");
+  double grad_clip = 0;
+  cli.flag("grad-clip", &grad_clip, "g");
+  cli.renamed("clip", "grad-clip");
+  EXPECT_EQ(error_of(cli, {"--clip", "2"}), "--clip: now called --grad-clip");
+  EXPECT_EQ(error_of(cli, {"--clip=2"}), "--clip: now called --grad-clip");
+  ASSERT_TRUE(parse(cli, {"--grad-clip", "2"}));
+  EXPECT_EQ(grad_clip, 2.0);
+  EXPECT_EQ(cli.help().find("--clip"), std::string::npos);
+  EXPECT_THROW(cli.renamed("grad-clip", "clip"), CliError) << "renaming to an unknown flag";
+}
+
+TEST(Cli, RunMainTurnsErrorsIntoExitStatusesAndOneLine) {
+  std::ostringstream err;
+  EXPECT_EQ(run_main(
+                "prog", [] { return 0; }, err),
+            0);
+  EXPECT_EQ(run_main(
+                "prog", [] { return 3; }, err),
+            3);
+  EXPECT_EQ(err.str(), "");
+  auto outcome = [](const std::function<int()>& body) {
+    std::ostringstream e;
+    const int status = run_main("prog", body, e);
+    return std::pair{status, e.str()};
+  };
+  EXPECT_EQ(outcome([]() -> int { throw Cli::error("epochs", "must be >= 1"); }),
+            std::pair(kExitUsage, std::string("prog: error: --epochs: must be >= 1\n")));
+  EXPECT_EQ(outcome([]() -> int { throw std::invalid_argument("--resume: other settings"); }),
+            std::pair(kExitUsage, std::string("prog: error: --resume: other settings\n")));
+  EXPECT_EQ(outcome([]() -> int { throw std::runtime_error("data file x is empty"); }),
+            std::pair(kExitFailure, std::string("prog: error: data file x is empty\n")));
+  EXPECT_EQ(outcome([]() -> int { TORCH_CHECK(false, "step 3: non-finite loss"); }),
+            std::pair(kExitFailure, std::string("prog: error: step 3: non-finite loss\n")))
+      << "a c10::Error, without its backtrace";
+}
+
+TEST(Checkpoint, HistoriesRoundTrip) {
+  const fs::path path = temp_dir("history") / "h.pt";
+  const History curve{{1, 10, 0.5}, {2, 20, std::nan("")}}, empty;
+  {
+    CheckpointWriter w;
+    w.put_history("curve", curve);
+    w.put_history("empty", empty);
+    EXPECT_THROW(w.put_history("ragged", {{1, 2}, {3}}), std::invalid_argument);
+    w.commit(path.string());
+  }
+  CheckpointReader r(path.string());
+  const History back = r.get_history("curve");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0], curve[0]);
+  EXPECT_EQ(back[1][1], 20);
+  EXPECT_TRUE(std::isnan(back[1][2]));
+  EXPECT_TRUE(r.get_history("empty").empty());
+}
+
+TEST(Optimizers, NsDtypeFlagAndParsing) {
+  Cli cli("prog", "test");
+  std::string ns = "bf16";
+  add_ns_dtype_flag(cli, &ns);
+  ASSERT_TRUE(parse(cli, {"--ns-dtype", "fp32"}));
+  EXPECT_EQ(parse_ns_dtype(ns), c10::kFloat);
+  EXPECT_EQ(parse_ns_dtype("bf16"), c10::kBFloat16);
+  EXPECT_EQ(error_of(cli, {"--ns-dtype", "fp16"}),
+            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  try {
+    parse_ns_dtype("fp16");
+    ADD_FAILURE() << "accepted fp16";
+  } catch (const CliError& e) {
+    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  }
+}
+
+TEST(Optimizers, FogoTelemetryFieldsPerGroup) {
+  torch::manual_seed(0);
+  auto a = torch::randn({12, 48}).requires_grad_(true);
+  auto b = torch::randn({40, 10}).requires_grad_(true);
+  fogo::FOGO fogo_opt(
+      {torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
+      fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8));
+  a.mutable_grad() = torch::randn({12, 48});
+  b.mutable_grad() = torch::randn({40, 10});
+  fogo_opt.step();
+  Record r;
+  add_fogo_telemetry(r, &fogo_opt, {"stem", "fc"});
+  const auto& t = fogo_opt.telemetry();
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_EQ(r.fields().size(), 18u);
+  EXPECT_EQ(r.fields().front().first, "fogo/stem/rbar");
+  EXPECT_EQ(*r.get("fogo/fc/gamma_st"), Record::Value(t[1].gamma_st));
+  EXPECT_EQ(*r.get("fogo/fc/live_centroids"), Record::Value(t[1].live_centroids));
+  for (const char* stat : {"frac_conflicting", "frac_over_aligned", "frac_lt_protected",
+                           "codebook_entropy", "delta_ratio", "frozen"}) {
+    EXPECT_NE(r.get(std::string("fogo/stem/") + stat), nullptr) << stat;
+  }
+  // Other optimizers have no telemetry.
+  fogo::Muon muon({a}, fogo::MuonOptions(0.01));
+  Record none;
+  add_fogo_telemetry(none, &muon, {"matrices"});
+  add_fogo_telemetry(none, nullptr, {});
+  EXPECT_TRUE(none.fields().empty());
 }

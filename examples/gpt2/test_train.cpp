@@ -12,6 +12,7 @@
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/report.h"
+#include "common/testing.h"
 #include "test_util.h"
 #include "train.h"
 
@@ -70,15 +71,15 @@ TEST_F(Training, SmokeRunLossFalls) {
     ASSERT_EQ(r.optimizer_seconds.size(), 30u);
     for (size_t k = 0; k < r.step_seconds.size(); ++k)
       EXPECT_LT(r.optimizer_seconds[k], r.step_seconds[k]) << optimizer << " step " << k;
-    EXPECT_TRUE(fs::exists(dir_ / optimizer / "ckpt.pt"));
+    EXPECT_TRUE(fs::exists(dir_ / optimizer / fogo::trainer::kCheckpointFile));
     EXPECT_TRUE(fs::exists(dir_ / optimizer / "metrics.csv"));
     std::ifstream jsonl(dir_ / optimizer / "metrics.jsonl");
     std::string first;
     std::getline(jsonl, first);
     EXPECT_NE(first.find("\"train_loss\""), std::string::npos) << first;
     if (std::string(optimizer) == "fogo") {  // telemetry of each codebook, named by module
-      for (const char* key : {"fogo_attn.c_attn_rbar", "fogo_attn.c_proj_gamma_st",
-                              "fogo_mlp.c_fc_codebook_entropy", "fogo_mlp.c_proj_delta_ratio"}) {
+      for (const char* key : {"fogo/attn.c_attn/rbar", "fogo/attn.c_proj/gamma_st",
+                              "fogo/mlp.c_fc/codebook_entropy", "fogo/mlp.c_proj/frozen"}) {
         EXPECT_NE(first.find(key), std::string::npos) << key << " not in " << first;
       }
     }
@@ -154,7 +155,8 @@ TEST_F(Training, CheckpointsAtEveryEvaluationAndKeepsTheBest) {
   TrainConfig c = config("adamw", "ckpt");
   c.optimizer.lr = 1e-2;
   c.eval_every = 2;
-  const fs::path ckpt = fs::path(c.out_dir) / "ckpt.pt", best = fs::path(c.out_dir) / "best.pt";
+  const fs::path ckpt = fs::path(c.out_dir) / fogo::trainer::kCheckpointFile,
+                 best = fs::path(c.out_dir) / fogo::trainer::kBestCheckpointFile;
   Trainer trainer(c, log_);
   EXPECT_FALSE(fs::exists(ckpt)) << "a checkpoint of the untrained model";
   trainer.advance();
@@ -188,10 +190,10 @@ TEST_F(Training, CheckpointsAtEveryEvaluationAndKeepsTheBest) {
   Trainer periodic(c, log_);
   periodic.advance();
   periodic.advance();
-  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / "ckpt.pt"));
-  EXPECT_EQ(step_of(fs::path(c.out_dir) / "best.pt"), 2);
+  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / fogo::trainer::kCheckpointFile));
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / fogo::trainer::kBestCheckpointFile), 2);
   periodic.advance();
-  EXPECT_EQ(step_of(fs::path(c.out_dir) / "ckpt.pt"), 3);
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / fogo::trainer::kCheckpointFile), 3);
 }
 
 TEST_F(Training, ResumeRejectsADifferentRun) {
@@ -270,7 +272,7 @@ TEST_F(Training, SampleGeneratesTextFromACheckpoint) {
   c.max_steps = 5;
   train(c, log_);
   SampleConfig s;
-  s.checkpoint = (dir_ / "s" / "ckpt.pt").string();
+  s.checkpoint = (dir_ / "s" / fogo::trainer::kCheckpointFile).string();
   s.prompt = "And God";
   s.tokens = 20;
   const std::string a = sample(s);
@@ -282,13 +284,14 @@ TEST_F(Training, SampleGeneratesTextFromACheckpoint) {
 }
 
 TEST_F(Training, BadSettingsNameTheFlag) {
+  // A bad value is a refused command line (std::invalid_argument, exit status 2) naming the
+  // flag; a divergent run is a failure of the run (status 1).
   auto expect_flag = [&](TrainConfig c, const std::string& flag) {
     try {
       train(c, log_);
       ADD_FAILURE() << "accepted a bad " << flag;
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(flag), std::string::npos)
-          << e.what_without_backtrace();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
   };
   TrainConfig c = config("adamw", "bad");
@@ -303,11 +306,21 @@ TEST_F(Training, BadSettingsNameTheFlag) {
   c = config("adamw", "bad");
   c.warmup_steps = 100;
   expect_flag(c, "--warmup-steps");
+  c = config("adamw", "bad");
+  c.n_head = 3;
+  expect_flag(c, "--n-embd");
   // A divergent run stops with an error instead of logging NaN.
   c = config("adamw", "bad");
   c.optimizer.lr = 1e30;
   c.grad_clip = 0;
-  expect_flag(c, "non-finite");
+  try {
+    train(c, log_);
+    ADD_FAILURE() << "a divergent run went on";
+  } catch (const std::invalid_argument& e) {
+    ADD_FAILURE() << "a divergent run reported as a bad flag: " << e.what();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("non-finite"), std::string::npos);
+  }
 }
 
 // What `gpt2 train` and `gpt2 compare` parse from a command line.
@@ -380,7 +393,36 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
   OptimizerConfig bad;
   bad.name = "fogo";
   bad.ns_dtype = "fp16";
-  test::expect_error([&] { make_optimizer(bad, *model); }, {"--ns-dtype", "fp16", "bf16 or fp32"});
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--ns-dtype: expected one of bf16,fp32, got 'fp16'"});
+}
+
+// The binary's command line: a refused one exits with status 2 and one error line naming the
+// flag, a failed run with status 1; the same statuses and style as resnet_train.
+TEST(Binary, ExitStatusAndErrorLine) {
+  using fogo::trainer::testing::run_command;
+  const auto usage = [](const std::string& args) {
+    const auto r = run_command(GPT2_BINARY, args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    return r.err;
+  };
+  EXPECT_EQ(usage("train --bogus 1"), "gpt2: error: unknown flag --bogus (see --help)\n");
+  EXPECT_EQ(usage("train --batch-size x"),
+            "gpt2: error: --batch-size: expected an integer, got 'x'\n");
+  EXPECT_EQ(usage("train --batch-size 0"), "gpt2: error: --batch-size: must be >= 1, got 0\n");
+  EXPECT_EQ(usage("train --lr -1"), "gpt2: error: --lr: must be > 0, got -1\n");
+  EXPECT_EQ(usage("train --data /nonexistent/corpus.txt"),
+            "gpt2: error: --data: /nonexistent/corpus.txt does not exist\n");
+  EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
+  EXPECT_EQ(run_command(GPT2_BINARY, "train --help").status, 0);
+
+  test::TempDir dir("binary");
+  std::ofstream(dir.path() / "empty.txt").flush();
+  const auto failed =
+      run_command(GPT2_BINARY, "train --data " + (dir.path() / "empty.txt").string());
+  EXPECT_EQ(failed.status, 1) << failed.err;
+  EXPECT_EQ(failed.err,
+            "gpt2: error: data file " + (dir.path() / "empty.txt").string() + " is empty\n");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/report.h"
 #include "common/runtime.h"
@@ -31,12 +32,19 @@ GPTConfig model_config(const TrainConfig& cfg, int64_t data_vocab) {
   if (cfg.n_embd) c.n_embd = *cfg.n_embd;
   if (cfg.block_size) c.block_size = *cfg.block_size;
   if (cfg.vocab_size) {
-    TORCH_CHECK(*cfg.vocab_size >= data_vocab, "--vocab-size ", *cfg.vocab_size,
-                " is smaller than the data's vocabulary (", data_vocab, ")");
+    tr::Cli::require(*cfg.vocab_size >= data_vocab, "vocab-size",
+                     std::to_string(*cfg.vocab_size) + " is smaller than the data's vocabulary (" +
+                         std::to_string(data_vocab) + ")");
     c.vocab_size = *cfg.vocab_size;
   }
   c.dropout = cfg.dropout;
-  c.validate();
+  // The model's own checks throw c10::Error; on a configuration made of flags alone, their
+  // failure is a refused command line, as the trainer's own checks are.
+  try {
+    c.validate();
+  } catch (const c10::Error& e) {
+    throw tr::CliError(e.what_without_backtrace());
+  }
   return c;
 }
 
@@ -75,8 +83,7 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("beta2", &c.optimizer.beta2, "AdamW beta2");
   cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
              "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
-  cli.choice("ns-dtype", &c.optimizer.ns_dtype, {"bf16", "fp32"},
-             "compute dtype of Muon's and FOGO's Newton-Schulz iterations (adamw: unused)");
+  tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
   cli.flag("tokens", &c.tokens, "training token budget when --steps is 0");
   cli.flag("batch-size", &c.batch_size, "sequences per micro-batch");
@@ -90,11 +97,12 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("eval-every", &c.eval_every, "steps between validations");
   cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
   cli.flag("log-every", &c.log_every, "steps between metrics records");
-  cli.flag("out", &c.out_dir, "output directory (metrics.jsonl, metrics.csv, ckpt.pt, best.pt)");
+  cli.flag("out", &c.out_dir,
+           "output directory (metrics.jsonl, metrics.csv, checkpoint.pt, best.pt)");
   cli.flag("ckpt-every", &c.ckpt_every,
            "steps between checkpoints (0: at every evaluation); always at the end, and best.pt "
            "at each new lowest validation loss");
-  cli.flag("resume", &c.resume, "continue from <out>/ckpt.pt when it exists");
+  cli.flag("resume", &c.resume, "continue from <out>/checkpoint.pt when it exists");
   cli.flag("stop-at-step", &c.stop_at_step, "stop after this step, checkpointed (0: never)");
   cli.flag("peak-tflops", &c.peak_tflops, "device peak for MFU (-1: 989 on CUDA, none on CPU)");
 
@@ -121,23 +129,30 @@ double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac
 namespace {
 
 void validate(const TrainConfig& c) {
-  TORCH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
-  TORCH_CHECK(c.grad_accum >= 1, "--grad-accum must be >= 1, got ", c.grad_accum);
-  TORCH_CHECK(c.max_steps >= 0, "--steps must be >= 0, got ", c.max_steps);
-  TORCH_CHECK(c.max_steps > 0 || c.tokens > 0, "--tokens must be > 0 when --steps is not given");
-  TORCH_CHECK(c.decay_frac >= 0.0 && c.decay_frac <= 1.0, "--decay-frac must be in [0, 1], got ",
-              c.decay_frac);
-  TORCH_CHECK(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0,
-              "--min-lr-factor must be in [0, 1], got ", c.min_lr_factor);
-  TORCH_CHECK(c.grad_clip >= 0.0, "--grad-clip must be >= 0, got ", c.grad_clip);
-  TORCH_CHECK(c.eval_every >= 1, "--eval-every must be >= 1, got ", c.eval_every);
-  TORCH_CHECK(c.eval_batches >= 1, "--eval-batches must be >= 1, got ", c.eval_batches);
-  TORCH_CHECK(c.log_every >= 1, "--log-every must be >= 1, got ", c.log_every);
-  TORCH_CHECK(c.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", c.ckpt_every);
-  TORCH_CHECK(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got ", c.stop_at_step);
-  TORCH_CHECK(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off",
-              "--autocast: expected auto, bf16 or off, got '", c.autocast, "'");
-  TORCH_CHECK(!c.out_dir.empty(), "--out: no directory given");
+  const auto got = [](auto v) {
+    if constexpr (std::is_floating_point_v<decltype(v)>)
+      return ", got " + tr::flag_text(v);
+    else
+      return ", got " + std::to_string(v);
+  };
+  tr::Cli::require(c.batch_size >= 1, "batch-size", "must be >= 1" + got(c.batch_size));
+  tr::Cli::require(c.grad_accum >= 1, "grad-accum", "must be >= 1" + got(c.grad_accum));
+  tr::Cli::require(c.max_steps >= 0, "steps", "must be >= 0" + got(c.max_steps));
+  tr::Cli::require(c.max_steps > 0 || c.tokens > 0, "tokens",
+                   "must be > 0 when --steps is not given");
+  tr::Cli::require(c.decay_frac >= 0.0 && c.decay_frac <= 1.0, "decay-frac",
+                   "must be in [0, 1]" + got(c.decay_frac));
+  tr::Cli::require(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0, "min-lr-factor",
+                   "must be in [0, 1]" + got(c.min_lr_factor));
+  tr::Cli::require(c.grad_clip >= 0.0, "grad-clip", "must be >= 0" + got(c.grad_clip));
+  tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
+  tr::Cli::require(c.eval_batches >= 1, "eval-batches", "must be >= 1" + got(c.eval_batches));
+  tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
+  tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
+  tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
+  tr::Cli::require(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off", "autocast",
+                   "expected one of auto,bf16,off, got '" + c.autocast + "'");
+  tr::Cli::require(!c.out_dir.empty(), "out", "no directory given");
 }
 
 // bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
@@ -167,25 +182,21 @@ class AutocastGuard {
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
-torch::Tensor to_tensor(const std::vector<Point>& points) {
-  auto t = torch::empty({static_cast<int64_t>(points.size()), 3}, torch::kDouble);
-  auto a = t.accessor<double, 2>();
-  for (size_t i = 0; i < points.size(); ++i) {
-    a[i][0] = static_cast<double>(points[i].step);
-    a[i][1] = static_cast<double>(points[i].tokens);
-    a[i][2] = points[i].value;
+// A loss curve as checkpoint history rows (step, tokens, value), and back.
+tr::History to_rows(const std::vector<Point>& points) {
+  tr::History rows;
+  for (const Point& p : points) {
+    rows.push_back({static_cast<double>(p.step), static_cast<double>(p.tokens), p.value});
   }
-  return t;
+  return rows;
 }
 
-std::vector<Point> from_tensor(const torch::Tensor& t) {
-  auto cpu = t.to(torch::kCPU, torch::kDouble);
-  auto a = cpu.accessor<double, 2>();
-  std::vector<Point> out(static_cast<size_t>(cpu.size(0)));
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = {static_cast<int64_t>(a[i][0]), static_cast<int64_t>(a[i][1]), a[i][2]};
+std::vector<Point> from_rows(const tr::History& rows) {
+  std::vector<Point> points;
+  for (const auto& r : rows) {
+    points.push_back({static_cast<int64_t>(r.at(0)), static_cast<int64_t>(r.at(1)), r.at(2)});
   }
-  return out;
+  return points;
 }
 
 // The flags that decide a run's trajectory, "auto" resolved: a checkpoint must agree on every
@@ -292,7 +303,9 @@ int64_t total_steps(const TrainConfig& cfg, int64_t tokens_per_step) {
 int64_t warmup_steps(const TrainConfig& cfg, int64_t steps) {
   const int64_t warmup =
       cfg.warmup_steps >= 0 ? cfg.warmup_steps : std::llround(0.02 * static_cast<double>(steps));
-  TORCH_CHECK(warmup <= steps, "--warmup-steps ", warmup, " exceeds the run's ", steps, " steps");
+  tr::Cli::require(
+      warmup <= steps, "warmup-steps",
+      std::to_string(warmup) + " exceeds the run's " + std::to_string(steps) + " steps");
   return warmup;
 }
 
@@ -369,8 +382,8 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
       max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
       signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_)),
-      ckpt_path_((std::filesystem::path(cfg.out_dir) / "ckpt.pt").string()),
-      best_path_((std::filesystem::path(cfg.out_dir) / "best.pt").string()) {
+      ckpt_path_((std::filesystem::path(cfg.out_dir) / tr::kCheckpointFile).string()),
+      best_path_((std::filesystem::path(cfg.out_dir) / tr::kBestCheckpointFile).string()) {
   result_.optimizer = cfg.optimizer.name;
   result_.model = mc_;
   result_.steps = steps_;
@@ -396,8 +409,8 @@ void Trainer::Impl::resume(tr::CheckpointReader& in) {
   result_.train_seconds = in.get_double("train_seconds");
   interval_sum_ = in.get_double("interval_loss_sum");
   interval_count_ = in.get_int("interval_count");
-  result_.train_loss = from_tensor(in.get_tensor("history_train"));
-  result_.val_loss = from_tensor(in.get_tensor("history_val"));
+  result_.train_loss = from_rows(in.get_history("history_train"));
+  result_.val_loss = from_rows(in.get_history("history_val"));
   log_ << "resumed " << ckpt_path_ << " at step " << step_ << "/" << steps_ << "\n";
 }
 
@@ -507,7 +520,7 @@ void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_lo
         .set("tokens_per_s", tps)
         .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
         .set("train_seconds", result_.train_seconds);
-    for (const auto& [key, value] : telemetry(opt_)) rec.set(key, value);
+    tr::add_fogo_telemetry(rec, opt_.hybrid.matrix(), opt_.matrix_groups);
     for (auto& m : metrics_) m.write(rec);
   }
   if (progress_) show_progress(stats, evaluated, val_loss, mfu);
@@ -527,8 +540,8 @@ void Trainer::Impl::show_progress(const StepStats& stats, bool evaluated, double
   }
 }
 
-// ckpt.pt at every evaluation (or every --ckpt-every steps) and at the session's last step, so
-// that a crash loses at most the steps since; best.pt whenever the validation loss is the lowest
+// checkpoint.pt at every evaluation (or every --ckpt-every steps) and at the session's last step,
+// so that a crash loses at most the steps since; best.pt whenever the validation loss is the lowest
 // yet. Each is replaced atomically.
 void Trainer::Impl::checkpoint(bool evaluated, double val_loss) {
   const bool due =
@@ -559,8 +572,8 @@ void Trainer::Impl::write_state(tr::CheckpointWriter& w) const {
   w.put("train_seconds", result_.train_seconds);
   w.put("interval_loss_sum", interval_sum_);
   w.put("interval_count", interval_count_);
-  w.put_tensor("history_train", to_tensor(result_.train_loss));
-  w.put_tensor("history_val", to_tensor(result_.val_loss));
+  w.put_history("history_train", to_rows(result_.train_loss));
+  w.put_history("history_val", to_rows(result_.val_loss));
   w.put_module("model", *model_);
   w.put_optimizer("optimizer", opt_.hybrid);
 }
@@ -614,7 +627,7 @@ std::string step_time_summary(const RunResult& r) {
 
 std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,
                                std::ostream& log) {
-  TORCH_CHECK(!names.empty(), "--optimizers: no optimizer given");
+  tr::Cli::require(!names.empty(), "optimizers", "no optimizer given");
   std::vector<RunResult> runs;
   for (const auto& name : names) {
     TrainConfig c = config;

@@ -48,7 +48,7 @@ struct TrainConfig {
 
   std::string out_dir = "runs/gpt2";
   int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)
-  bool resume = false;       ///< continue from out_dir/ckpt.pt when it exists
+  bool resume = false;       ///< continue from out_dir/checkpoint.pt when it exists
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step: simulates a crash
 
   std::string device = "auto";
@@ -115,7 +115,7 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt and best.pt (the
+/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, checkpoint.pt and best.pt (the
 /// checkpoint of the lowest validation loss). Progress goes to `log`. Throws on bad
 /// configuration, bad data, or a non-finite loss or gradient.
 RunResult train(const TrainConfig& config, std::ostream& log);

@@ -96,7 +96,7 @@ std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
        << ", batch " << first.batch_size << ", seeds";
   for (const int64_t s : config.seeds) what << " " << s;
   out << "\n"
-      << what.str() << (incomplete ? " (some runs stopped early: --stop-after)" : "") << "\n"
+      << what.str() << (incomplete ? " (some runs stopped early: --stop-at-step)" : "") << "\n"
       << table.to_text();
 
   std::filesystem::create_directories(config.out);

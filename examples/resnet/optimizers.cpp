@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "common/checkpoint.h"
-#include "common/metrics.h"
+#include "common/optimizers.h"
 
 namespace fogo::resnet {
 namespace {
@@ -27,13 +27,6 @@ fogo::FOGOOptions preset(const std::string& scenario, const std::string& stage) 
   return is_head(stage) ? p::class_imbalanced_head() : p::class_imbalanced_backbone();
 }
 
-// --ns-dtype (checked by resolve()) as the dtype FOGOOptions/MuonOptions::ns_dtype take.
-c10::ScalarType ns_dtype(const std::string& name) {
-  if (name == "bf16") return c10::kBFloat16;
-  if (name == "fp32") return c10::kFloat;
-  throw std::invalid_argument("--ns-dtype: expected one of bf16,fp32, got '" + name + "'");
-}
-
 std::string lr_text(double lr) {
   std::ostringstream out;
   out << lr;
@@ -44,7 +37,7 @@ std::string lr_text(double lr) {
 
 TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
   const double lr = *c.lr, wd = *c.weight_decay;
-  const c10::ScalarType ns = ns_dtype(c.ns_dtype);
+  const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
     if (c.optimizer == "adam") {
       single_ = std::make_unique<torch::optim::Adam>(
@@ -129,22 +122,7 @@ void TrainOptimizer::task_boundary() {
 }
 
 void TrainOptimizer::add_telemetry(trainer::Record& record) const {
-  if (!hybrid_) return;
-  const auto* f = dynamic_cast<const fogo::FOGO*>(hybrid_->matrix());
-  if (!f) return;
-  const auto& t = f->telemetry();
-  for (size_t g = 0; g < t.size() && g < group_names_.size(); ++g) {
-    const std::string p = "fogo/" + group_names_[g] + "/";
-    record.set(p + "rbar", t[g].rbar)
-        .set(p + "gamma_st", t[g].gamma_st)
-        .set(p + "frac_conflicting", t[g].frac_conflicting)
-        .set(p + "frac_over_aligned", t[g].frac_over_aligned)
-        .set(p + "frac_lt_protected", t[g].frac_lt_protected)
-        .set(p + "codebook_entropy", t[g].codebook_entropy)
-        .set(p + "live_centroids", t[g].live_centroids)
-        .set(p + "delta_ratio", t[g].delta_ratio)
-        .set(p + "frozen", t[g].frozen);
-  }
+  trainer::add_fogo_telemetry(record, hybrid_ ? hybrid_->matrix() : nullptr, group_names_);
 }
 
 void TrainOptimizer::save(trainer::CheckpointWriter& out, const std::string& key) const {

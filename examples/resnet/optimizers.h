@@ -43,7 +43,8 @@ class TrainOptimizer {
   /// End of a task in the continual scenarios: FOGO consolidates its codebooks and starts the
   /// next task (fogo::FOGO::task_boundary()); the other rules have nothing to do.
   void task_boundary();
-  /// FOGO's per-group statistics of the last step as "fogo/<group>/<name>" fields.
+  /// FOGO's per-group statistics of the last step as "fogo/<stage>/<stat>" fields
+  /// (trainer::add_fogo_telemetry).
   void add_telemetry(trainer::Record& record) const;
   /// The matrix side of muon and fogo (fogo::Muon, fogo::FOGO); null for adam and adamw.
   torch::optim::Optimizer* matrix_optimizer();

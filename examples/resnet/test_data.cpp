@@ -267,7 +267,7 @@ TEST(Config, ResolveFillsPaperDefaultsAndNamesBadFlags) {
   Config cf = resolve(c, "fogo", 0);
   EXPECT_DOUBLE_EQ(*cf.lr, 2e-3);
   EXPECT_DOUBLE_EQ(*cf.head_lr, 5e-4);
-  EXPECT_DOUBLE_EQ(*cf.clip, 2.0);
+  EXPECT_DOUBLE_EQ(*cf.grad_clip, 2.0);
   EXPECT_EQ(*cf.head_fc, 512);
   EXPECT_EQ(*cf.epochs, 20);
   c.rare_fraction = 0;

@@ -108,24 +108,6 @@ double percent(const torch::Tensor& correct, const torch::Tensor& total) {
   return n > 0 ? 100.0 * static_cast<double>(correct.sum().item<int64_t>()) / n : kNaN;
 }
 
-torch::Tensor to_tensor(const std::vector<std::vector<double>>& rows, int64_t cols) {
-  auto t = torch::full({static_cast<int64_t>(rows.size()), cols}, kNaN, torch::kDouble);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (size_t j = 0; j < rows[i].size(); ++j) t[i][j] = rows[i][j];
-  }
-  return t;
-}
-
-std::vector<std::vector<double>> from_tensor(const torch::Tensor& t) {
-  const auto c = t.to(torch::kCPU, torch::kDouble).contiguous();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(c.size(0)));
-  for (int64_t i = 0; i < c.size(0); ++i) {
-    const double* p = c[i].data_ptr<double>();
-    rows[i].assign(p, p + c.size(1));
-  }
-  return rows;
-}
-
 // The whole of one run: state, events and persistence.
 class Run {
  public:
@@ -134,7 +116,7 @@ class Run {
         log_(log),
         device_(trainer::parse_device(c.device)),
         dir_(run_dir(c)),
-        ckpt_path_(dir_ + "/checkpoint.pt") {
+        ckpt_path_(dir_ + "/" + trainer::kCheckpointFile) {
     trainer::set_threads(c.threads);
     trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
     plan_ = make_plan(c, data, device_);
@@ -177,7 +159,7 @@ class Run {
     };
     train_log_.emplace(open("train"));
     eval_log_.emplace(open("eval"));
-    const int64_t last = c_.stop_after > 0 ? std::min(total_, c_.stop_after) : total_;
+    const int64_t last = c_.stop_at_step > 0 ? std::min(total_, c_.stop_at_step) : total_;
     log_ << "run " << dir_ << ": " << c_.scenario << ", " << plan_.task_names.size() << " task(s), "
          << total_ << " steps, " << count_parameters(*model_) << " parameters, "
          << trainer::describe_runtime(device_) << "\n  " << optimizer_->description() << "\n";
@@ -253,12 +235,12 @@ class Run {
     if (!std::isfinite(loss_value)) {
       throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
                                " at step " + std::to_string(step_ + 1) +
-                               "; lower --lr or set --clip");
+                               "; lower --lr or set --grad-clip");
     }
     optimizer_->zero_grad();
     loss.backward();
-    if (*c_.clip > 0) {
-      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.clip);
+    if (*c_.grad_clip > 0) {
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.grad_clip);
     } else if ((step_ + 1) % c_.log_every == 0) {
       grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(),
                                                      std::numeric_limits<double>::infinity());
@@ -377,9 +359,8 @@ class Run {
     optimizer_->save(w, "optimizer");
     if (buffer_) buffer_->save(w, "replay");
     w.put_tensor("curve_x", torch::tensor(result_.x, torch::kDouble));
-    w.put_tensor("curve",
-                 to_tensor(result_.curve, static_cast<int64_t>(result_.curve_names.size())));
-    w.put_tensor("R", to_tensor(R_, static_cast<int64_t>(R_.size())));
+    w.put_history("curve", result_.curve);
+    w.put_history("R", R_);
     w.commit(ckpt_path_);
   }
 
@@ -396,8 +377,8 @@ class Run {
     if (buffer_) buffer_->load(in, "replay", device_);
     const auto x = in.get_tensor("curve_x").to(torch::kCPU, torch::kDouble).contiguous();
     result_.x.assign(x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
-    result_.curve = from_tensor(in.get_tensor("curve"));
-    R_ = from_tensor(in.get_tensor("R"));
+    result_.curve = in.get_history("curve");
+    R_ = in.get_history("R");
   }
 
   RunResult finish() {

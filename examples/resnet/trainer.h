@@ -3,7 +3,7 @@
 //
 // A run (one optimizer, one seed) writes into <out>/<optimizer>-seed<seed>/:
 //   train.jsonl|csv    every --log-every steps: step, task, epoch, loss, acc (%), grad_norm, lr,
-//                      and FOGO's telemetry (fogo/<group>/<field>)
+//                      and FOGO's telemetry (fogo/<group>/<stat>)
 //   eval.jsonl|csv     every evaluation: the scenario's accuracies (%), forgetting, AP/AF/BWT
 //   result.jsonl       the run's summary (one record)
 //   checkpoint.pt      model, optimizer, replay buffer, evaluation history, step; replaced
