@@ -18,14 +18,13 @@ c10::ScalarType parse_ns_dtype(const std::string& value) {
   throw Cli::error("ns-dtype", "expected one of bf16,fp32, got '" + value + "'");
 }
 
-void add_fogo_telemetry(Record& record, const torch::optim::Optimizer* optimizer,
-                        const std::vector<std::string>& group_names) {
-  const auto* fogo = dynamic_cast<const fogo::FOGO*>(optimizer);
+void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid) {
+  const fogo::FOGO* fogo = hybrid.matrix<fogo::FOGO>();
   if (!fogo) return;
-  const auto& groups = fogo->telemetry();
-  for (size_t g = 0; g < groups.size() && g < group_names.size(); ++g) {
+  const auto groups = fogo->telemetry();
+  for (size_t g = 0; g < groups.size(); ++g) {
     const auto& t = groups[g];
-    const std::string prefix = "fogo/" + group_names[g] + "/";
+    const std::string prefix = "fogo/" + hybrid.group_name(g) + "/";
     record.set(prefix + "rbar", t.rbar)
         .set(prefix + "gamma_st", t.gamma_st)
         .set(prefix + "frac_conflicting", t.frac_conflicting)

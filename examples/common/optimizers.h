@@ -3,10 +3,12 @@
 // fields of a metrics record, under one set of names.
 
 #include <c10/core/ScalarType.h>
-#include <torch/optim/optimizer.h>
 
 #include <string>
-#include <vector>
+
+namespace fogo {
+class HybridOptimizer;
+}
 
 namespace fogo::trainer {
 
@@ -21,11 +23,13 @@ void add_ns_dtype_flag(Cli& cli, std::string* target);
 /// built in code bypasses the parser's check).
 c10::ScalarType parse_ns_dtype(const std::string& value);
 
-/// Sets FOGO's statistics of its last step on `record`, one field per param group and statistic:
-/// "fogo/<group>/<stat>" with <group> from `group_names` (in param-group order) and <stat> one of
-/// rbar, gamma_st, frac_conflicting, frac_over_aligned, frac_lt_protected, codebook_entropy,
-/// live_centroids, delta_ratio, frozen. Sets nothing when `optimizer` is not a fogo::FOGO.
-void add_fogo_telemetry(Record& record, const torch::optim::Optimizer* optimizer,
-                        const std::vector<std::string>& group_names);
+/// Sets the statistics of the last step of `hybrid`'s FOGO side on `record`, one field per
+/// codebook group and statistic: "fogo/<group>/<stat>", <group> the param group's name
+/// (hybrid.group_name(g)) and <stat> one of rbar, gamma_st, frac_conflicting,
+/// frac_over_aligned, frac_lt_protected, codebook_entropy, live_centroids, delta_ratio, frozen
+/// (fogo::FOGOTelemetry). Sets nothing when
+/// the hybrid has no matrix side; throws (HybridOptimizer::matrix<fogo::FOGO>()) when its
+/// matrix side is not a fogo::FOGO, so call it for FOGO runs only.
+void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid);
 
 }  // namespace fogo::trainer

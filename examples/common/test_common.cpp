@@ -416,21 +416,25 @@ TEST(Optimizers, NsDtypeFlagAndParsing) {
   }
 }
 
-TEST(Optimizers, FogoTelemetryFieldsPerGroup) {
+TEST(Optimizers, FogoTelemetryFieldsPerGroupUnderTheHybridsGroupNames) {
   torch::manual_seed(0);
   auto a = torch::randn({12, 48}).requires_grad_(true);
   auto b = torch::randn({40, 10}).requires_grad_(true);
-  fogo::FOGO fogo_opt(
-      {torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
-      fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8));
+  auto bias = torch::randn({10}).requires_grad_(true);
+  fogo::HybridOptimizer hybrid(
+      std::make_unique<fogo::FOGO>(std::vector{torch::optim::OptimizerParamGroup({a}),
+                                               torch::optim::OptimizerParamGroup({b})},
+                                   fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8)),
+      std::make_unique<torch::optim::AdamW>(std::vector{bias}), {"stem", "fc"});
   a.mutable_grad() = torch::randn({12, 48});
   b.mutable_grad() = torch::randn({40, 10});
-  fogo_opt.step();
+  bias.mutable_grad() = torch::randn({10});
+  hybrid.step();
   Record r;
-  add_fogo_telemetry(r, &fogo_opt, {"stem", "fc"});
-  const auto& t = fogo_opt.telemetry();
+  add_fogo_telemetry(r, hybrid);
+  const auto t = hybrid.matrix<fogo::FOGO>()->telemetry();
   ASSERT_EQ(t.size(), 2u);
-  ASSERT_EQ(r.fields().size(), 18u);
+  ASSERT_EQ(r.fields().size(), 18u) << "9 statistics of each group, none of the rest";
   EXPECT_EQ(r.fields().front().first, "fogo/stem/rbar");
   EXPECT_EQ(*r.get("fogo/fc/gamma_st"), Record::Value(t[1].gamma_st));
   EXPECT_EQ(*r.get("fogo/fc/live_centroids"), Record::Value(t[1].live_centroids));
@@ -438,10 +442,14 @@ TEST(Optimizers, FogoTelemetryFieldsPerGroup) {
                            "codebook_entropy", "delta_ratio", "frozen"}) {
     EXPECT_NE(r.get(std::string("fogo/stem/") + stat), nullptr) << stat;
   }
-  // Other optimizers have no telemetry.
-  fogo::Muon muon({a}, fogo::MuonOptions(0.01));
+
+  // No matrix side: nothing. Another matrix optimizer: the checked accessor refuses it.
   Record none;
-  add_fogo_telemetry(none, &muon, {"matrices"});
-  add_fogo_telemetry(none, nullptr, {});
+  add_fogo_telemetry(none, fogo::HybridOptimizer(
+                               nullptr, std::make_unique<torch::optim::AdamW>(std::vector{bias})));
+  EXPECT_TRUE(none.fields().empty());
+  fogo::HybridOptimizer muon(std::make_unique<fogo::Muon>(std::vector{a}, fogo::MuonOptions(0.01)),
+                             nullptr);
+  EXPECT_THROW(add_fogo_telemetry(none, muon), c10::Error);
   EXPECT_TRUE(none.fields().empty());
 }

@@ -3,6 +3,7 @@
 #include <fogo/fogo.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 
@@ -62,27 +63,26 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
     for (const auto& p : model.parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
-    return {fogo::HybridOptimizer(nullptr, adamw(params, c)), {}};
+    return {fogo::HybridOptimizer(nullptr, adamw(params, c))};
   }
 
   // The head is tied to wte (an Embedding), so the default rules already send it to AdamW.
   const fogo::ParamSplit split = fogo::split_parameters(model);
   const double matrix_lr = c.matrix_lr.value_or(c.lr);
   const c10::ScalarType ns_dtype = fogo::trainer::parse_ns_dtype(c.ns_dtype);
-  std::vector<torch::optim::OptimizerParamGroup> groups =
-      fogo::group_by(split.matrix, fogo::shape_key).groups;
-  // Group names in group_by's order (first appearance of each shape).
-  std::vector<std::string> names;
-  std::vector<std::string> keys;
+  // One codebook per parameter shape (group_by's shape key), named by the module types it holds:
+  // "attn.c_attn", or "a+b" when two share a shape.
+  fogo::NamedGroups groups = fogo::group_by(split.matrix, fogo::shape_key);
+  std::vector<std::string> names(groups.names.size());
   for (size_t i = 0; i < split.matrix.size(); ++i) {
     const std::string key = fogo::shape_key(split.matrix.names[i], split.matrix.params[i]);
-    const auto it = std::find(keys.begin(), keys.end(), key);
+    std::string& name =
+        names[std::find(groups.names.begin(), groups.names.end(), key) - groups.names.begin()];
     const std::string type = module_type(split.matrix.names[i]);
-    if (it == keys.end()) {
-      keys.push_back(key);
-      names.push_back(type);
-    } else if (names[it - keys.begin()].find(type) == std::string::npos) {
-      names[it - keys.begin()] += "+" + type;
+    if (name.empty()) {
+      name = type;
+    } else if (name.find(type) == std::string::npos) {
+      name += "+" + type;
     }
   }
 
@@ -99,9 +99,9 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
   } else {
     auto options =
         fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay).ns_dtype(ns_dtype);
-    matrix = std::make_unique<fogo::FOGO>(groups, options);
+    matrix = std::make_unique<fogo::FOGO>(groups.groups, options);
   }
-  return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c)), names};
+  return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c), std::move(names))};
 }
 
 }  // namespace gpt2

@@ -35,10 +35,10 @@ struct OptimizerConfig {
 void validate(const OptimizerConfig& config);
 
 struct Optimizer {
+  /// Its param groups are named (group_name()): fogo's codebooks by the module types they hold
+  /// ("attn.c_attn", ...: the telemetry's <group>), muon's one group "matrices", AdamW's "rest.0"
+  /// (decay) and "rest.1" (no decay).
   fogo::HybridOptimizer hybrid;
-  /// Names of the matrix side's param groups (FOGO codebooks), for telemetry columns
-  /// (fogo::trainer::add_fogo_telemetry).
-  std::vector<std::string> matrix_groups;
 };
 
 Optimizer make_optimizer(const OptimizerConfig& config, const torch::nn::Module& model);

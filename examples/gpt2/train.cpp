@@ -520,7 +520,7 @@ void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_lo
         .set("tokens_per_s", tps)
         .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
         .set("train_seconds", result_.train_seconds);
-    tr::add_fogo_telemetry(rec, opt_.hybrid.matrix(), opt_.matrix_groups);
+    if (cfg_.optimizer.name == "fogo") tr::add_fogo_telemetry(rec, opt_.hybrid);
     for (auto& m : metrics_) m.write(rec);
   }
   if (progress_) show_progress(stats, evaluated, val_loss, mfu);

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/cli.h"
+#include "common/metrics.h"
 #include "config.h"
 #include "continual.h"
 #include "data.h"
@@ -356,4 +357,41 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   bad.ns_dtype = "fp16";
   EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
             "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+}
+
+// FOGO's codebook groups are the hybrid's named param groups, one per stage: the telemetry's
+// <group>; task_boundary() reaches FOGO through the checked accessor and is a no-op elsewhere.
+TEST(Optimizers, FogoGroupsAreTheHybridsStagesNamed) {
+  Config c;
+  c.scenario = "class-il";
+  for (const char* name : {"fogo", "muon"}) {
+    const Config r = resolve(c, name, 0);
+    ResNet18 model(ResNetOptions{1, 10, 4, *r.head_fc});
+    TrainOptimizer opt(r, model);
+    ASSERT_NE(opt.hybrid(), nullptr);
+    const size_t matrix_groups = opt.matrix_optimizer()->param_groups().size();
+    std::vector<std::string> names;
+    for (size_t g = 0; g < matrix_groups; ++g) names.push_back(opt.hybrid()->group_name(g));
+    if (std::string(name) == "muon") {
+      EXPECT_EQ(names, std::vector<std::string>{"matrix"});
+    } else {
+      EXPECT_EQ(names, (std::vector<std::string>{"stem", "layer1", "layer2", "layer3", "layer4",
+                                                 "head_fc", "fc"}));
+    }
+    torch::manual_seed(0);
+    opt.zero_grad();
+    model->forward(torch::randn({4, 1, 28, 28})).square().mean().backward();
+    opt.step();
+    fogo::trainer::Record record;
+    opt.add_telemetry(record);
+    opt.task_boundary();
+    if (std::string(name) == "muon") {
+      EXPECT_TRUE(record.fields().empty());
+    } else {
+      EXPECT_EQ(record.fields().size(), 9 * names.size());
+      for (const auto& stage : names) {
+        EXPECT_NE(record.get("fogo/" + stage + "/rbar"), nullptr) << stage;
+      }
+    }
+  }
 }
