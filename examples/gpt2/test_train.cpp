@@ -207,6 +207,26 @@ TEST_F(Training, ResumeRejectsADifferentRun) {
                       "--optimizer was adamw, now muon"});
 }
 
+// A run folder of the days of ckpt.pt is not silently restarted by --resume.
+TEST_F(Training, ResumeNamesTheFormerCheckpointFile) {
+  TrainConfig c = config("adamw", "former");
+  fs::create_directories(c.out_dir);
+  std::ofstream(fs::path(c.out_dir) / "ckpt.pt") << "an old checkpoint";
+  c.resume = true;
+  try {
+    train(c, log_);
+    ADD_FAILURE() << "resumed past a ckpt.pt";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume: found "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt.pt, the former name of checkpoint.pt"),
+              std::string::npos)
+        << e.what();
+  }
+  c.resume = false;  // without --resume the run starts afresh, as any
+  c.max_steps = 2;
+  EXPECT_NO_THROW(train(c, log_));
+}
+
 TEST_F(Training, ResumeRejectsAnotherNewtonSchulzDtype) {
   TrainConfig c = config("muon", "ns");
   c.max_steps = 4;
@@ -414,7 +434,13 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("train --data /nonexistent/corpus.txt"),
             "gpt2: error: --data: /nonexistent/corpus.txt does not exist\n");
   EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
-  EXPECT_EQ(run_command(GPT2_BINARY, "train --help").status, 0);
+  const auto help = run_command(GPT2_BINARY, "train --help");
+  EXPECT_EQ(help.status, 0);
+  // The flags both trainers share, under the same names.
+  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
+                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+    EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
+  }
 
   test::TempDir dir("binary");
   std::ofstream(dir.path() / "empty.txt").flush();

@@ -390,6 +390,12 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
   result_.tokens_per_step = tokens_per_step_;
   result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
   if (cfg_.resume) {
+    // Checkpoints were ckpt.pt before both trainers named them alike: not a run to restart.
+    const auto former = std::filesystem::path(cfg_.out_dir) / "ckpt.pt";
+    tr::Cli::require(std::filesystem::exists(ckpt_path_) || !std::filesystem::exists(former),
+                     "resume",
+                     "found " + former.string() + ", the former name of " + tr::kCheckpointFile +
+                         ": rename it to continue that run");
     if (auto in = tr::open_for_resume(ckpt_path_, signature_, device_)) resume(*in);
   }
   open_metrics();

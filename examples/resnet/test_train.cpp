@@ -231,7 +231,13 @@ TEST(Binary, ExitStatusAndErrorLine) {
             "resnet_train: error: --batch-size: expected an integer, got 'x'\n");
   EXPECT_EQ(usage("--lr -1"), "resnet_train: error: --lr: must be in (0, 10), got -1\n");
   EXPECT_EQ(usage("--data-dir /nonexistent").rfind("resnet_train: error: --data-dir: ", 0), 0u);
-  EXPECT_EQ(run_command(RESNET_TRAIN_BINARY, "--help").status, 0);
+  const auto help = run_command(RESNET_TRAIN_BINARY, "--help");
+  EXPECT_EQ(help.status, 0);
+  // The flags both trainers share, under the same names (gpt2's test lists the same).
+  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
+                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+    EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
+  }
 
   // A malformed dataset is a failed run.
   const std::string dir = temp_dir();
