@@ -4,6 +4,7 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
@@ -58,6 +59,21 @@ void CheckpointWriter::put_module(const std::string& key, const torch::nn::Modul
 
 void CheckpointWriter::put_generator(const std::string& key, const at::Generator& generator) {
   put_tensor(key, generator.get_state());
+}
+
+void CheckpointWriter::put_history(const std::string& key, const History& rows) {
+  const int64_t columns = rows.empty() ? 0 : static_cast<int64_t>(rows.front().size());
+  auto t = torch::empty({static_cast<int64_t>(rows.size()), columns}, torch::kDouble);
+  double* out = t.data_ptr<double>();
+  for (const auto& row : rows) {
+    if (static_cast<int64_t>(row.size()) != columns) {
+      throw std::invalid_argument("checkpoint key '" + key + "': history rows of " +
+                                  std::to_string(columns) + " and " + std::to_string(row.size()) +
+                                  " values");
+    }
+    out = std::copy(row.begin(), row.end(), out);
+  }
+  put_tensor(key, t);
 }
 
 void CheckpointWriter::commit(const std::string& path) {
@@ -127,6 +143,18 @@ torch::Tensor CheckpointReader::get_tensor(const std::string& key) {
     throw std::runtime_error(where(key) + ": missing tensor");
   }
   return t;
+}
+
+History CheckpointReader::get_history(const std::string& key) {
+  const torch::Tensor t = get_tensor(key).to(torch::kCPU, torch::kDouble).contiguous();
+  if (t.dim() != 2) throw std::runtime_error(where(key) + ": not a history (a 2-D tensor)");
+  History rows(static_cast<size_t>(t.size(0)));
+  const double* in = t.data_ptr<double>();
+  for (auto& row : rows) {
+    row.assign(in, in + t.size(1));
+    in += t.size(1);
+  }
+  return rows;
 }
 
 torch::serialize::InputArchive CheckpointReader::sub_archive(const std::string& key) {

@@ -17,13 +17,24 @@
 //   in.load_generator("data_rng", generator);
 //
 // Every reader error is a std::runtime_error naming the file and the key.
+//
+// Histories (loss curves, accuracy matrices: rows of numbers of one length) travel as
+// [rows, columns] double tensors: put_history / get_history.
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
 #include <string>
+#include <vector>
 
 namespace fogo::trainer {
+
+/// The checkpoint files in a run's output folder: its latest state, and (gpt2) the state of its
+/// lowest validation loss.
+inline constexpr const char* kCheckpointFile = "checkpoint.pt";
+inline constexpr const char* kBestCheckpointFile = "best.pt";
+
+using History = std::vector<std::vector<double>>;
 
 class CheckpointWriter {
  public:
@@ -31,6 +42,8 @@ class CheckpointWriter {
   void put_tensor(const std::string& key, const torch::Tensor& tensor);
   void put_module(const std::string& key, const torch::nn::Module& module);
   void put_generator(const std::string& key, const at::Generator& generator);
+  /// Throws std::invalid_argument when the rows differ in length.
+  void put_history(const std::string& key, const History& rows);
   template <class Optimizer>
   void put_optimizer(const std::string& key, const Optimizer& optimizer) {
     torch::serialize::OutputArchive sub(archive_.compilation_unit());
@@ -55,6 +68,7 @@ class CheckpointReader {
   double get_double(const std::string& key);
   std::string get_string(const std::string& key);
   torch::Tensor get_tensor(const std::string& key);
+  History get_history(const std::string& key);
   void load_module(const std::string& key, torch::nn::Module& module);
   void load_generator(const std::string& key, at::Generator& generator);
   template <class Optimizer>

@@ -1,7 +1,10 @@
 #include "common/cli.h"
 
+#include <c10/util/Exception.h>
+
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -53,12 +56,6 @@ bool parse_bool(const std::string& flag, const std::string& text) {
   throw Cli::error(flag, "expected true or false, got '" + text + "'");
 }
 
-std::string format_double(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
-
 template <class T, class F>
 std::string join(const std::vector<T>& values, F&& fmt) {
   std::string out;
@@ -68,11 +65,25 @@ std::string join(const std::vector<T>& values, F&& fmt) {
 
 }  // namespace
 
+std::string flag_text(double value) {
+  // %.17g always reads back exactly; fewer digits usually do, and read as typed.
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+    if (std::strtod(buf, nullptr) == value) break;
+  }
+  return buf;
+}
+
 Cli::Cli(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
 
 CliError Cli::error(const std::string& flag, const std::string& what) {
   return CliError("--" + flag + ": " + what);
+}
+
+void Cli::require(bool ok, const std::string& flag, const std::string& what) {
+  if (!ok) throw error(flag, what);
 }
 
 void Cli::section(std::string title) { section_ = std::move(title); }
@@ -110,6 +121,13 @@ void Cli::choice(const std::string& name, std::string* target, std::vector<std::
   add(name, target, std::move(help), std::move(choices));
 }
 
+void Cli::renamed(const std::string& old_name, const std::string& new_name) {
+  if (find(old_name) || !find(new_name)) {
+    throw CliError("Cli: cannot rename --" + old_name + " to --" + new_name);
+  }
+  renamed_.emplace_back(old_name, new_name);
+}
+
 Cli::Flag* Cli::find(const std::string& name) {
   for (auto& f : flags_) {
     if (f.name == name) return &f;
@@ -129,19 +147,19 @@ std::string Cli::render(const Target& target) {
         } else if constexpr (std::is_same_v<T, int64_t>) {
           return std::to_string(*p);
         } else if constexpr (std::is_same_v<T, double>) {
-          return format_double(*p);
+          return flag_text(*p);
         } else if constexpr (std::is_same_v<T, bool>) {
           return *p ? "true" : "false";
         } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
           return *p ? std::to_string(**p) : "auto";
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
-          return *p ? format_double(**p) : "auto";
+          return *p ? flag_text(**p) : "auto";
         } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
           return join(*p, [](const std::string& s) { return s; });
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           return join(*p, [](int64_t v) { return std::to_string(v); });
         } else {
-          return join(*p, format_double);
+          return join(*p, flag_text);
         }
       },
       target);
@@ -214,7 +232,12 @@ bool Cli::parse(int argc, const char* const* argv, std::ostream& help_out) {
         continue;
       }
     }
-    if (!flag) throw CliError("unknown flag --" + name + " (see --help)");
+    if (!flag) {
+      for (const auto& [old_name, new_name] : renamed_) {
+        if (name == old_name) throw error(name, "now called --" + new_name);
+      }
+      throw CliError("unknown flag --" + name + " (see --help)");
+    }
     if (!value) {
       if (std::holds_alternative<bool*>(flag->target)) {
         value = "true";
@@ -287,6 +310,24 @@ std::vector<std::pair<std::string, std::string>> Cli::values() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& f : flags_) out.emplace_back(f.name, render(f.target));
   return out;
+}
+
+int run_main(const std::string& program, const std::function<int()>& body, std::ostream& err) {
+  try {
+    return body();
+  } catch (const std::invalid_argument& e) {
+    err << program << ": error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const c10::Error& e) {
+    err << program << ": error: " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    err << program << ": error: " << e.what() << "\n";
+  }
+  return kExitFailure;
+}
+
+int run_main(const std::string& program, const std::function<int()>& body) {
+  return run_main(program, body, std::cerr);
 }
 
 }  // namespace fogo::trainer

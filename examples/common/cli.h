@@ -14,8 +14,13 @@
 // `--no-name` (false). Lists are comma-separated (`--seeds 0,1,2`). A flag given twice keeps
 // the last value. Every error is a CliError whose message names the flag and the problem, e.g.
 // "--epochs: expected an integer, got 'ten'".
+//
+// A trainer's main() is `return run_main("resnet_train", [&] { ...; return 0; });`, which gives
+// both trainers one error line ("resnet_train: error: <message>") and one exit status per kind
+// of error: 2 when the command line is refused, 1 when the run fails.
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <stdexcept>
@@ -26,9 +31,11 @@
 
 namespace fogo::trainer {
 
-class CliError : public std::runtime_error {
+/// A refused command line: an unknown, renamed or malformed flag, or a value the trainer rejects
+/// once parsed. An std::invalid_argument, like the trainers' other checks of their settings.
+class CliError : public std::invalid_argument {
  public:
-  using std::runtime_error::runtime_error;
+  using std::invalid_argument::invalid_argument;
 };
 
 class Cli {
@@ -51,6 +58,9 @@ class Cli {
   /// A string flag restricted to `choices`.
   void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
               std::string help);
+  /// --old_name, a flag's former name, is refused with an error naming its new one:
+  /// "--clip: now called --grad-clip". Not shown in --help.
+  void renamed(const std::string& old_name, const std::string& new_name);
 
   /// Parses argv[1..argc). Returns false when --help (or -h) was given: the help text has been
   /// written to `help_out` and the caller should exit successfully. Throws CliError on an unknown
@@ -67,6 +77,8 @@ class Cli {
 
   /// CliError("--flag: what"), for checks a trainer makes after parse().
   static CliError error(const std::string& flag, const std::string& what);
+  /// Throws error(flag, what) unless `ok`.
+  static void require(bool ok, const std::string& flag, const std::string& what);
 
  private:
   using Target = std::variant<std::string*, int64_t*, double*, bool*, std::optional<int64_t>*,
@@ -87,6 +99,22 @@ class Cli {
 
   std::string program_, summary_, section_;
   std::vector<Flag> flags_;
+  std::vector<std::pair<std::string, std::string>> renamed_;  ///< (old name, new name)
 };
+
+/// Exit statuses of the trainers.
+inline constexpr int kExitFailure = 1;  ///< the run failed: data, I/O, divergence, ...
+inline constexpr int kExitUsage = 2;    ///< the command line was refused
+
+/// Runs a trainer's main `body` and turns what it throws into an exit status and one line on
+/// `err`, "<program>: error: <message>" (a c10::Error without its C++ backtrace): kExitUsage for
+/// an std::invalid_argument (CliError, the trainers' checks of flag values, a --resume of other
+/// settings), kExitFailure for any other exception. Returns body's status when it returns.
+int run_main(const std::string& program, const std::function<int()>& body, std::ostream& err);
+int run_main(const std::string& program, const std::function<int()>& body);  ///< err: std::cerr
+
+/// The shortest text that reads back as exactly `value` ("0.1", "6e-05", "2"): how the trainers
+/// show a floating-point flag's value, in --help and in run signatures.
+std::string flag_text(double value);
 
 }  // namespace fogo::trainer

@@ -1,18 +1,23 @@
-// Tests of the shared trainer utilities: flag parsing, metrics files (and their trimming on
-// resume), tables, checkpoints and plots.
+// Tests of the shared trainer utilities: flag parsing and exit statuses, metrics files (and
+// their trimming on resume), tables, checkpoints and histories, run signatures, the optimizer
+// flags and telemetry, and plots.
+#include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/report.h"
+#include "common/signature.h"
 
 namespace fs = std::filesystem;
 using namespace fogo::trainer;
@@ -254,4 +259,197 @@ TEST(Checkpoint, RoundTripIsExactAndAtomic) {
   EXPECT_THROW(CheckpointReader((path.parent_path() / "junk.pt").string()), std::runtime_error);
   torch::nn::Linear c(5, 3);
   EXPECT_THROW(r.load_module("model", *c), std::runtime_error);
+}
+
+TEST(Cli, FlagTextIsTheShortestExactText) {
+  EXPECT_EQ(flag_text(0.1), "0.1");
+  EXPECT_EQ(flag_text(6e-4), "0.0006");
+  EXPECT_EQ(flag_text(1e-5), "1e-05");
+  EXPECT_EQ(flag_text(2.0), "2");
+  EXPECT_EQ(flag_text(0.0), "0");
+  EXPECT_EQ(flag_text(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(flag_text(0.1 + 0.2), "0.30000000000000004");
+  for (const double v : {0.1, 6e-4, 1.0 / 3.0, 0.95, 123456789.125, -2.5e-300}) {
+    EXPECT_EQ(std::strtod(flag_text(v).c_str(), nullptr), v) << flag_text(v);
+  }
+}
+
+TEST(RunSignature, TextRoundTripAndDifferences) {
+  RunSignature a("prog");
+  a.add("model", "mini").add("dropout", 0.1).add("batch-size", 16).add("augment", true);
+  a.add("classes", std::vector<int64_t>{4, 5});
+  EXPECT_EQ(a.to_text(), "model=mini\ndropout=0.1\nbatch-size=16\naugment=true\nclasses=4,5\n");
+  const RunSignature back = RunSignature::from_text("prog", a.to_text());
+  EXPECT_EQ(back.entries(), a.entries());
+  EXPECT_TRUE(a.differences(back).empty());
+
+  RunSignature b("prog");
+  b.add("model", "mini").add("dropout", 0.0).add("batch-size", 8).add("extra", "x");
+  EXPECT_EQ(b.differences(a), (std::vector<std::string>{
+                                  "--dropout was 0.1, now 0", "--batch-size was 16, now 8",
+                                  "--extra was (absent), now x", "--augment was true, now (absent)",
+                                  "--classes was 4,5, now (absent)"}));
+  EXPECT_THROW(a.add("model", "again"), std::logic_error);
+  EXPECT_THROW(a.add("note", "two\nlines"), std::logic_error);
+}
+
+TEST(RunSignature, ResumeRefusesAnotherRunNamingTheFlag) {
+  const fs::path dir = temp_dir("signature");
+  const std::string path = (dir / "checkpoint.pt").string();
+  auto signature = [](double dropout) {
+    RunSignature s("prog");
+    s.add("model", "mini").add("dropout", dropout).add("seed", 1337);
+    return s;
+  };
+  EXPECT_FALSE(open_for_resume(path, signature(0.1)).has_value()) << "no checkpoint yet";
+  {
+    CheckpointWriter w;
+    signature(0.1).write(w);
+    w.put("step", int64_t{7});
+    w.commit(path);
+  }
+  auto same = open_for_resume(path, signature(0.1));
+  ASSERT_TRUE(same.has_value());
+  EXPECT_EQ(same->get_int("step"), 7);
+  try {
+    open_for_resume(path, signature(0.0));
+    ADD_FAILURE() << "resumed under another --dropout";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--resume: checkpoint '" + path +
+                  "' belongs to a run with other settings (--dropout was 0.1, now 0); use "
+                  "another --out or drop --resume to start afresh");
+  }
+  RunSignature other("other_prog");
+  other.add("model", "mini");
+  try {
+    open_for_resume(path, other);
+    ADD_FAILURE() << "resumed another program's checkpoint";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("was written by prog, not other_prog"), std::string::npos)
+        << e.what();
+  }
+  {
+    CheckpointWriter w;
+    w.put("step", int64_t{7});
+    w.commit(path);
+  }
+  try {
+    open_for_resume(path, signature(0.1));
+    ADD_FAILURE() << "resumed a checkpoint without a signature";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("has no run signature"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Cli, RenamedFlagNamesItsSuccessor) {
+  Cli cli("prog", "test");
+  double grad_clip = 0;
+  cli.flag("grad-clip", &grad_clip, "g");
+  cli.renamed("clip", "grad-clip");
+  EXPECT_EQ(error_of(cli, {"--clip", "2"}), "--clip: now called --grad-clip");
+  EXPECT_EQ(error_of(cli, {"--clip=2"}), "--clip: now called --grad-clip");
+  ASSERT_TRUE(parse(cli, {"--grad-clip", "2"}));
+  EXPECT_EQ(grad_clip, 2.0);
+  EXPECT_EQ(cli.help().find("--clip"), std::string::npos);
+  EXPECT_THROW(cli.renamed("grad-clip", "clip"), CliError) << "renaming to an unknown flag";
+}
+
+TEST(Cli, RunMainTurnsErrorsIntoExitStatusesAndOneLine) {
+  std::ostringstream err;
+  EXPECT_EQ(run_main(
+                "prog", [] { return 0; }, err),
+            0);
+  EXPECT_EQ(run_main(
+                "prog", [] { return 3; }, err),
+            3);
+  EXPECT_EQ(err.str(), "");
+  auto outcome = [](const std::function<int()>& body) {
+    std::ostringstream e;
+    const int status = run_main("prog", body, e);
+    return std::pair{status, e.str()};
+  };
+  EXPECT_EQ(outcome([]() -> int { throw Cli::error("epochs", "must be >= 1"); }),
+            std::pair(kExitUsage, std::string("prog: error: --epochs: must be >= 1\n")));
+  EXPECT_EQ(outcome([]() -> int { throw std::invalid_argument("--resume: other settings"); }),
+            std::pair(kExitUsage, std::string("prog: error: --resume: other settings\n")));
+  EXPECT_EQ(outcome([]() -> int { throw std::runtime_error("data file x is empty"); }),
+            std::pair(kExitFailure, std::string("prog: error: data file x is empty\n")));
+  EXPECT_EQ(outcome([]() -> int { TORCH_CHECK(false, "step 3: non-finite loss"); }),
+            std::pair(kExitFailure, std::string("prog: error: step 3: non-finite loss\n")))
+      << "a c10::Error, without its backtrace";
+}
+
+TEST(Checkpoint, HistoriesRoundTrip) {
+  const fs::path path = temp_dir("history") / "h.pt";
+  const History curve{{1, 10, 0.5}, {2, 20, std::nan("")}}, empty;
+  {
+    CheckpointWriter w;
+    w.put_history("curve", curve);
+    w.put_history("empty", empty);
+    EXPECT_THROW(w.put_history("ragged", {{1, 2}, {3}}), std::invalid_argument);
+    w.commit(path.string());
+  }
+  CheckpointReader r(path.string());
+  const History back = r.get_history("curve");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0], curve[0]);
+  EXPECT_EQ(back[1][1], 20);
+  EXPECT_TRUE(std::isnan(back[1][2]));
+  EXPECT_TRUE(r.get_history("empty").empty());
+}
+
+TEST(Optimizers, NsDtypeFlagAndParsing) {
+  Cli cli("prog", "test");
+  std::string ns = "bf16";
+  add_ns_dtype_flag(cli, &ns);
+  ASSERT_TRUE(parse(cli, {"--ns-dtype", "fp32"}));
+  EXPECT_EQ(parse_ns_dtype(ns), c10::kFloat);
+  EXPECT_EQ(parse_ns_dtype("bf16"), c10::kBFloat16);
+  EXPECT_EQ(error_of(cli, {"--ns-dtype", "fp16"}),
+            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  try {
+    parse_ns_dtype("fp16");
+    ADD_FAILURE() << "accepted fp16";
+  } catch (const CliError& e) {
+    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+  }
+}
+
+TEST(Optimizers, FogoTelemetryFieldsPerGroupUnderTheHybridsGroupNames) {
+  torch::manual_seed(0);
+  auto a = torch::randn({12, 48}).requires_grad_(true);
+  auto b = torch::randn({40, 10}).requires_grad_(true);
+  auto bias = torch::randn({10}).requires_grad_(true);
+  fogo::HybridOptimizer hybrid(
+      std::make_unique<fogo::FOGO>(std::vector{torch::optim::OptimizerParamGroup({a}),
+                                               torch::optim::OptimizerParamGroup({b})},
+                                   fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8)),
+      std::make_unique<torch::optim::AdamW>(std::vector{bias}), {"stem", "fc"});
+  a.mutable_grad() = torch::randn({12, 48});
+  b.mutable_grad() = torch::randn({40, 10});
+  bias.mutable_grad() = torch::randn({10});
+  hybrid.step();
+  Record r;
+  add_fogo_telemetry(r, hybrid);
+  const auto t = hybrid.matrix<fogo::FOGO>()->telemetry();
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_EQ(r.fields().size(), 18u) << "9 statistics of each group, none of the rest";
+  EXPECT_EQ(r.fields().front().first, "fogo/stem/rbar");
+  EXPECT_EQ(*r.get("fogo/fc/gamma_st"), Record::Value(t[1].gamma_st));
+  EXPECT_EQ(*r.get("fogo/fc/live_centroids"), Record::Value(t[1].live_centroids));
+  for (const char* stat : {"frac_conflicting", "frac_over_aligned", "frac_lt_protected",
+                           "codebook_entropy", "delta_ratio", "frozen"}) {
+    EXPECT_NE(r.get(std::string("fogo/stem/") + stat), nullptr) << stat;
+  }
+
+  // No matrix side: nothing. Another matrix optimizer: the checked accessor refuses it.
+  Record none;
+  add_fogo_telemetry(none, fogo::HybridOptimizer(
+                               nullptr, std::make_unique<torch::optim::AdamW>(std::vector{bias})));
+  EXPECT_TRUE(none.fields().empty());
+  fogo::HybridOptimizer muon(std::make_unique<fogo::Muon>(std::vector{a}, fogo::MuonOptions(0.01)),
+                             nullptr);
+  EXPECT_THROW(add_fogo_telemetry(none, muon), c10::Error);
+  EXPECT_TRUE(none.fields().empty());
 }

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/cli.h"
+
 namespace gpt2 {
 
 // The formats store little-endian integers, read here in place from the map.
@@ -44,8 +46,8 @@ DataFormat parse_data_format(const std::string& name) {
   if (name == "text") return DataFormat::Text;
   if (name == "nanogpt") return DataFormat::NanoGPT;
   if (name == "llmc") return DataFormat::LlmC;
-  TORCH_CHECK(false, "--format: unknown data format '", name,
-              "' (expected auto, text, nanogpt or llmc)");
+  throw fogo::trainer::Cli::error("format",
+                                  "expected one of auto,text,nanogpt,llmc, got '" + name + "'");
 }
 
 std::string to_string(DataFormat format) {
@@ -205,11 +207,16 @@ void split_text(Corpus& corpus, const fs::path& path, double val_fraction, int64
 
 }  // namespace
 
+// What the flags name must be there: a refused command line (CliError) otherwise. What is there
+// must be well formed: a c10::Error naming the file otherwise.
 Corpus load_corpus(const DataOptions& options) {
-  TORCH_CHECK(!options.path.empty(), "--data: no path given");
+  using fogo::trainer::Cli;
+  Cli::require(!options.path.empty(), "data", "no path given");
   const fs::path path(options.path);
-  TORCH_CHECK(fs::exists(path), "--data: ", options.path, " does not exist",
-              options.path.ends_with("kjv.txt") ? " (create it with: gpt2 prepare-kjv)" : "");
+  Cli::require(
+      fs::exists(path), "data",
+      options.path + " does not exist" +
+          (options.path.ends_with("kjv.txt") ? " (create it with: gpt2 prepare-kjv)" : ""));
   Corpus corpus;
   corpus.format = options.format;
   if (corpus.format == DataFormat::Auto) {
@@ -222,23 +229,24 @@ Corpus load_corpus(const DataOptions& options) {
     }
   }
   const bool dir_format = corpus.format != DataFormat::Text;
-  TORCH_CHECK(dir_format == fs::is_directory(path), "--data: format ", to_string(corpus.format),
-              dir_format ? " needs a directory, but " : " needs a file, but ", options.path,
-              dir_format ? " is not one" : " is a directory");
+  Cli::require(dir_format == fs::is_directory(path), "data",
+               "format " + to_string(corpus.format) +
+                   (dir_format ? " needs a directory, but " : " needs a file, but ") +
+                   options.path + (dir_format ? " is not one" : " is a directory"));
 
   switch (corpus.format) {
     case DataFormat::Text:
-      TORCH_CHECK(options.val_fraction > 0.0 && options.val_fraction < 1.0,
-                  "--val-fraction must be in (0, 1), got ", options.val_fraction);
-      TORCH_CHECK(options.chunk_bytes >= 1, "--chunk-bytes must be >= 1");
+      Cli::require(options.val_fraction > 0.0 && options.val_fraction < 1.0, "val-fraction",
+                   "must be in (0, 1), got " + fogo::trainer::flag_text(options.val_fraction));
+      Cli::require(options.chunk_bytes >= 1, "chunk-bytes", "must be >= 1");
       split_text(corpus, path, options.val_fraction, options.chunk_bytes);
       corpus.vocab_size = ByteTokenizer::kVocabSize;
       break;
     case DataFormat::NanoGPT:
       for (const char* split : {"train", "val"}) {
         const auto file = path / (std::string(split) + ".bin");
-        TORCH_CHECK(fs::exists(file), "--data: nanoGPT directory ", options.path, " has no ",
-                    file.filename().string());
+        Cli::require(fs::exists(file), "data",
+                     "nanoGPT directory " + options.path + " has no " + file.filename().string());
         add_nanogpt(split == std::string("train") ? corpus.train : corpus.val, file);
       }
       corpus.vocab_size = 50257;
@@ -246,8 +254,8 @@ Corpus load_corpus(const DataOptions& options) {
     case DataFormat::LlmC:
       for (const char* split : {"train", "val"}) {
         const auto files = shards(path, split);
-        TORCH_CHECK(!files.empty(), "--data: llm.c directory ", options.path, " has no *", split,
-                    "*.bin shard");
+        Cli::require(!files.empty(), "data",
+                     "llm.c directory " + options.path + " has no *" + split + "*.bin shard");
         for (const auto& f : files)
           add_llmc(split == std::string("train") ? corpus.train : corpus.val, f);
       }

@@ -92,8 +92,10 @@ struct DataOptions {
   int64_t chunk_bytes = 32 * 1024;  ///< text: split granularity
 };
 
-/// Opens and validates the corpus (headers, sizes); throws a message naming the file and the
-/// problem. Reads no token payload: only headers are touched until batches are drawn.
+/// Opens and validates the corpus (headers, sizes). Throws a fogo::trainer::CliError naming the
+/// flag when --data (or a split in its directory) is missing or of the wrong kind, a c10::Error
+/// naming the file and the problem when a file is malformed. Reads no token payload: only
+/// headers are touched until batches are drawn.
 Corpus load_corpus(const DataOptions& options);
 
 /// Batches of `batch_size` windows of block_size + 1 tokens: inputs x = window[:-1], targets

@@ -3,16 +3,15 @@
 //   gpt2 prepare-kjv [--out runs/kjv/kjv.txt]       write the default corpus (Debian bible-kjv)
 //   gpt2 train   [flags]                            one run
 //   gpt2 compare [flags] --optimizers adamw,muon,fogo   same data order and token budget each
-//   gpt2 sample  --checkpoint runs/gpt2/ckpt.pt      generate text from a checkpoint
+//   gpt2 sample  --checkpoint runs/gpt2/checkpoint.pt   generate text from a checkpoint
 //
 // `gpt2 <command> --help` lists a command's flags. docs/trainers.md (GPT-2) describes them.
-#include <c10/util/Exception.h>
-
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "common/checkpoint.h"
 #include "common/cli.h"
 #include "train.h"
 
@@ -22,11 +21,12 @@ namespace tr = fogo::trainer;
 
 int run(int argc, const char* const* argv) {
   const std::string usage =
-      "usage: gpt2 <prepare-kjv|train|compare|sample> [flags]   (gpt2 <command> --help)\n";
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::cout << usage;
-    return argc < 2 ? 2 : 0;
+      "usage: gpt2 <prepare-kjv|train|compare|sample> [flags]   (gpt2 <command> --help)";
+  if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    std::cout << usage << "\n";
+    return 0;
   }
+  if (argc < 2) throw tr::CliError("no command given; " + usage);
   const std::string command = argv[1];
   const std::string program = "gpt2 " + command;
 
@@ -65,7 +65,7 @@ int run(int argc, const char* const* argv) {
   }
   if (command == "sample") {
     gpt2::SampleConfig config;
-    config.checkpoint = "runs/gpt2/ckpt.pt";
+    config.checkpoint = std::string("runs/gpt2/") + tr::kCheckpointFile;
     tr::Cli cli(program, "Generates text from a checkpoint.");
     cli.flag("checkpoint", &config.checkpoint, "checkpoint written by train/compare");
     cli.flag("prompt", &config.prompt, "prompt text (byte-level models)");
@@ -79,20 +79,11 @@ int run(int argc, const char* const* argv) {
     std::cout << gpt2::sample(config) << "\n";
     return 0;
   }
-  std::cerr << "gpt2: unknown command '" << command << "'\n" << usage;
-  return 2;
+  throw tr::CliError("unknown command '" + command + "'; " + usage);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const c10::Error& e) {
-    // TORCH_CHECK messages carry a C++ backtrace; the first line is the message.
-    std::cerr << "gpt2: error: " << e.what_without_backtrace() << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << "gpt2: error: " << e.what() << "\n";
-  }
-  return 1;
+  return fogo::trainer::run_main("gpt2", [&] { return run(argc, argv); });
 }

@@ -3,24 +3,31 @@
 #include <fogo/fogo.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
+
+#include "common/cli.h"
+#include "common/optimizers.h"
 
 namespace gpt2 {
 
 void validate(const OptimizerConfig& c) {
-  TORCH_CHECK(c.name == "adamw" || c.name == "muon" || c.name == "fogo", "--optimizer: unknown '",
-              c.name, "' (expected adamw, muon or fogo)");
-  TORCH_CHECK(c.lr > 0.0, "--lr must be > 0, got ", c.lr);
-  TORCH_CHECK(!c.matrix_lr || *c.matrix_lr > 0.0, "--matrix-lr must be > 0, got ",
-              c.matrix_lr.value_or(0.0));
-  TORCH_CHECK(c.weight_decay >= 0.0, "--weight-decay must be >= 0, got ", c.weight_decay);
-  TORCH_CHECK(c.beta1 >= 0.0 && c.beta1 < 1.0 && c.beta2 >= 0.0 && c.beta2 < 1.0,
-              "--beta1/--beta2 must be in [0, 1)");
-  TORCH_CHECK(c.muon_adjust == "match_rms" || c.muon_adjust == "original",
-              "--muon-adjust: unknown rule '", c.muon_adjust, "' (expected match_rms or original)");
-  TORCH_CHECK(c.ns_dtype == "bf16" || c.ns_dtype == "fp32", "--ns-dtype: unknown dtype '",
-              c.ns_dtype, "' (expected bf16 or fp32)");
+  namespace tr = fogo::trainer;
+  tr::Cli::require(c.name == "adamw" || c.name == "muon" || c.name == "fogo", "optimizer",
+                   "expected one of adamw,muon,fogo, got '" + c.name + "'");
+  tr::Cli::require(c.lr > 0.0, "lr", "must be > 0, got " + tr::flag_text(c.lr));
+  tr::Cli::require(!c.matrix_lr || *c.matrix_lr > 0.0, "matrix-lr",
+                   "must be > 0, got " + tr::flag_text(c.matrix_lr.value_or(0.0)));
+  tr::Cli::require(c.weight_decay >= 0.0, "weight-decay",
+                   "must be >= 0, got " + tr::flag_text(c.weight_decay));
+  tr::Cli::require(c.beta1 >= 0.0 && c.beta1 < 1.0, "beta1",
+                   "must be in [0, 1), got " + tr::flag_text(c.beta1));
+  tr::Cli::require(c.beta2 >= 0.0 && c.beta2 < 1.0, "beta2",
+                   "must be in [0, 1), got " + tr::flag_text(c.beta2));
+  tr::Cli::require(c.muon_adjust == "match_rms" || c.muon_adjust == "original", "muon-adjust",
+                   "expected one of match_rms,original, got '" + c.muon_adjust + "'");
+  tr::parse_ns_dtype(c.ns_dtype);
 }
 
 namespace {
@@ -56,27 +63,26 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
     for (const auto& p : model.parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
-    return {fogo::HybridOptimizer(nullptr, adamw(params, c)), {}};
+    return {fogo::HybridOptimizer(nullptr, adamw(params, c))};
   }
 
   // The head is tied to wte (an Embedding), so the default rules already send it to AdamW.
   const fogo::ParamSplit split = fogo::split_parameters(model);
   const double matrix_lr = c.matrix_lr.value_or(c.lr);
-  const c10::ScalarType ns_dtype = c.ns_dtype == "fp32" ? c10::kFloat : c10::kBFloat16;
-  std::vector<torch::optim::OptimizerParamGroup> groups =
-      fogo::group_by(split.matrix, fogo::shape_key).groups;
-  // Group names in group_by's order (first appearance of each shape).
-  std::vector<std::string> names;
-  std::vector<std::string> keys;
+  const c10::ScalarType ns_dtype = fogo::trainer::parse_ns_dtype(c.ns_dtype);
+  // One codebook per parameter shape (group_by's shape key), named by the module types it holds:
+  // "attn.c_attn", or "a+b" when two share a shape.
+  fogo::NamedGroups groups = fogo::group_by(split.matrix, fogo::shape_key);
+  std::vector<std::string> names(groups.names.size());
   for (size_t i = 0; i < split.matrix.size(); ++i) {
     const std::string key = fogo::shape_key(split.matrix.names[i], split.matrix.params[i]);
-    const auto it = std::find(keys.begin(), keys.end(), key);
+    std::string& name =
+        names[std::find(groups.names.begin(), groups.names.end(), key) - groups.names.begin()];
     const std::string type = module_type(split.matrix.names[i]);
-    if (it == keys.end()) {
-      keys.push_back(key);
-      names.push_back(type);
-    } else if (names[it - keys.begin()].find(type) == std::string::npos) {
-      names[it - keys.begin()] += "+" + type;
+    if (name.empty()) {
+      name = type;
+    } else if (name.find(type) == std::string::npos) {
+      name += "+" + type;
     }
   }
 
@@ -93,31 +99,9 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
   } else {
     auto options =
         fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay).ns_dtype(ns_dtype);
-    matrix = std::make_unique<fogo::FOGO>(groups, options);
+    matrix = std::make_unique<fogo::FOGO>(groups.groups, options);
   }
-  return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c)), names};
-}
-
-std::vector<std::pair<std::string, double>> telemetry(Optimizer& optimizer) {
-  std::vector<std::pair<std::string, double>> out;
-  auto* fogo = dynamic_cast<fogo::FOGO*>(optimizer.hybrid.matrix());
-  if (!fogo) return out;
-  const auto& groups = fogo->telemetry();
-  for (size_t g = 0; g < groups.size() && g < optimizer.matrix_groups.size(); ++g) {
-    const auto& t = groups[g];
-    const std::string prefix = "fogo_" + optimizer.matrix_groups[g] + "_";
-    for (const auto& [stat, value] : std::initializer_list<std::pair<const char*, double>>{
-             {"rbar", t.rbar},
-             {"gamma_st", t.gamma_st},
-             {"frac_conflicting", t.frac_conflicting},
-             {"frac_over_aligned", t.frac_over_aligned},
-             {"codebook_entropy", t.codebook_entropy},
-             {"live_centroids", static_cast<double>(t.live_centroids)},
-             {"delta_ratio", t.delta_ratio}}) {
-      out.emplace_back(prefix + stat, value);
-    }
-  }
-  return out;
+  return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c), std::move(names))};
 }
 
 }  // namespace gpt2

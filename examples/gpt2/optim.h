@@ -13,7 +13,6 @@
 
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace gpt2 {
@@ -32,19 +31,16 @@ struct OptimizerConfig {
   std::string ns_dtype = "bf16";
 };
 
-/// Throws naming the offending flag.
+/// Throws a fogo::trainer::CliError naming the offending flag.
 void validate(const OptimizerConfig& config);
 
 struct Optimizer {
+  /// Its param groups are named (group_name()): fogo's codebooks by the module types they hold
+  /// ("attn.c_attn", ...: the telemetry's <group>), muon's one group "matrices", AdamW's "rest.0"
+  /// (decay) and "rest.1" (no decay).
   fogo::HybridOptimizer hybrid;
-  /// Names of the matrix side's param groups (FOGO codebooks), for telemetry columns.
-  std::vector<std::string> matrix_groups;
 };
 
 Optimizer make_optimizer(const OptimizerConfig& config, const torch::nn::Module& model);
-
-/// FOGO's per-codebook statistics of the last step as (column, value) pairs, named
-/// "fogo_<group>_<stat>"; empty for adamw and muon.
-std::vector<std::pair<std::string, double>> telemetry(Optimizer& optimizer);
 
 }  // namespace gpt2

@@ -6,10 +6,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
+#include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/report.h"
+#include "common/testing.h"
 #include "test_util.h"
 #include "train.h"
 
@@ -68,15 +71,15 @@ TEST_F(Training, SmokeRunLossFalls) {
     ASSERT_EQ(r.optimizer_seconds.size(), 30u);
     for (size_t k = 0; k < r.step_seconds.size(); ++k)
       EXPECT_LT(r.optimizer_seconds[k], r.step_seconds[k]) << optimizer << " step " << k;
-    EXPECT_TRUE(fs::exists(dir_ / optimizer / "ckpt.pt"));
+    EXPECT_TRUE(fs::exists(dir_ / optimizer / fogo::trainer::kCheckpointFile));
     EXPECT_TRUE(fs::exists(dir_ / optimizer / "metrics.csv"));
     std::ifstream jsonl(dir_ / optimizer / "metrics.jsonl");
     std::string first;
     std::getline(jsonl, first);
     EXPECT_NE(first.find("\"train_loss\""), std::string::npos) << first;
     if (std::string(optimizer) == "fogo") {  // telemetry of each codebook, named by module
-      for (const char* key : {"fogo_attn.c_attn_rbar", "fogo_attn.c_proj_gamma_st",
-                              "fogo_mlp.c_fc_codebook_entropy", "fogo_mlp.c_proj_delta_ratio"}) {
+      for (const char* key : {"fogo/attn.c_attn/rbar", "fogo/attn.c_proj/gamma_st",
+                              "fogo/mlp.c_fc/codebook_entropy", "fogo/mlp.c_proj/frozen"}) {
         EXPECT_NE(first.find(key), std::string::npos) << key << " not in " << first;
       }
     }
@@ -142,20 +145,86 @@ TEST_F(Training, ResumeEqualsUninterruptedBitwise) {
   }
 }
 
+int64_t step_of(const fs::path& checkpoint) {
+  return fogo::trainer::CheckpointReader(checkpoint.string()).get_int("step");
+}
+
+TEST_F(Training, CheckpointsAtEveryEvaluationAndKeepsTheBest) {
+  // At this rate the validation loss bottoms out before the last step, so the test can tell
+  // best.pt from the last checkpoint.
+  TrainConfig c = config("adamw", "ckpt");
+  c.optimizer.lr = 1e-2;
+  c.eval_every = 2;
+  const fs::path ckpt = fs::path(c.out_dir) / fogo::trainer::kCheckpointFile,
+                 best = fs::path(c.out_dir) / fogo::trainer::kBestCheckpointFile;
+  Trainer trainer(c, log_);
+  EXPECT_FALSE(fs::exists(ckpt)) << "a checkpoint of the untrained model";
+  trainer.advance();
+  EXPECT_FALSE(fs::exists(ckpt)) << "a checkpoint before the first evaluation";
+  trainer.advance();
+  EXPECT_EQ(step_of(ckpt), 2);
+  EXPECT_EQ(step_of(best), 2);
+  trainer.advance();
+  EXPECT_EQ(step_of(ckpt), 2) << "a checkpoint between evaluations";
+  while (!trainer.done()) trainer.advance();
+  const RunResult r = trainer.finish();
+  EXPECT_EQ(step_of(ckpt), 30);
+  Point lowest{.value = std::numeric_limits<double>::infinity()};
+  for (const Point& p : r.val_loss) {
+    if (p.step > 0 && p.value < lowest.value) lowest = p;
+  }
+  ASSERT_NE(lowest.step, r.val_loss.back().step) << "the loss fell to the end: raise the lr";
+  EXPECT_EQ(step_of(best), lowest.step);
+  // best.pt is a whole checkpoint, written at that evaluation: its history ends with the
+  // lowest loss, and it samples.
+  const auto history = fogo::trainer::CheckpointReader(best.string()).get_tensor("history_val");
+  EXPECT_EQ(history[-1][2].item<double>(), lowest.value);
+  SampleConfig s;
+  s.checkpoint = best.string();
+  s.tokens = 5;
+  EXPECT_EQ(sample(s).size(), 1u + 5u);
+
+  // With --ckpt-every the periodic checkpoint follows it; best.pt still follows evaluations.
+  c.out_dir = (dir_ / "ckpt_every").string();
+  c.ckpt_every = 3;
+  Trainer periodic(c, log_);
+  periodic.advance();
+  periodic.advance();
+  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / fogo::trainer::kCheckpointFile));
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / fogo::trainer::kBestCheckpointFile), 2);
+  periodic.advance();
+  EXPECT_EQ(step_of(fs::path(c.out_dir) / fogo::trainer::kCheckpointFile), 3);
+}
+
 TEST_F(Training, ResumeRejectsADifferentRun) {
   TrainConfig c = config("adamw", "run");
   c.max_steps = 4;
   train(c, log_);
   c.resume = true;
   c.optimizer.name = "muon";
+  test::expect_error([&] { train(c, log_); },
+                     {"--resume: checkpoint '", "belongs to a run with other settings",
+                      "--optimizer was adamw, now muon"});
+}
+
+// A run folder of the days of ckpt.pt is not silently restarted by --resume.
+TEST_F(Training, ResumeNamesTheFormerCheckpointFile) {
+  TrainConfig c = config("adamw", "former");
+  fs::create_directories(c.out_dir);
+  std::ofstream(fs::path(c.out_dir) / "ckpt.pt") << "an old checkpoint";
+  c.resume = true;
   try {
     train(c, log_);
-    ADD_FAILURE() << "resumed a run of another optimizer";
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    EXPECT_NE(what.find("--resume"), std::string::npos) << what;
-    EXPECT_NE(what.find("optimizer"), std::string::npos) << what;
+    ADD_FAILURE() << "resumed past a ckpt.pt";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume: found "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt.pt, the former name of checkpoint.pt"),
+              std::string::npos)
+        << e.what();
   }
+  c.resume = false;  // without --resume the run starts afresh, as any
+  c.max_steps = 2;
+  EXPECT_NO_THROW(train(c, log_));
 }
 
 TEST_F(Training, ResumeRejectsAnotherNewtonSchulzDtype) {
@@ -165,7 +234,38 @@ TEST_F(Training, ResumeRejectsAnotherNewtonSchulzDtype) {
   train(c, log_);
   c.resume = true;
   c.optimizer.ns_dtype = "fp32";
-  test::expect_error([&] { train(c, log_); }, {"--resume", "ns bf16", "ns fp32"});
+  test::expect_error([&] { train(c, log_); }, {"--resume", "--ns-dtype was bf16, now fp32"});
+}
+
+// Each of these changes the trajectory while keeping the tokens per step (and so the step
+// count): a resume under any of them is refused, naming the flag and both values.
+TEST_F(Training, ResumeRejectsEveryTrajectorySetting) {
+  TrainConfig base = config("adamw", "changed");
+  base.max_steps = 4;
+  base.batch_size = 4;
+  base.grad_accum = 2;
+  base.stop_at_step = 2;
+  train(base, log_);
+  base.stop_at_step = 0;
+  base.resume = true;
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> changes{
+      {[](TrainConfig& c) { std::swap(c.batch_size, c.grad_accum); },
+       "--batch-size was 4, now 2; --grad-accum was 2, now 4"},
+      {[](TrainConfig& c) { c.batch_size = 8, c.grad_accum = 1; }, "--batch-size was 4, now 8"},
+      {[](TrainConfig& c) { c.dropout = 0.1; }, "--dropout was 0, now 0.1"},
+      {[](TrainConfig& c) { c.seed = 7; }, "--seed was 1337, now 7"},
+      {[](TrainConfig& c) { c.autocast = "bf16"; }, "--autocast was off, now bf16"},
+      {[](TrainConfig& c) { c.data.val_fraction = 0.2; }, "--val-fraction was 0.1, now 0.2"}};
+  for (const auto& [change, expected] : changes) {
+    TrainConfig c = base;
+    change(c);
+    test::expect_error([&] { train(c, log_); }, {"--resume: checkpoint '", expected});
+  }
+  // What stays out of the signature may change: the run continues to its end.
+  TrainConfig c = base;
+  c.log_every = 1;
+  c.peak_tflops = 1;
+  EXPECT_EQ(train(c, log_).val_loss.back().step, 4);
 }
 
 TEST_F(Training, CompareWritesTableAndPlot) {
@@ -192,7 +292,7 @@ TEST_F(Training, SampleGeneratesTextFromACheckpoint) {
   c.max_steps = 5;
   train(c, log_);
   SampleConfig s;
-  s.checkpoint = (dir_ / "s" / "ckpt.pt").string();
+  s.checkpoint = (dir_ / "s" / fogo::trainer::kCheckpointFile).string();
   s.prompt = "And God";
   s.tokens = 20;
   const std::string a = sample(s);
@@ -204,13 +304,14 @@ TEST_F(Training, SampleGeneratesTextFromACheckpoint) {
 }
 
 TEST_F(Training, BadSettingsNameTheFlag) {
+  // A bad value is a refused command line (std::invalid_argument, exit status 2) naming the
+  // flag; a divergent run is a failure of the run (status 1).
   auto expect_flag = [&](TrainConfig c, const std::string& flag) {
     try {
       train(c, log_);
       ADD_FAILURE() << "accepted a bad " << flag;
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(flag), std::string::npos)
-          << e.what_without_backtrace();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
   };
   TrainConfig c = config("adamw", "bad");
@@ -225,11 +326,21 @@ TEST_F(Training, BadSettingsNameTheFlag) {
   c = config("adamw", "bad");
   c.warmup_steps = 100;
   expect_flag(c, "--warmup-steps");
+  c = config("adamw", "bad");
+  c.n_head = 3;
+  expect_flag(c, "--n-embd");
   // A divergent run stops with an error instead of logging NaN.
   c = config("adamw", "bad");
   c.optimizer.lr = 1e30;
   c.grad_clip = 0;
-  expect_flag(c, "non-finite");
+  try {
+    train(c, log_);
+    ADD_FAILURE() << "a divergent run went on";
+  } catch (const std::invalid_argument& e) {
+    ADD_FAILURE() << "a divergent run reported as a bad flag: " << e.what();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("non-finite"), std::string::npos);
+  }
 }
 
 // What `gpt2 train` and `gpt2 compare` parse from a command line.
@@ -302,7 +413,42 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
   OptimizerConfig bad;
   bad.name = "fogo";
   bad.ns_dtype = "fp16";
-  test::expect_error([&] { make_optimizer(bad, *model); }, {"--ns-dtype", "fp16", "bf16 or fp32"});
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--ns-dtype: expected one of bf16,fp32, got 'fp16'"});
+}
+
+// The binary's command line: a refused one exits with status 2 and one error line naming the
+// flag, a failed run with status 1; the same statuses and style as resnet_train.
+TEST(Binary, ExitStatusAndErrorLine) {
+  using fogo::trainer::testing::run_command;
+  const auto usage = [](const std::string& args) {
+    const auto r = run_command(GPT2_BINARY, args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    return r.err;
+  };
+  EXPECT_EQ(usage("train --bogus 1"), "gpt2: error: unknown flag --bogus (see --help)\n");
+  EXPECT_EQ(usage("train --batch-size x"),
+            "gpt2: error: --batch-size: expected an integer, got 'x'\n");
+  EXPECT_EQ(usage("train --batch-size 0"), "gpt2: error: --batch-size: must be >= 1, got 0\n");
+  EXPECT_EQ(usage("train --lr -1"), "gpt2: error: --lr: must be > 0, got -1\n");
+  EXPECT_EQ(usage("train --data /nonexistent/corpus.txt"),
+            "gpt2: error: --data: /nonexistent/corpus.txt does not exist\n");
+  EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
+  const auto help = run_command(GPT2_BINARY, "train --help");
+  EXPECT_EQ(help.status, 0);
+  // The flags both trainers share, under the same names.
+  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
+                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+    EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
+  }
+
+  test::TempDir dir("binary");
+  std::ofstream(dir.path() / "empty.txt").flush();
+  const auto failed =
+      run_command(GPT2_BINARY, "train --data " + (dir.path() / "empty.txt").string());
+  EXPECT_EQ(failed.status, 1) << failed.err;
+  EXPECT_EQ(failed.err,
+            "gpt2: error: data file " + (dir.path() / "empty.txt").string() + " is empty\n");
 }
 
 }  // namespace

@@ -40,14 +40,20 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-/// Runs `fn` and expects a c10::Error whose message contains every one of `parts`.
+/// The message of an exception, without the C++ backtrace that a c10::Error carries.
+inline std::string message(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
+/// Runs `fn` and expects an exception whose message contains every one of `parts`.
 template <class Fn>
 void expect_error(Fn fn, std::initializer_list<std::string> parts) {
   try {
     fn();
     ADD_FAILURE() << "no error thrown";
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    const std::string what = message(e);
     for (const auto& part : parts) {
       EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
     }

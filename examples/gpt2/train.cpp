@@ -10,15 +10,16 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/report.h"
 #include "common/runtime.h"
+#include "common/signature.h"
 
 namespace gpt2 {
 
@@ -31,12 +32,19 @@ GPTConfig model_config(const TrainConfig& cfg, int64_t data_vocab) {
   if (cfg.n_embd) c.n_embd = *cfg.n_embd;
   if (cfg.block_size) c.block_size = *cfg.block_size;
   if (cfg.vocab_size) {
-    TORCH_CHECK(*cfg.vocab_size >= data_vocab, "--vocab-size ", *cfg.vocab_size,
-                " is smaller than the data's vocabulary (", data_vocab, ")");
+    tr::Cli::require(*cfg.vocab_size >= data_vocab, "vocab-size",
+                     std::to_string(*cfg.vocab_size) + " is smaller than the data's vocabulary (" +
+                         std::to_string(data_vocab) + ")");
     c.vocab_size = *cfg.vocab_size;
   }
   c.dropout = cfg.dropout;
-  c.validate();
+  // The model's own checks throw c10::Error; on a configuration made of flags alone, their
+  // failure is a refused command line, as the trainer's own checks are.
+  try {
+    c.validate();
+  } catch (const c10::Error& e) {
+    throw tr::CliError(e.what_without_backtrace());
+  }
   return c;
 }
 
@@ -75,8 +83,7 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("beta2", &c.optimizer.beta2, "AdamW beta2");
   cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
              "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
-  cli.choice("ns-dtype", &c.optimizer.ns_dtype, {"bf16", "fp32"},
-             "compute dtype of Muon's and FOGO's Newton-Schulz iterations (adamw: unused)");
+  tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
   cli.flag("tokens", &c.tokens, "training token budget when --steps is 0");
   cli.flag("batch-size", &c.batch_size, "sequences per micro-batch");
@@ -90,9 +97,12 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("eval-every", &c.eval_every, "steps between validations");
   cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
   cli.flag("log-every", &c.log_every, "steps between metrics records");
-  cli.flag("out", &c.out_dir, "output directory (metrics.jsonl, metrics.csv, ckpt.pt)");
-  cli.flag("ckpt-every", &c.ckpt_every, "steps between checkpoints (0: at the end only)");
-  cli.flag("resume", &c.resume, "continue from <out>/ckpt.pt when it exists");
+  cli.flag("out", &c.out_dir,
+           "output directory (metrics.jsonl, metrics.csv, checkpoint.pt, best.pt)");
+  cli.flag("ckpt-every", &c.ckpt_every,
+           "steps between checkpoints (0: at every evaluation); always at the end, and best.pt "
+           "at each new lowest validation loss");
+  cli.flag("resume", &c.resume, "continue from <out>/checkpoint.pt when it exists");
   cli.flag("stop-at-step", &c.stop_at_step, "stop after this step, checkpointed (0: never)");
   cli.flag("peak-tflops", &c.peak_tflops, "device peak for MFU (-1: 989 on CUDA, none on CPU)");
 
@@ -119,23 +129,30 @@ double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac
 namespace {
 
 void validate(const TrainConfig& c) {
-  TORCH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
-  TORCH_CHECK(c.grad_accum >= 1, "--grad-accum must be >= 1, got ", c.grad_accum);
-  TORCH_CHECK(c.max_steps >= 0, "--steps must be >= 0, got ", c.max_steps);
-  TORCH_CHECK(c.max_steps > 0 || c.tokens > 0, "--tokens must be > 0 when --steps is not given");
-  TORCH_CHECK(c.decay_frac >= 0.0 && c.decay_frac <= 1.0, "--decay-frac must be in [0, 1], got ",
-              c.decay_frac);
-  TORCH_CHECK(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0,
-              "--min-lr-factor must be in [0, 1], got ", c.min_lr_factor);
-  TORCH_CHECK(c.grad_clip >= 0.0, "--grad-clip must be >= 0, got ", c.grad_clip);
-  TORCH_CHECK(c.eval_every >= 1, "--eval-every must be >= 1, got ", c.eval_every);
-  TORCH_CHECK(c.eval_batches >= 1, "--eval-batches must be >= 1, got ", c.eval_batches);
-  TORCH_CHECK(c.log_every >= 1, "--log-every must be >= 1, got ", c.log_every);
-  TORCH_CHECK(c.ckpt_every >= 0, "--ckpt-every must be >= 0, got ", c.ckpt_every);
-  TORCH_CHECK(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got ", c.stop_at_step);
-  TORCH_CHECK(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off",
-              "--autocast: expected auto, bf16 or off, got '", c.autocast, "'");
-  TORCH_CHECK(!c.out_dir.empty(), "--out: no directory given");
+  const auto got = [](auto v) {
+    if constexpr (std::is_floating_point_v<decltype(v)>)
+      return ", got " + tr::flag_text(v);
+    else
+      return ", got " + std::to_string(v);
+  };
+  tr::Cli::require(c.batch_size >= 1, "batch-size", "must be >= 1" + got(c.batch_size));
+  tr::Cli::require(c.grad_accum >= 1, "grad-accum", "must be >= 1" + got(c.grad_accum));
+  tr::Cli::require(c.max_steps >= 0, "steps", "must be >= 0" + got(c.max_steps));
+  tr::Cli::require(c.max_steps > 0 || c.tokens > 0, "tokens",
+                   "must be > 0 when --steps is not given");
+  tr::Cli::require(c.decay_frac >= 0.0 && c.decay_frac <= 1.0, "decay-frac",
+                   "must be in [0, 1]" + got(c.decay_frac));
+  tr::Cli::require(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0, "min-lr-factor",
+                   "must be in [0, 1]" + got(c.min_lr_factor));
+  tr::Cli::require(c.grad_clip >= 0.0, "grad-clip", "must be >= 0" + got(c.grad_clip));
+  tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
+  tr::Cli::require(c.eval_batches >= 1, "eval-batches", "must be >= 1" + got(c.eval_batches));
+  tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
+  tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
+  tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
+  tr::Cli::require(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off", "autocast",
+                   "expected one of auto,bf16,off, got '" + c.autocast + "'");
+  tr::Cli::require(!c.out_dir.empty(), "out", "no directory given");
 }
 
 // bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
@@ -165,59 +182,66 @@ class AutocastGuard {
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
-double evaluate(GPT& model, const Batcher& val, const TrainConfig& cfg, torch::Device device,
-                bool autocast) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  double sum = 0;
-  for (int64_t k = 0; k < cfg.eval_batches; ++k) {
-    auto [x, y] = val.eval_batch(k, cfg.eval_batches, cfg.batch_size);
-    AutocastGuard guard(device.type(), autocast);
-    sum += model->loss(x.to(device), y.to(device)).item<double>();
+// A loss curve as checkpoint history rows (step, tokens, value), and back.
+tr::History to_rows(const std::vector<Point>& points) {
+  tr::History rows;
+  for (const Point& p : points) {
+    rows.push_back({static_cast<double>(p.step), static_cast<double>(p.tokens), p.value});
   }
-  model->train();
-  return sum / static_cast<double>(cfg.eval_batches);
+  return rows;
 }
 
-torch::Tensor to_tensor(const std::vector<Point>& points) {
-  auto t = torch::empty({static_cast<int64_t>(points.size()), 3}, torch::kDouble);
-  auto a = t.accessor<double, 2>();
-  for (size_t i = 0; i < points.size(); ++i) {
-    a[i][0] = static_cast<double>(points[i].step);
-    a[i][1] = static_cast<double>(points[i].tokens);
-    a[i][2] = points[i].value;
+std::vector<Point> from_rows(const tr::History& rows) {
+  std::vector<Point> points;
+  for (const auto& r : rows) {
+    points.push_back({static_cast<int64_t>(r.at(0)), static_cast<int64_t>(r.at(1)), r.at(2)});
   }
-  return t;
+  return points;
 }
 
-std::vector<Point> from_tensor(const torch::Tensor& t) {
-  auto cpu = t.to(torch::kCPU, torch::kDouble);
-  auto a = cpu.accessor<double, 2>();
-  std::vector<Point> out(static_cast<size_t>(cpu.size(0)));
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = {static_cast<int64_t>(a[i][0]), static_cast<int64_t>(a[i][1]), a[i][2]};
-  }
-  return out;
-}
-
-// What a checkpoint must agree on with the command that resumes it, so that the continuation
-// is the run that was interrupted (same model, optimizer, data order and schedule).
-std::map<std::string, std::string> identity(const TrainConfig& cfg, const GPTConfig& model,
-                                            const Corpus& corpus, int64_t steps,
-                                            int64_t tokens_per_step, int64_t warmup) {
-  std::ostringstream opt;
+// The flags that decide a run's trajectory, "auto" resolved: a checkpoint must agree on every
+// one with the command that resumes it. --eval-every and --eval-batches leave the weights alone
+// but define the validation curve of the run's history. Left out, as they change neither:
+// --out, --log-every, --ckpt-every, --stop-at-step, --resume, --quiet, --peak-tflops; and
+// --device, --threads, --deterministic, which change the arithmetic only in its rounding (a
+// checkpoint may move between machines).
+tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
+                               int64_t steps, int64_t warmup, bool autocast) {
   const auto& o = cfg.optimizer;
-  opt << o.name << " lr " << o.lr << " matrix_lr " << o.matrix_lr.value_or(o.lr) << " wd "
-      << o.weight_decay << " betas " << o.beta1 << "," << o.beta2 << " muon " << o.muon_adjust
-      << " ns " << o.ns_dtype;
-  std::ostringstream schedule;
-  schedule << "steps " << steps << " tokens/step " << tokens_per_step << " warmup " << warmup
-           << " decay " << cfg.decay_frac << " min " << cfg.min_lr_factor << " clip "
-           << cfg.grad_clip;
-  return {{"model", model.describe()},
-          {"optimizer", opt.str()},
-          {"data", corpus.description + " seed " + std::to_string(cfg.data_seed)},
-          {"schedule", schedule.str()}};
+  tr::RunSignature s("gpt2");
+  s.add("model", cfg.model)
+      .add("arch", cfg.arch)
+      .add("n-layer", model.n_layer)
+      .add("n-head", model.n_head)
+      .add("n-embd", model.n_embd)
+      .add("block-size", model.block_size)
+      .add("vocab-size", model.vocab_size)
+      .add("dropout", cfg.dropout)
+      .add("data", cfg.data.path)
+      .add("format", to_string(corpus.format))
+      .add("val-fraction", cfg.data.val_fraction)
+      .add("chunk-bytes", cfg.data.chunk_bytes)
+      .add("data-seed", cfg.data_seed)
+      .add("optimizer", o.name)
+      .add("lr", o.lr)
+      .add("matrix-lr", o.matrix_lr.value_or(o.lr))
+      .add("weight-decay", o.weight_decay)
+      .add("beta1", o.beta1)
+      .add("beta2", o.beta2)
+      .add("muon-adjust", o.muon_adjust)
+      .add("ns-dtype", o.ns_dtype)
+      .add("steps", steps)
+      .add("batch-size", cfg.batch_size)
+      .add("grad-accum", cfg.grad_accum)
+      .add("warmup-steps", warmup)
+      .add("decay-frac", cfg.decay_frac)
+      .add("min-lr-factor", cfg.min_lr_factor)
+      .add("grad-clip", cfg.grad_clip)
+      .add("eval-every", cfg.eval_every)
+      .add("eval-batches", cfg.eval_batches)
+      .add("autocast", autocast ? "bf16" : "off")
+      .add("seed", cfg.seed);
+  return s;
 }
 
 void write_model_config(tr::CheckpointWriter& w, const GPTConfig& c) {
@@ -252,204 +276,338 @@ std::string format_double(double v, int precision) {
   return s.str();
 }
 
-}  // namespace
-
-RunResult train(const TrainConfig& cfg, std::ostream& log) {
+// Checks the settings and applies the process-wide ones (threads, determinism, TF32); returns
+// the device to train on.
+torch::Device set_up_runtime(const TrainConfig& cfg) {
   validate(cfg);
   validate(cfg.optimizer);
   const torch::Device device = tr::parse_device(cfg.device);
   tr::set_threads(cfg.threads);
   if (cfg.deterministic) tr::make_deterministic(cfg.seed);
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32
-  const bool autocast = cfg.autocast == "bf16" || (cfg.autocast == "auto" && device.is_cuda());
+  return device;
+}
 
-  const Corpus corpus = load_corpus(cfg.data);
-  const GPTConfig mc = model_config(cfg, corpus.vocab_size);
-  const Batcher train_data(corpus.train, "train", mc.block_size, mc.vocab_size, cfg.data_seed);
-  const Batcher val_data(corpus.val, "val", mc.block_size, mc.vocab_size, cfg.data_seed);
-
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+// The initial weights come from --seed alone, whatever ran before.
+GPT make_model(const GPTConfig& mc, int64_t seed, torch::Device device) {
+  torch::manual_seed(static_cast<uint64_t>(seed));
   GPT model(mc);
   model->to(device);
-  Optimizer opt = make_optimizer(cfg.optimizer, *model);
+  return model;
+}
 
-  const int64_t tokens_per_step = cfg.batch_size * cfg.grad_accum * mc.block_size;
-  const int64_t steps =
-      cfg.max_steps > 0 ? cfg.max_steps : (cfg.tokens + tokens_per_step - 1) / tokens_per_step;
+int64_t total_steps(const TrainConfig& cfg, int64_t tokens_per_step) {
+  return cfg.max_steps > 0 ? cfg.max_steps : (cfg.tokens + tokens_per_step - 1) / tokens_per_step;
+}
+
+int64_t warmup_steps(const TrainConfig& cfg, int64_t steps) {
   const int64_t warmup =
       cfg.warmup_steps >= 0 ? cfg.warmup_steps : std::llround(0.02 * static_cast<double>(steps));
-  TORCH_CHECK(warmup <= steps, "--warmup-steps ", warmup, " exceeds the run's ", steps, " steps");
-  const double peak_tflops =
-      cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device.is_cuda() ? 989.0 : 0.0);
+  tr::Cli::require(
+      warmup <= steps, "warmup-steps",
+      std::to_string(warmup) + " exceeds the run's " + std::to_string(steps) + " steps");
+  return warmup;
+}
 
-  RunResult result;
-  result.optimizer = cfg.optimizer.name;
-  result.model = mc;
-  result.steps = steps;
-  result.tokens_per_step = tokens_per_step;
-  result.device = tr::describe_runtime(device) + (autocast ? ", bf16 autocast" : ", fp32");
+}  // namespace
 
-  // Resume: everything a step depends on is the step index (batches, schedule, dropout seed)
-  // or lives in the checkpoint (weights, optimizer state, history and interval accumulators).
-  const std::string ckpt_path = (std::filesystem::path(cfg.out_dir) / "ckpt.pt").string();
-  const auto id = identity(cfg, mc, corpus, steps, tokens_per_step, warmup);
-  int64_t start = 0;
-  double interval_sum = 0;
-  int64_t interval_count = 0;
-  if (cfg.resume && tr::checkpoint_exists(ckpt_path)) {
-    tr::CheckpointReader in(ckpt_path, device);
-    for (const auto& [key, value] : id) {
-      const std::string saved = in.get_string("id_" + key);
-      TORCH_CHECK(saved == value, "--resume: ", ckpt_path, " was made with ", key, " '", saved,
-                  "' but this run has '", value, "'; use another --out or drop --resume");
-    }
-    in.load_module("model", *model);
-    in.load_optimizer("optimizer", opt.hybrid);
-    start = in.get_int("step");
-    result.train_seconds = in.get_double("train_seconds");
-    interval_sum = in.get_double("interval_loss_sum");
-    interval_count = in.get_int("interval_count");
-    result.train_loss = from_tensor(in.get_tensor("history_train"));
-    result.val_loss = from_tensor(in.get_tensor("history_val"));
-    log << "resumed " << ckpt_path << " at step " << start << "/" << steps << "\n";
-  }
+// One run, in the parts of its loop: set-up (the constructor), one training step, evaluation,
+// the record of a step (metrics files, progress line) and checkpointing. Everything a step
+// depends on is its index (batches, schedule, dropout seed) or state that the checkpoint holds
+// (weights, optimizer, history, the partial logging interval): hence an exact resume.
+class Trainer::Impl {
+ public:
+  Impl(const TrainConfig& cfg, std::ostream& log);
+  bool done() const { return step_ >= end_; }
+  int64_t step() const { return step_; }
+  void advance();
+  RunResult finish();
 
-  const std::filesystem::path out(cfg.out_dir);
-  auto open_metrics = [&](const char* name) {
-    const std::string path = (out / name).string();
-    return start > 0 ? tr::MetricsWriter::resume(path, start) : tr::MetricsWriter::create(path);
-  };
-  std::vector<tr::MetricsWriter> metrics;
-  metrics.push_back(open_metrics("metrics.jsonl"));
-  metrics.push_back(open_metrics("metrics.csv"));
-
-  log << "[" << cfg.optimizer.name << "] " << result.device << "\n"
-      << "  model " << mc.describe() << ", " << mc.num_parameters() << " parameters\n"
-      << "  data " << corpus.description << "\n"
-      << "  " << steps << " steps x " << tokens_per_step << " tokens (batch " << cfg.batch_size
-      << " x accum " << cfg.grad_accum << " x context " << mc.block_size << "), warmup " << warmup
-      << ", lr " << cfg.optimizer.lr
-      << (cfg.optimizer.name == "adamw" ? "" : ", Newton-Schulz in " + cfg.optimizer.ns_dtype)
-      << "\n";
-
-  auto save = [&](int64_t step) {
-    tr::CheckpointWriter w;
-    for (const auto& [key, value] : id) w.put("id_" + key, value);
-    write_model_config(w, mc);
-    w.put("data_format", to_string(corpus.format));
-    w.put("step", step);
-    w.put("train_seconds", result.train_seconds);
-    w.put("interval_loss_sum", interval_sum);
-    w.put("interval_count", interval_count);
-    w.put_tensor("history_train", to_tensor(result.train_loss));
-    w.put_tensor("history_val", to_tensor(result.val_loss));
-    w.put_module("model", *model);
-    w.put_optimizer("optimizer", opt.hybrid);
-    w.commit(ckpt_path);
+ private:
+  struct StepStats {
+    double train_loss = 0, grad_norm = 0, lr_factor = 0;
   };
 
-  const int64_t end = cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps) : steps;
-  if (start == 0) {
-    result.val_loss.push_back({0, 0, evaluate(model, val_data, cfg, device, autocast)});
-  }
-  std::unique_ptr<tr::Progress> progress;
-  if (!cfg.quiet) {
-    progress = std::make_unique<tr::Progress>(
-        steps, start, tr::ProgressOptions{.label = cfg.optimizer.name, .unit = "tokens"}, log);
-  }
-  const auto params = model->parameters();
-  const double max_norm =
-      cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity();
-  model->train();
+  void resume(tr::CheckpointReader& in);
+  void open_metrics();
+  void describe_run() const;
+  StepStats train_step();
+  double evaluate();
+  void record(const StepStats& stats, bool evaluated, double val_loss);
+  void show_progress(const StepStats& stats, bool evaluated, double val_loss, double mfu);
+  void checkpoint(bool evaluated, double val_loss);
+  double best_val_loss() const;
+  void write_state(tr::CheckpointWriter& w) const;
 
-  for (int64_t step = start; step < end; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double factor = wsd_factor(step, steps, warmup, cfg.decay_frac, cfg.min_lr_factor);
-    opt.hybrid.set_lr_factor(factor);
-    torch::manual_seed(static_cast<uint64_t>(cfg.seed) + static_cast<uint64_t>(step));  // dropout
-    auto loss_sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat));
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      auto [x, y] = train_data.train_batch(step, micro, cfg.batch_size);
-      torch::Tensor loss;
-      {
-        AutocastGuard guard(device.type(), autocast);
-        loss = model->loss(x.to(device), y.to(device));
-      }
-      (loss / static_cast<double>(cfg.grad_accum)).backward();
-      loss_sum += loss.detach();
-    }
-    // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
-    const double grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
-    const double train_loss = loss_sum.item<double>() / static_cast<double>(cfg.grad_accum);
-    TORCH_CHECK(std::isfinite(grad_norm) && std::isfinite(train_loss), "step ", step + 1,
-                ": non-finite loss (", train_loss, ") or gradient norm (", grad_norm,
-                "); no update was applied. Lower --lr or check the data");
-    // The .item() reads above synchronised: what follows until the next synchronisation is the
-    // optimizer's own time.
-    const auto t_opt = std::chrono::steady_clock::now();
-    opt.hybrid.step();
-    opt.hybrid.zero_grad();
-    if (device.is_cuda()) torch::cuda::synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    result.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
-    result.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
-    result.train_seconds += result.step_seconds.back();
+  const TrainConfig cfg_;
+  std::ostream& log_;
+  const torch::Device device_;
+  const bool autocast_;
+  const Corpus corpus_;
+  const GPTConfig mc_;
+  const Batcher train_data_, val_data_;
+  GPT model_;
+  Optimizer opt_;
+  const std::vector<torch::Tensor> params_;
+  const int64_t tokens_per_step_, steps_, warmup_, end_;
+  const double peak_tflops_, max_norm_;
+  const tr::RunSignature signature_;
+  const std::string ckpt_path_, best_path_;
+  RunResult result_;
+  int64_t step_ = 0;  ///< steps done
+  // Training losses since the last record: a stop between records keeps them in the
+  // checkpoint, so records fall on the same steps whether or not the run was interrupted.
+  double interval_sum_ = 0;
+  int64_t interval_count_ = 0;
+  std::vector<tr::MetricsWriter> metrics_;
+  std::unique_ptr<tr::Progress> progress_;
+};
 
-    const int64_t done = step + 1, tokens = done * tokens_per_step;
-    interval_sum += train_loss;
-    ++interval_count;
-    const bool eval_now = done % cfg.eval_every == 0 || done == steps;
-    double val_loss = std::numeric_limits<double>::quiet_NaN();
-    if (eval_now) {
-      val_loss = evaluate(model, val_data, cfg, device, autocast);
-      result.val_loss.push_back({done, tokens, val_loss});
-    }
-    const double tps = static_cast<double>(tokens) / result.train_seconds;
-    const double mfu = peak_tflops > 0 ? mc.flops_per_token() * tps / (peak_tflops * 1e12) : -1;
-    // Records fall on the same steps whether or not the run was interrupted (a stop keeps its
-    // partial interval in the checkpoint), so a resumed metrics file equals an uninterrupted one.
-    if (eval_now || done % cfg.log_every == 0) {
-      const double mean = interval_sum / static_cast<double>(interval_count);
-      result.train_loss.push_back({done, tokens, mean});
-      interval_sum = 0;
-      interval_count = 0;
-      tr::Record rec;
-      rec.set("step", done)
-          .set("tokens", tokens)
-          .set("optimizer", cfg.optimizer.name)
-          .set("lr", cfg.optimizer.lr * factor)
-          .set("train_loss", mean)
-          .set("val_loss", val_loss)
-          .set("grad_norm", grad_norm)
-          .set("tokens_per_s", tps)
-          .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
-          .set("train_seconds", result.train_seconds);
-      for (const auto& [key, value] : telemetry(opt)) rec.set(key, value);
-      for (auto& m : metrics) m.write(rec);
-    }
-    if (progress) {
-      std::ostringstream extra;
-      extra << "lr " << std::scientific << std::setprecision(2) << cfg.optimizer.lr * factor
-            << "  |g| " << std::fixed << std::setprecision(3) << grad_norm;
-      if (mfu >= 0) extra << "  MFU " << std::setprecision(1) << 100 * mfu << "%";
-      progress->update(done, tokens_per_step, {.loss = train_loss, .extra = extra.str()});
-      if (eval_now) {
-        progress->note("[" + cfg.optimizer.name + "] step " + std::to_string(done) + "  tokens " +
-                       std::to_string(tokens) + "  val loss " + format_double(val_loss, 4));
-      }
-    }
-    if ((cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == end) save(done);
+Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
+    : cfg_(cfg),
+      log_(log),
+      device_(set_up_runtime(cfg)),
+      autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),
+      corpus_(load_corpus(cfg.data)),
+      mc_(model_config(cfg, corpus_.vocab_size)),
+      train_data_(corpus_.train, "train", mc_.block_size, mc_.vocab_size, cfg.data_seed),
+      val_data_(corpus_.val, "val", mc_.block_size, mc_.vocab_size, cfg.data_seed),
+      model_(make_model(mc_, cfg.seed, device_)),
+      opt_(make_optimizer(cfg.optimizer, *model_)),
+      params_(model_->parameters()),
+      tokens_per_step_(cfg.batch_size * cfg.grad_accum * mc_.block_size),
+      steps_(total_steps(cfg, tokens_per_step_)),
+      warmup_(warmup_steps(cfg, steps_)),
+      end_(cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps_) : steps_),
+      peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
+      max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
+      signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_)),
+      ckpt_path_((std::filesystem::path(cfg.out_dir) / tr::kCheckpointFile).string()),
+      best_path_((std::filesystem::path(cfg.out_dir) / tr::kBestCheckpointFile).string()) {
+  result_.optimizer = cfg.optimizer.name;
+  result_.model = mc_;
+  result_.steps = steps_;
+  result_.tokens_per_step = tokens_per_step_;
+  result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
+  if (cfg_.resume) {
+    // Checkpoints were ckpt.pt before both trainers named them alike: not a run to restart.
+    const auto former = std::filesystem::path(cfg_.out_dir) / "ckpt.pt";
+    tr::Cli::require(std::filesystem::exists(ckpt_path_) || !std::filesystem::exists(former),
+                     "resume",
+                     "found " + former.string() + ", the former name of " + tr::kCheckpointFile +
+                         ": rename it to continue that run");
+    if (auto in = tr::open_for_resume(ckpt_path_, signature_, device_)) resume(*in);
   }
-  if (progress) progress->finish();
+  open_metrics();
+  describe_run();
+  if (step_ == 0) result_.val_loss.push_back({0, 0, evaluate()});
+  if (!cfg_.quiet) {
+    progress_ = std::make_unique<tr::Progress>(
+        steps_, step_, tr::ProgressOptions{.label = cfg_.optimizer.name, .unit = "tokens"}, log_);
+  }
+  model_->train();
+}
 
-  const int64_t trained = end * tokens_per_step;
-  result.tokens_per_second =
-      result.train_seconds > 0 ? static_cast<double>(trained) / result.train_seconds : 0.0;
-  if (peak_tflops > 0) {
-    result.mfu = mc.flops_per_token() * result.tokens_per_second / (peak_tflops * 1e12);
+void Trainer::Impl::resume(tr::CheckpointReader& in) {
+  in.load_module("model", *model_);
+  in.load_optimizer("optimizer", opt_.hybrid);
+  step_ = in.get_int("step");
+  result_.train_seconds = in.get_double("train_seconds");
+  interval_sum_ = in.get_double("interval_loss_sum");
+  interval_count_ = in.get_int("interval_count");
+  result_.train_loss = from_rows(in.get_history("history_train"));
+  result_.val_loss = from_rows(in.get_history("history_val"));
+  log_ << "resumed " << ckpt_path_ << " at step " << step_ << "/" << steps_ << "\n";
+}
+
+void Trainer::Impl::open_metrics() {
+  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
+    const std::string path = (std::filesystem::path(cfg_.out_dir) / name).string();
+    metrics_.push_back(step_ > 0 ? tr::MetricsWriter::resume(path, step_)
+                                 : tr::MetricsWriter::create(path));
   }
-  result.trained = model;
-  return result;
+}
+
+void Trainer::Impl::describe_run() const {
+  const auto& o = cfg_.optimizer;
+  log_ << "[" << o.name << "] " << result_.device << "\n"
+       << "  model " << mc_.describe() << ", " << mc_.num_parameters() << " parameters\n"
+       << "  data " << corpus_.description << "\n"
+       << "  " << steps_ << " steps x " << tokens_per_step_ << " tokens (batch " << cfg_.batch_size
+       << " x accum " << cfg_.grad_accum << " x context " << mc_.block_size << "), warmup "
+       << warmup_ << ", lr " << o.lr
+       << (o.name == "adamw" ? "" : ", Newton-Schulz in " + o.ns_dtype) << "\n";
+}
+
+void Trainer::Impl::advance() {
+  const StepStats stats = train_step();
+  ++step_;
+  interval_sum_ += stats.train_loss;
+  ++interval_count_;
+  const bool evaluated = step_ % cfg_.eval_every == 0 || step_ == steps_;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  if (evaluated) {
+    val_loss = evaluate();
+    result_.val_loss.push_back({step_, step_ * tokens_per_step_, val_loss});
+  }
+  record(stats, evaluated, val_loss);
+  checkpoint(evaluated, val_loss);
+}
+
+// Step step_ + 1: forward and backward over the micro-batches, clipping, the update; timed.
+Trainer::Impl::StepStats Trainer::Impl::train_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats stats;
+  stats.lr_factor = wsd_factor(step_, steps_, warmup_, cfg_.decay_frac, cfg_.min_lr_factor);
+  opt_.hybrid.set_lr_factor(stats.lr_factor);
+  torch::manual_seed(static_cast<uint64_t>(cfg_.seed) + static_cast<uint64_t>(step_));  // dropout
+  auto loss_sum = torch::zeros({}, torch::TensorOptions(device_).dtype(torch::kFloat));
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    auto [x, y] = train_data_.train_batch(step_, micro, cfg_.batch_size);
+    torch::Tensor loss;
+    {
+      AutocastGuard guard(device_.type(), autocast_);
+      loss = model_->loss(x.to(device_), y.to(device_));
+    }
+    (loss / static_cast<double>(cfg_.grad_accum)).backward();
+    loss_sum += loss.detach();
+  }
+  // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
+  stats.grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
+  stats.train_loss = loss_sum.item<double>() / static_cast<double>(cfg_.grad_accum);
+  TORCH_CHECK(std::isfinite(stats.grad_norm) && std::isfinite(stats.train_loss), "step ", step_ + 1,
+              ": non-finite loss (", stats.train_loss, ") or gradient norm (", stats.grad_norm,
+              "); no update was applied. Lower --lr or check the data");
+  // The .item() reads above synchronised: what follows until the next synchronisation is the
+  // optimizer's own time.
+  const auto t_opt = std::chrono::steady_clock::now();
+  opt_.hybrid.step();
+  opt_.hybrid.zero_grad();
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  result_.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+  result_.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
+  result_.train_seconds += result_.step_seconds.back();
+  return stats;
+}
+
+// Mean loss over the fixed validation batches.
+double Trainer::Impl::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  double sum = 0;
+  for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
+    auto [x, y] = val_data_.eval_batch(k, cfg_.eval_batches, cfg_.batch_size);
+    AutocastGuard guard(device_.type(), autocast_);
+    sum += model_->loss(x.to(device_), y.to(device_)).item<double>();
+  }
+  model_->train();
+  return sum / static_cast<double>(cfg_.eval_batches);
+}
+
+// A metrics record every --log-every steps and at each evaluation; the progress line.
+void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_loss) {
+  const int64_t tokens = step_ * tokens_per_step_;
+  const double tps = static_cast<double>(tokens) / result_.train_seconds;
+  const double mfu = peak_tflops_ > 0 ? mc_.flops_per_token() * tps / (peak_tflops_ * 1e12) : -1;
+  if (evaluated || step_ % cfg_.log_every == 0) {
+    const double mean = interval_sum_ / static_cast<double>(interval_count_);
+    result_.train_loss.push_back({step_, tokens, mean});
+    interval_sum_ = 0;
+    interval_count_ = 0;
+    tr::Record rec;
+    rec.set("step", step_)
+        .set("tokens", tokens)
+        .set("optimizer", cfg_.optimizer.name)
+        .set("lr", cfg_.optimizer.lr * stats.lr_factor)
+        .set("train_loss", mean)
+        .set("val_loss", val_loss)
+        .set("grad_norm", stats.grad_norm)
+        .set("tokens_per_s", tps)
+        .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
+        .set("train_seconds", result_.train_seconds);
+    if (cfg_.optimizer.name == "fogo") tr::add_fogo_telemetry(rec, opt_.hybrid);
+    for (auto& m : metrics_) m.write(rec);
+  }
+  if (progress_) show_progress(stats, evaluated, val_loss, mfu);
+}
+
+void Trainer::Impl::show_progress(const StepStats& stats, bool evaluated, double val_loss,
+                                  double mfu) {
+  std::ostringstream extra;
+  extra << "lr " << std::scientific << std::setprecision(2) << cfg_.optimizer.lr * stats.lr_factor
+        << "  |g| " << std::fixed << std::setprecision(3) << stats.grad_norm;
+  if (mfu >= 0) extra << "  MFU " << std::setprecision(1) << 100 * mfu << "%";
+  progress_->update(step_, tokens_per_step_, {.loss = stats.train_loss, .extra = extra.str()});
+  if (evaluated) {
+    progress_->note("[" + cfg_.optimizer.name + "] step " + std::to_string(step_) + "  tokens " +
+                    std::to_string(step_ * tokens_per_step_) + "  val loss " +
+                    format_double(val_loss, 4));
+  }
+}
+
+// checkpoint.pt at every evaluation (or every --ckpt-every steps) and at the session's last step,
+// so that a crash loses at most the steps since; best.pt whenever the validation loss is the lowest
+// yet. Each is replaced atomically.
+void Trainer::Impl::checkpoint(bool evaluated, double val_loss) {
+  const bool due =
+      (cfg_.ckpt_every > 0 ? step_ % cfg_.ckpt_every == 0 : evaluated) || step_ == end_;
+  const bool best = evaluated && val_loss < best_val_loss();
+  if (!due && !best) return;
+  tr::CheckpointWriter w;
+  write_state(w);
+  if (due) w.commit(ckpt_path_);
+  if (best) w.commit(best_path_);
+}
+
+// The lowest validation loss of the evaluations before this step's, step 0's (the untrained
+// model, not worth keeping) left out.
+double Trainer::Impl::best_val_loss() const {
+  double best = std::numeric_limits<double>::infinity();
+  for (const Point& p : result_.val_loss) {
+    if (p.step > 0 && p.step < step_) best = std::min(best, p.value);
+  }
+  return best;
+}
+
+void Trainer::Impl::write_state(tr::CheckpointWriter& w) const {
+  signature_.write(w);
+  write_model_config(w, mc_);
+  w.put("data_format", to_string(corpus_.format));
+  w.put("step", step_);
+  w.put("train_seconds", result_.train_seconds);
+  w.put("interval_loss_sum", interval_sum_);
+  w.put("interval_count", interval_count_);
+  w.put_history("history_train", to_rows(result_.train_loss));
+  w.put_history("history_val", to_rows(result_.val_loss));
+  w.put_module("model", *model_);
+  w.put_optimizer("optimizer", opt_.hybrid);
+}
+
+RunResult Trainer::Impl::finish() {
+  if (progress_) progress_->finish();
+  const int64_t trained = end_ * tokens_per_step_;
+  result_.tokens_per_second =
+      result_.train_seconds > 0 ? static_cast<double>(trained) / result_.train_seconds : 0.0;
+  if (peak_tflops_ > 0) {
+    result_.mfu = mc_.flops_per_token() * result_.tokens_per_second / (peak_tflops_ * 1e12);
+  }
+  result_.trained = model_;
+  return result_;
+}
+
+Trainer::Trainer(const TrainConfig& config, std::ostream& log)
+    : impl_(std::make_unique<Impl>(config, log)) {}
+Trainer::~Trainer() = default;
+bool Trainer::done() const { return impl_->done(); }
+int64_t Trainer::step() const { return impl_->step(); }
+void Trainer::advance() { impl_->advance(); }
+RunResult Trainer::finish() { return impl_->finish(); }
+
+RunResult train(const TrainConfig& cfg, std::ostream& log) {
+  Trainer trainer(cfg, log);
+  while (!trainer.done()) trainer.advance();
+  return trainer.finish();
 }
 
 std::string step_time_summary(const RunResult& r) {
@@ -475,7 +633,7 @@ std::string step_time_summary(const RunResult& r) {
 
 std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,
                                std::ostream& log) {
-  TORCH_CHECK(!names.empty(), "--optimizers: no optimizer given");
+  tr::Cli::require(!names.empty(), "optimizers", "no optimizer given");
   std::vector<RunResult> runs;
   for (const auto& name : names) {
     TrainConfig c = config;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,8 +47,8 @@ struct TrainConfig {
   int64_t log_every = 10;    ///< steps between metrics records
 
   std::string out_dir = "runs/gpt2";
-  int64_t ckpt_every = 0;    ///< steps between checkpoints (0: only at the end)
-  bool resume = false;       ///< continue from out_dir/ckpt.pt when it exists
+  int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)
+  bool resume = false;       ///< continue from out_dir/checkpoint.pt when it exists
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step: simulates a crash
 
   std::string device = "auto";
@@ -91,8 +92,32 @@ struct RunResult {
   GPT trained{nullptr};  ///< the final model
 };
 
-/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, ckpt.pt. Progress goes to
-/// `log`. Throws on bad configuration, bad data, or a non-finite loss or gradient.
+/// One run driven step by step. The constructor sets the run up (checks the settings, opens the
+/// data, builds the model and optimizer, continues from the checkpoint under --resume, evaluates
+/// step 0 of a fresh run); advance() trains one step, then evaluates, records and checkpoints
+/// when they are due; finish() ends the run. Throws as train() does.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, std::ostream& log);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Whether the run has reached its last step (or --stop-at-step).
+  bool done() const;
+  /// Steps done so far, those of earlier sessions included.
+  int64_t step() const;
+  void advance();
+  RunResult finish();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Trains one run into config.out_dir: metrics.jsonl, metrics.csv, checkpoint.pt and best.pt (the
+/// checkpoint of the lowest validation loss). Progress goes to `log`. Throws on bad
+/// configuration, bad data, or a non-finite loss or gradient.
 RunResult train(const TrainConfig& config, std::ostream& log);
 
 /// One line on the steady state of a run: median step and optimizer times over the steps after

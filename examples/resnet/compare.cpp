@@ -1,9 +1,12 @@
 // run_comparison(): every optimizer x seed of a config, then the mean ± sd table and the plots.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
+#include "common/cli.h"
 #include "common/metrics.h"
 #include "common/report.h"
 #include "common/runtime.h"
@@ -45,32 +48,30 @@ trainer::Series series_of(const std::string& name, const std::vector<const RunRe
   return s;
 }
 
-}  // namespace
+// The table of a comparison: one row per optimizer, mean ± sd over its seeds, under a heading
+// naming the setting.
+struct Summary {
+  std::string heading;
+  trainer::Table table;
+  bool incomplete = false;  ///< some run stopped early (--stop-at-step)
+};
 
-std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
-  if (config.optimizers.empty()) throw std::invalid_argument("--optimizers: none given");
-  if (config.seeds.empty()) throw std::invalid_argument("--seeds: none given");
-  // Resolve every run first so a bad flag fails before any training.
-  std::vector<Config> runs;
-  for (const auto& opt : config.optimizers) {
-    for (const int64_t seed : config.seeds) runs.push_back(resolve(config, opt, seed));
-  }
-  const DataSplit data = load_data(runs.front());
-  out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
-      << " train, " << data.test.size() << " test images)\n";
+// The results of each optimizer, in run order.
+std::map<std::string, std::vector<const RunResult*>> by_optimizer(
+    const std::vector<RunResult>& results) {
+  std::map<std::string, std::vector<const RunResult*>> by_opt;
+  for (const auto& r : results) by_opt[r.config.optimizer].push_back(&r);
+  return by_opt;
+}
 
-  std::vector<RunResult> results;
-  for (const auto& run : runs) results.push_back(train_run(run, data, out));
-
-  // Table: one row per optimizer, mean ± sd over its seeds.
+Summary summarize(const Config& config, const std::string& data_name,
+                  const std::vector<RunResult>& results) {
   const auto& names = results.front().summary_names;
   std::vector<std::string> header{"optimizer", "seeds"};
   for (const auto& n : names) header.push_back(label(n));
   header.push_back("train time (s)");
-  trainer::Table table(header);
-  std::map<std::string, std::vector<const RunResult*>> by_opt;
-  for (const auto& r : results) by_opt[r.config.optimizer].push_back(&r);
-  bool incomplete = false;
+  Summary s{{}, trainer::Table(header)};
+  auto by_opt = by_optimizer(results);
   for (const auto& opt : config.optimizers) {
     const auto& rs = by_opt[opt];
     if (rs.empty()) continue;
@@ -83,28 +84,31 @@ std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
     std::vector<double> secs;
     for (const auto* r : rs) {
       secs.push_back(r->seconds);
-      incomplete = incomplete || !r->completed();
+      s.incomplete = s.incomplete || !r->completed();
     }
     row.push_back(trainer::format_mean_sd(trainer::mean_sd(secs), 0));
-    table.add_row(row);
-    by_opt[opt] = rs;
+    s.table.add_row(row);
   }
-  const Config& first = runs.front();
+  const Config& first = results.front().config;
   std::ostringstream what;
-  what << first.scenario << " on " << data.name << ", ResNet-18 width " << first.width << ", "
+  what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
        << *first.epochs << " epoch(s)" << (first.scenario == "class-imbalanced" ? "" : " per task")
        << ", batch " << first.batch_size << ", seeds";
-  for (const int64_t s : config.seeds) what << " " << s;
-  out << "\n"
-      << what.str() << (incomplete ? " (some runs stopped early: --stop-after)" : "") << "\n"
-      << table.to_text();
+  for (const int64_t seed : config.seeds) what << " " << seed;
+  s.heading = what.str();
+  return s;
+}
 
+// <out>/summary.md (the table) and <out>/runs.<fmt> (one record per run).
+void write_summary(const Config& config, const Summary& summary,
+                   const std::vector<RunResult>& results) {
   std::filesystem::create_directories(config.out);
   {
     std::ofstream md(config.out + "/summary.md");
-    md << what.str() << "\n\n" << table.to_markdown();
+    md << summary.heading << "\n\n" << summary.table.to_markdown();
     if (!md) throw std::runtime_error("--out: cannot write " + config.out + "/summary.md");
   }
+  const auto& names = results.front().summary_names;
   auto all = trainer::MetricsWriter::create(config.out + "/runs." + config.metrics_format);
   for (const auto& r : results) {
     trainer::Record rec;
@@ -113,44 +117,80 @@ std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
     for (size_t k = 0; k < names.size(); ++k) rec.set(names[k], r.summary[k]);
     all.write(rec);
   }
+}
 
-  if (config.plots) {
-    const auto& curves = results.front().curve_names;
-    const std::string x = results.front().x_name;
-    auto panel = [&](const std::string& curve, const std::string& title) {
-      trainer::Panel p{title, x, label(curve), {}};
-      const size_t k = std::find(curves.begin(), curves.end(), curve) - curves.begin();
-      for (const auto& opt : config.optimizers) {
-        if (!by_opt[opt].empty() && !by_opt[opt].front()->x.empty()) {
-          p.series.push_back(series_of(opt, by_opt[opt], k));
-        }
+// accuracy.png and forgetting.png: each optimizer's mean ± sd curves over its seeds.
+void plot_curves(const Config& config, const std::vector<RunResult>& results, std::ostream& out) {
+  auto by_opt = by_optimizer(results);
+  const auto& curves = results.front().curve_names;
+  const std::string x = results.front().x_name;
+  auto panel = [&](const std::string& curve, const std::string& title) {
+    trainer::Panel p{title, x, label(curve), {}};
+    const size_t k = std::find(curves.begin(), curves.end(), curve) - curves.begin();
+    for (const auto& opt : config.optimizers) {
+      if (!by_opt[opt].empty() && !by_opt[opt].front()->x.empty()) {
+        p.series.push_back(series_of(opt, by_opt[opt], k));
       }
-      return p;
-    };
-    bool drawn;
-    if (first.scenario == "class-imbalanced") {
-      drawn = trainer::plot_png(
-          config.out + "/accuracy.png",
-          {panel("rare_acc", "Rare-class accuracy"),
-           panel("nonrare_acc", "Non-rare-class accuracy"), panel("acc", "Overall accuracy")},
-          3, out);
-      drawn = trainer::plot_png(
-                  config.out + "/forgetting.png",
-                  {panel("rare_forgetting", "Rare-class forgetting (best-so-far drop)")}, 1, out) &&
-              drawn;
-    } else {
-      drawn = trainer::plot_png(config.out + "/accuracy.png",
-                                {panel("AP", "Average performance over seen tasks")}, 1, out);
-      drawn = trainer::plot_png(
-                  config.out + "/forgetting.png",
-                  {panel("AF", "Average forgetting"), panel("BWT", "Backward transfer")}, 2, out) &&
-              drawn;
     }
-    if (drawn)
-      out << "plots: " << config.out << "/accuracy.png, " << config.out << "/forgetting.png\n";
+    return p;
+  };
+  bool drawn;
+  if (results.front().config.scenario == "class-imbalanced") {
+    drawn = trainer::plot_png(
+        config.out + "/accuracy.png",
+        {panel("rare_acc", "Rare-class accuracy"), panel("nonrare_acc", "Non-rare-class accuracy"),
+         panel("acc", "Overall accuracy")},
+        3, out);
+    drawn = trainer::plot_png(
+                config.out + "/forgetting.png",
+                {panel("rare_forgetting", "Rare-class forgetting (best-so-far drop)")}, 1, out) &&
+            drawn;
+  } else {
+    drawn = trainer::plot_png(config.out + "/accuracy.png",
+                              {panel("AP", "Average performance over seen tasks")}, 1, out);
+    drawn = trainer::plot_png(
+                config.out + "/forgetting.png",
+                {panel("AF", "Average forgetting"), panel("BWT", "Backward transfer")}, 2, out) &&
+            drawn;
   }
+  if (drawn)
+    out << "plots: " << config.out << "/accuracy.png, " << config.out << "/forgetting.png\n";
+}
+
+}  // namespace
+
+std::vector<Config> plan_runs(const Config& config) {
+  if (config.optimizers.empty()) throw trainer::Cli::error("optimizers", "none given");
+  if (config.seeds.empty()) throw trainer::Cli::error("seeds", "none given");
+  std::vector<Config> runs;
+  for (const auto& opt : config.optimizers) {
+    for (const int64_t seed : config.seeds) runs.push_back(resolve(config, opt, seed));
+  }
+  return runs;
+}
+
+void report_comparison(const Config& config, const std::string& data_name,
+                       const std::vector<RunResult>& results, std::ostream& out) {
+  if (results.empty()) return;
+  const Summary summary = summarize(config, data_name, results);
+  out << "\n"
+      << summary.heading << (summary.incomplete ? " (some runs stopped early: --stop-at-step)" : "")
+      << "\n"
+      << summary.table.to_text();
+  write_summary(config, summary, results);
+  if (config.plots) plot_curves(config, results, out);
   out << "summary: " << config.out << "/summary.md, " << config.out << "/runs."
       << config.metrics_format << "\n";
+}
+
+std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
+  const std::vector<Config> runs = plan_runs(config);  // a bad flag fails before any training
+  const DataSplit data = load_data(runs.front());
+  out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
+      << " train, " << data.test.size() << " test images)\n";
+  std::vector<RunResult> results;
+  for (const auto& run : runs) results.push_back(train_run(run, data, out));
+  report_comparison(config, data.name, results, out);
   return results;
 }
 

@@ -5,13 +5,10 @@
 #include <stdexcept>
 
 #include "common/cli.h"
+#include "common/optimizers.h"
 
 namespace fogo::resnet {
 namespace {
-
-std::invalid_argument bad(const std::string& flag, const std::string& what) {
-  return std::invalid_argument("--" + flag + ": " + what);
-}
 
 template <class T>
 std::string text(const T& v) {
@@ -83,9 +80,10 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "class-il muon 2e-3)");
   cli.flag("head-lr", &c.head_lr, "fogo: lr of the head codebook groups (class-il 5e-4, else lr)");
   cli.flag("weight-decay", &c.weight_decay, "weight decay (adamw 1e-2, others 0)");
-  cli.flag("clip", &c.clip, "clip the global gradient norm to this (class-il 2.0, else off: 0)");
-  cli.choice("ns-dtype", &c.ns_dtype, {"bf16", "fp32"},
-             "muon/fogo: compute dtype of their Newton-Schulz iterations (adam, adamw: unused)");
+  cli.flag("grad-clip", &c.grad_clip,
+           "clip the global gradient norm to this (class-il 2.0, else off: 0)");
+  cli.renamed("clip", "grad-clip");
+  trainer::add_ns_dtype_flag(cli, &c.ns_dtype);
   cli.flag("epochs", &c.epochs,
            "epochs (per task in class-il/domain-il; class-imbalanced 50, class-il 20, "
            "domain-il 15)");
@@ -101,8 +99,9 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("ckpt-every", &c.ckpt_every,
            "checkpoint every N steps (0: at the end of every epoch); always at the end");
   cli.flag("resume", &c.resume, "continue each run from its checkpoint when there is one");
-  cli.flag("stop-after", &c.stop_after,
-           "stop after this many steps of a run, with a checkpoint (0 = run to the end)");
+  cli.flag("stop-at-step", &c.stop_at_step,
+           "stop each run after this step, with a checkpoint (0 = run to the end)");
+  cli.renamed("stop-after", "stop-at-step");
   cli.flag("device", &c.device, "cpu, cuda, cuda:N or auto");
   cli.flag("threads", &c.threads,
            "CPU threads for torch (0 = torch's default; 1 is much faster on a machine whose "
@@ -117,37 +116,41 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   const bool class_il = c.scenario == "class-il", domain_il = c.scenario == "domain-il";
   const bool continual = class_il || domain_il;
   if (optimizer != "adam" && optimizer != "adamw" && optimizer != "muon" && optimizer != "fogo") {
-    throw bad("optimizers", "unknown optimizer '" + optimizer + "' (adam, adamw, muon, fogo)");
+    throw trainer::Cli::error("optimizers",
+                              "unknown optimizer '" + optimizer + "' (adam, adamw, muon, fogo)");
   }
 
   if (c.data_dir.empty()) {
     if (c.dataset == "cifar10") {
-      throw bad("data-dir", "cifar10 needs the folder holding data_batch_1.bin .. test_batch.bin");
+      throw trainer::Cli::error(
+          "data-dir", "cifar10 needs the folder holding data_batch_1.bin .. test_batch.bin");
     }
     c.data_dir = "/usr/share/datasets/fashion-mnist";
   }
   if (!c.crop_pad) c.crop_pad = c.dataset == "cifar10" ? 4 : 2;
   if (!c.head_fc) c.head_fc = class_il ? 8 * c.width : 0;
   if (!c.epochs) c.epochs = class_il ? 20 : domain_il ? 15 : 50;
-  if (!c.clip) c.clip = class_il ? 2.0 : 0.0;
+  if (!c.grad_clip) c.grad_clip = class_il ? 2.0 : 0.0;
   if (!c.lr) c.lr = class_il ? 2e-3 : optimizer == "muon" ? 1e-2 : 1e-3;
   if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
   if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;
   if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
 
-  if (c.train_per_class < 0) throw bad("train-per-class", "must be >= 0");
-  if (c.test_per_class < 0) throw bad("test-per-class", "must be >= 0");
+  if (c.train_per_class < 0) throw trainer::Cli::error("train-per-class", "must be >= 0");
+  if (c.test_per_class < 0) throw trainer::Cli::error("test-per-class", "must be >= 0");
   if (!(c.rare_fraction > 0 && c.rare_fraction <= 1)) {
-    throw bad("rare-fraction", "must be in (0, 1], got " + text(c.rare_fraction));
+    throw trainer::Cli::error("rare-fraction", "must be in (0, 1], got " + text(c.rare_fraction));
   }
   for (const int64_t r : c.rare_classes) {
-    if (r < 0 || r >= 10) throw bad("rare-classes", "class " + text(r) + " is not in [0, 10)");
+    if (r < 0 || r >= 10)
+      throw trainer::Cli::error("rare-classes", "class " + text(r) + " is not in [0, 10)");
     if (std::count(c.rare_classes.begin(), c.rare_classes.end(), r) > 1) {
-      throw bad("rare-classes", "class " + text(r) + " is listed twice");
+      throw trainer::Cli::error("rare-classes", "class " + text(r) + " is listed twice");
     }
   }
-  if (c.num_domains < 1 || c.num_domains > 64) throw bad("num-domains", "must be in 1..64");
+  if (c.num_domains < 1 || c.num_domains > 64)
+    throw trainer::Cli::error("num-domains", "must be in 1..64");
   if (c.domain_order.empty()) {
     for (int64_t d = 0; d < c.num_domains; ++d) c.domain_order.push_back(d);
   }
@@ -157,75 +160,80 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
     for (size_t k = 0; k < sorted.size(); ++k) {
       if (sorted[k] != static_cast<int64_t>(k) ||
           sorted.size() != static_cast<size_t>(c.num_domains)) {
-        throw bad("domain-order", "must be a permutation of 0.." + text(c.num_domains - 1) +
-                                      ", got " + text(c.domain_order));
+        throw trainer::Cli::error("domain-order", "must be a permutation of 0.." +
+                                                      text(c.num_domains - 1) + ", got " +
+                                                      text(c.domain_order));
       }
     }
   }
   if (c.replay != "none" && !continual) {
-    throw bad("replay", "replay applies to the continual scenarios (class-il, domain-il)");
+    throw trainer::Cli::error("replay",
+                              "replay applies to the continual scenarios (class-il, domain-il)");
   }
-  if (c.buffer_size < 1) throw bad("buffer-size", "must be >= 1");
-  if (c.replay_batch < 1) throw bad("replay-batch", "must be >= 1");
-  if (*c.replay_alpha < 0) throw bad("replay-alpha", "must be >= 0");
-  if (c.der_beta < 0) throw bad("der-beta", "must be >= 0");
-  if (*c.crop_pad < 0 || *c.crop_pad > 16) throw bad("crop-pad", "must be in 0..16");
-  if (c.width < 1 || c.width > 1024) throw bad("width", "must be in 1..1024");
-  if (*c.head_fc < 0) throw bad("head-fc", "must be >= 0");
+  if (c.buffer_size < 1) throw trainer::Cli::error("buffer-size", "must be >= 1");
+  if (c.replay_batch < 1) throw trainer::Cli::error("replay-batch", "must be >= 1");
+  if (*c.replay_alpha < 0) throw trainer::Cli::error("replay-alpha", "must be >= 0");
+  if (c.der_beta < 0) throw trainer::Cli::error("der-beta", "must be >= 0");
+  if (*c.crop_pad < 0 || *c.crop_pad > 16)
+    throw trainer::Cli::error("crop-pad", "must be in 0..16");
+  if (c.width < 1 || c.width > 1024) throw trainer::Cli::error("width", "must be in 1..1024");
+  if (*c.head_fc < 0) throw trainer::Cli::error("head-fc", "must be >= 0");
   for (const auto& [flag, v] : {std::pair<const char*, double>{"lr", *c.lr},
                                 {"adamw-lr", *c.adamw_lr},
                                 {"head-lr", *c.head_lr}}) {
-    if (!(v > 0 && v < 10)) throw bad(flag, "must be in (0, 10), got " + text(v));
+    if (!(v > 0 && v < 10)) throw trainer::Cli::error(flag, "must be in (0, 10), got " + text(v));
   }
-  if (*c.weight_decay < 0 || *c.weight_decay >= 1) throw bad("weight-decay", "must be in [0, 1)");
-  if (*c.clip < 0) throw bad("clip", "must be >= 0 (0 = off)");
-  if (c.ns_dtype != "bf16" && c.ns_dtype != "fp32") {
-    throw bad("ns-dtype", "expected one of bf16,fp32, got '" + c.ns_dtype + "'");
-  }
-  if (*c.epochs < 1) throw bad("epochs", "must be >= 1");
-  if (c.batch_size < 2) throw bad("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
-  if (c.eval_batch_size < 1) throw bad("eval-batch-size", "must be >= 1");
-  if (c.log_every < 1) throw bad("log-every", "must be >= 1");
-  if (c.eval_every < 0) throw bad("eval-every", "must be >= 0");
-  if (c.ckpt_every < 0) throw bad("ckpt-every", "must be >= 0");
-  if (c.stop_after < 0) throw bad("stop-after", "must be >= 0");
-  if (c.threads < 0) throw bad("threads", "must be >= 0");
-  if (c.out.empty()) throw bad("out", "must not be empty");
+  if (*c.weight_decay < 0 || *c.weight_decay >= 1)
+    throw trainer::Cli::error("weight-decay", "must be in [0, 1)");
+  if (*c.grad_clip < 0) throw trainer::Cli::error("grad-clip", "must be >= 0 (0 = off)");
+  trainer::parse_ns_dtype(c.ns_dtype);
+  if (*c.epochs < 1) throw trainer::Cli::error("epochs", "must be >= 1");
+  if (c.batch_size < 2)
+    throw trainer::Cli::error("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
+  if (c.eval_batch_size < 1) throw trainer::Cli::error("eval-batch-size", "must be >= 1");
+  if (c.log_every < 1) throw trainer::Cli::error("log-every", "must be >= 1");
+  if (c.eval_every < 0) throw trainer::Cli::error("eval-every", "must be >= 0");
+  if (c.ckpt_every < 0) throw trainer::Cli::error("ckpt-every", "must be >= 0");
+  if (c.stop_at_step < 0) throw trainer::Cli::error("stop-at-step", "must be >= 0");
+  if (c.threads < 0) throw trainer::Cli::error("threads", "must be >= 0");
+  if (c.out.empty()) throw trainer::Cli::error("out", "must not be empty");
   return c;
 }
 
-std::vector<std::pair<std::string, std::string>> run_signature(const Config& c) {
-  return {{"scenario", c.scenario},
-          {"dataset", c.dataset},
-          {"train-per-class", text(c.train_per_class)},
-          {"test-per-class", text(c.test_per_class)},
-          {"rare-classes", text(c.rare_classes)},
-          {"rare-fraction", text(c.rare_fraction)},
-          {"task-order", c.task_order},
-          {"domains", c.domains},
-          {"num-domains", text(c.num_domains)},
-          {"rotation-step", text(c.rotation_step)},
-          {"domain-order", text(c.domain_order)},
-          {"replay", c.replay},
-          {"buffer-size", text(c.buffer_size)},
-          {"replay-batch", text(c.replay_batch)},
-          {"replay-alpha", text(*c.replay_alpha)},
-          {"der-beta", text(c.der_beta)},
-          {"augment", c.augment ? "true" : "false"},
-          {"crop-pad", text(*c.crop_pad)},
-          {"width", text(c.width)},
-          {"head-fc", text(*c.head_fc)},
-          {"optimizer", c.optimizer},
-          {"seed", text(c.seed)},
-          {"lr", text(*c.lr)},
-          {"adamw-lr", text(*c.adamw_lr)},
-          {"head-lr", text(*c.head_lr)},
-          {"weight-decay", text(*c.weight_decay)},
-          {"clip", text(*c.clip)},
-          {"ns-dtype", c.ns_dtype},
-          {"epochs", text(*c.epochs)},
-          {"batch-size", text(c.batch_size)},
-          {"eval-every", text(c.eval_every)}};
+trainer::RunSignature run_signature(const Config& c) {
+  trainer::RunSignature s("resnet_train");
+  s.add("scenario", c.scenario)
+      .add("dataset", c.dataset)
+      .add("train-per-class", c.train_per_class)
+      .add("test-per-class", c.test_per_class)
+      .add("rare-classes", c.rare_classes)
+      .add("rare-fraction", c.rare_fraction)
+      .add("task-order", c.task_order)
+      .add("domains", c.domains)
+      .add("num-domains", c.num_domains)
+      .add("rotation-step", c.rotation_step)
+      .add("domain-order", c.domain_order)
+      .add("replay", c.replay)
+      .add("buffer-size", c.buffer_size)
+      .add("replay-batch", c.replay_batch)
+      .add("replay-alpha", *c.replay_alpha)
+      .add("der-beta", c.der_beta)
+      .add("augment", c.augment)
+      .add("crop-pad", *c.crop_pad)
+      .add("width", c.width)
+      .add("head-fc", *c.head_fc)
+      .add("optimizer", c.optimizer)
+      .add("seed", c.seed)
+      .add("lr", *c.lr)
+      .add("adamw-lr", *c.adamw_lr)
+      .add("head-lr", *c.head_lr)
+      .add("weight-decay", *c.weight_decay)
+      .add("grad-clip", *c.grad_clip)
+      .add("ns-dtype", c.ns_dtype)
+      .add("epochs", *c.epochs)
+      .add("batch-size", c.batch_size)
+      .add("eval-every", c.eval_every);
+  return s;
 }
 
 std::string run_dir(const Config& c) { return c.out + "/" + c.optimizer + "-seed" + text(c.seed); }

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/signature.h"
+
 namespace fogo::trainer {
 class Cli;
 }
@@ -46,7 +48,7 @@ struct Config {
   std::vector<int64_t> seeds{0};
   std::string optimizer = "adam";  ///< of one run (set by resolve)
   int64_t seed = 0;                ///< of one run (set by resolve)
-  std::optional<double> lr, adamw_lr, head_lr, weight_decay, clip;
+  std::optional<double> lr, adamw_lr, head_lr, weight_decay, grad_clip;
   std::string ns_dtype = "bf16";  ///< muon/fogo Newton–Schulz compute dtype: bf16 | fp32
   std::optional<int64_t> epochs;  ///< per task in the continual scenarios
   int64_t batch_size = 128;
@@ -59,7 +61,7 @@ struct Config {
   int64_t eval_every = 0;  ///< steps; 0 = at the end of every epoch (class-imbalanced) or task
   int64_t ckpt_every = 0;  ///< steps; 0 = at the end of every epoch
   bool resume = false;
-  int64_t stop_after = 0;  ///< stop (with a checkpoint) once this many steps are done; 0 = never
+  int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step; 0 = never
   std::string device = "auto";
   int64_t threads = 0;
   bool plots = true;
@@ -69,12 +71,12 @@ struct Config {
 void add_flags(trainer::Cli& cli, Config& config);
 
 /// A copy of `config` for one run of `optimizer` with `seed`, every optional filled in, checked.
-/// Throws std::invalid_argument naming the flag at fault.
+/// Throws a trainer::CliError (an std::invalid_argument) naming the flag at fault.
 Config resolve(const Config& config, const std::string& optimizer, int64_t seed);
 
-/// The values that define a run's trajectory ("name=value" pairs of a resolved config): stored
-/// in checkpoints so that --resume refuses to continue a run under different settings.
-std::vector<std::pair<std::string, std::string>> run_signature(const Config& resolved);
+/// The flags that define a run's trajectory, with the values of a resolved config: stored in
+/// checkpoints so that --resume refuses to continue a run under different settings.
+trainer::RunSignature run_signature(const Config& resolved);
 
 /// The folder of one run: <out>/<optimizer>-seed<seed>.
 std::string run_dir(const Config& resolved);

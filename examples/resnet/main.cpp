@@ -1,6 +1,4 @@
 // resnet_train: ResNet-18 with FOGO, Muon and Adam(W) on the paper's forgetting benchmarks.
-#include <c10/util/Exception.h>
-
 #include <iostream>
 
 #include "common/cli.h"
@@ -8,32 +6,20 @@
 #include "trainer.h"
 
 int main(int argc, char** argv) {
-  fogo::resnet::Config config;
-  fogo::trainer::Cli cli(
-      "resnet_train",
-      "Trains a CIFAR-style ResNet-18 with each optimizer and seed given, on one of the FOGO\n"
-      "paper's forgetting benchmarks (class-imbalanced, class-incremental, domain-incremental),\n"
-      "then prints mean ± sd over the seeds and plots accuracy and forgetting over time.\n"
-      "Fashion-MNIST from the Debian package dataset-fashion-mnist is the default dataset.\n"
-      "Example (CPU, minutes):\n"
-      "  resnet_train --optimizers fogo,muon,adam --seeds 0,1 --width 8 --epochs 3 \\\n"
-      "               --train-per-class 500 --test-per-class 200");
-  fogo::resnet::add_flags(cli, config);
-  try {
-    if (!cli.parse(argc, const_cast<const char* const*>(argv))) return 0;
+  return fogo::trainer::run_main("resnet_train", [&] {
+    fogo::resnet::Config config;
+    fogo::trainer::Cli cli(
+        "resnet_train",
+        "Trains a CIFAR-style ResNet-18 with each optimizer and seed given, on one of the FOGO\n"
+        "paper's forgetting benchmarks (class-imbalanced, class-incremental, domain-incremental),\n"
+        "then prints mean ± sd over the seeds and plots accuracy and forgetting over time.\n"
+        "Fashion-MNIST from the Debian package dataset-fashion-mnist is the default dataset.\n"
+        "Example (CPU, minutes):\n"
+        "  resnet_train --optimizers fogo,muon,adam --seeds 0,1 --width 8 --epochs 3 \\\n"
+        "               --train-per-class 500 --test-per-class 200");
+    fogo::resnet::add_flags(cli, config);
+    if (!cli.parse(argc, argv)) return 0;
     fogo::resnet::run_comparison(config, std::cout);
     return 0;
-  } catch (const fogo::trainer::CliError& e) {
-    std::cerr << "resnet_train: " << e.what() << "\n";
-    return 2;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "resnet_train: " << e.what() << "\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "resnet_train: " << e.what_without_backtrace() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "resnet_train: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

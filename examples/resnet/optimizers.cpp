@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "common/checkpoint.h"
-#include "common/metrics.h"
+#include "common/optimizers.h"
 
 namespace fogo::resnet {
 namespace {
@@ -27,13 +27,6 @@ fogo::FOGOOptions preset(const std::string& scenario, const std::string& stage) 
   return is_head(stage) ? p::class_imbalanced_head() : p::class_imbalanced_backbone();
 }
 
-// --ns-dtype (checked by resolve()) as the dtype FOGOOptions/MuonOptions::ns_dtype take.
-c10::ScalarType ns_dtype(const std::string& name) {
-  if (name == "bf16") return c10::kBFloat16;
-  if (name == "fp32") return c10::kFloat;
-  throw std::invalid_argument("--ns-dtype: expected one of bf16,fp32, got '" + name + "'");
-}
-
 std::string lr_text(double lr) {
   std::ostringstream out;
   out << lr;
@@ -42,9 +35,9 @@ std::string lr_text(double lr) {
 
 }  // namespace
 
-TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
+TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optimizer) {
   const double lr = *c.lr, wd = *c.weight_decay;
-  const c10::ScalarType ns = ns_dtype(c.ns_dtype);
+  const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
     if (c.optimizer == "adam") {
       single_ = std::make_unique<torch::optim::Adam>(
@@ -66,6 +59,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
   const fogo::ParamSplit split = fogo::split_parameters(*model, rules);
   const auto adamw = torch::optim::AdamWOptions(*c.adamw_lr).weight_decay(wd);
   std::unique_ptr<torch::optim::Optimizer> matrix;
+  std::vector<std::string> group_names;  // of the matrix side (empty: the hybrid's defaults)
   std::ostringstream desc;
   if (c.optimizer == "muon") {
     matrix = std::make_unique<fogo::Muon>(split.matrix.params,
@@ -73,30 +67,23 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
     desc << "muon lr " << lr << ", NS " << c.ns_dtype << ", on " << split.matrix.size()
          << " matrices";
   } else if (c.optimizer == "fogo") {
-    std::vector<std::vector<torch::Tensor>> members;
-    for (size_t k = 0; k < split.matrix.size(); ++k) {
-      const std::string s = stage(split.matrix.names[k]);
-      auto it = std::find(group_names_.begin(), group_names_.end(), s);
-      if (it == group_names_.end()) {
-        group_names_.push_back(s);
-        members.emplace_back();
-        it = group_names_.end() - 1;
-      }
-      members[it - group_names_.begin()].push_back(split.matrix.params[k]);
-    }
-    std::vector<torch::optim::OptimizerParamGroup> groups;
+    // One codebook group per network stage, named by it.
+    fogo::NamedGroups stages = fogo::group_by(
+        split.matrix, [](const std::string& name, const torch::Tensor&) { return stage(name); });
     desc << "fogo, NS " << c.ns_dtype << ":";
-    for (size_t g = 0; g < group_names_.size(); ++g) {
-      const std::string& s = group_names_[g];
+    for (size_t g = 0; g < stages.groups.size(); ++g) {
+      const std::string& s = stages.names[g];
       const double group_lr = is_head(s) ? *c.head_lr : lr;
       auto options = preset(c.scenario, s);
       options.lr(group_lr).weight_decay(wd).seed(c.seed).ns_dtype(ns);
       options.validate();
-      groups.emplace_back(members[g], std::make_unique<fogo::FOGOOptions>(options));
-      desc << (g ? ", " : " ") << s << " (" << members[g].size() << ", C "
+      stages.groups[g].set_options(std::make_unique<fogo::FOGOOptions>(options));
+      desc << (g ? ", " : " ") << s << " (" << stages.groups[g].params().size() << ", C "
            << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
     }
-    matrix = std::make_unique<fogo::FOGO>(groups, preset(c.scenario, "stem").lr(lr).ns_dtype(ns));
+    matrix =
+        std::make_unique<fogo::FOGO>(stages.groups, preset(c.scenario, "stem").lr(lr).ns_dtype(ns));
+    group_names = std::move(stages.names);
   } else {
     throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
   }
@@ -104,7 +91,8 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) {
   description_ = desc.str();
   std::unique_ptr<torch::optim::Optimizer> rest =
       split.rest.size() ? std::make_unique<torch::optim::AdamW>(split.rest.params, adamw) : nullptr;
-  hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest));
+  hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest),
+                                                    std::move(group_names));
 }
 
 TrainOptimizer::~TrainOptimizer() = default;
@@ -124,27 +112,11 @@ void TrainOptimizer::step() {
 }
 
 void TrainOptimizer::task_boundary() {
-  if (!hybrid_) return;
-  if (auto* f = dynamic_cast<fogo::FOGO*>(hybrid_->matrix())) f->task_boundary();
+  if (name_ == "fogo") hybrid_->matrix<fogo::FOGO>()->task_boundary();
 }
 
 void TrainOptimizer::add_telemetry(trainer::Record& record) const {
-  if (!hybrid_) return;
-  const auto* f = dynamic_cast<const fogo::FOGO*>(hybrid_->matrix());
-  if (!f) return;
-  const auto& t = f->telemetry();
-  for (size_t g = 0; g < t.size() && g < group_names_.size(); ++g) {
-    const std::string p = "fogo/" + group_names_[g] + "/";
-    record.set(p + "rbar", t[g].rbar)
-        .set(p + "gamma_st", t[g].gamma_st)
-        .set(p + "frac_conflicting", t[g].frac_conflicting)
-        .set(p + "frac_over_aligned", t[g].frac_over_aligned)
-        .set(p + "frac_lt_protected", t[g].frac_lt_protected)
-        .set(p + "codebook_entropy", t[g].codebook_entropy)
-        .set(p + "live_centroids", t[g].live_centroids)
-        .set(p + "delta_ratio", t[g].delta_ratio)
-        .set(p + "frozen", t[g].frozen);
-  }
+  if (name_ == "fogo") trainer::add_fogo_telemetry(record, *hybrid_);
 }
 
 void TrainOptimizer::save(trainer::CheckpointWriter& out, const std::string& key) const {

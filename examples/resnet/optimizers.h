@@ -43,8 +43,12 @@ class TrainOptimizer {
   /// End of a task in the continual scenarios: FOGO consolidates its codebooks and starts the
   /// next task (fogo::FOGO::task_boundary()); the other rules have nothing to do.
   void task_boundary();
-  /// FOGO's per-group statistics of the last step as "fogo/<group>/<name>" fields.
+  /// FOGO's per-group statistics of the last step as "fogo/<stage>/<stat>" fields
+  /// (trainer::add_fogo_telemetry).
   void add_telemetry(trainer::Record& record) const;
+  /// The hybrid of muon and fogo: its matrix side (fogo::Muon, fogo::FOGO) with one param group
+  /// per network stage (fogo: named by the stage), AdamW on the rest; null for adam and adamw.
+  fogo::HybridOptimizer* hybrid() { return hybrid_.get(); }
   /// The matrix side of muon and fogo (fogo::Muon, fogo::FOGO); null for adam and adamw.
   torch::optim::Optimizer* matrix_optimizer();
   /// One line: the rule, its parameter groups and learning rates.
@@ -54,9 +58,9 @@ class TrainOptimizer {
   void load(trainer::CheckpointReader& in, const std::string& key);
 
  private:
+  std::string name_;  ///< adam | adamw | muon | fogo
   std::unique_ptr<torch::optim::Optimizer> single_;
   std::unique_ptr<fogo::HybridOptimizer> hybrid_;
-  std::vector<std::string> group_names_;  ///< FOGO's param groups, by stage
   std::string description_;
 };
 

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/cli.h"
+#include "common/metrics.h"
 #include "config.h"
 #include "continual.h"
 #include "data.h"
@@ -267,7 +268,7 @@ TEST(Config, ResolveFillsPaperDefaultsAndNamesBadFlags) {
   Config cf = resolve(c, "fogo", 0);
   EXPECT_DOUBLE_EQ(*cf.lr, 2e-3);
   EXPECT_DOUBLE_EQ(*cf.head_lr, 5e-4);
-  EXPECT_DOUBLE_EQ(*cf.clip, 2.0);
+  EXPECT_DOUBLE_EQ(*cf.grad_clip, 2.0);
   EXPECT_EQ(*cf.head_fc, 512);
   EXPECT_EQ(*cf.epochs, 20);
   c.rare_fraction = 0;
@@ -342,7 +343,8 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   }
   // The value is part of the run's signature, so --resume refuses another one.
   bool found = false;
-  for (const auto& [key, value] : run_signature(resolve(parse({"--ns-dtype", "fp32"}), "fogo", 0)))
+  for (const auto& [key, value] :
+       run_signature(resolve(parse({"--ns-dtype", "fp32"}), "fogo", 0)).entries())
     found = found || (key == "ns-dtype" && value == "fp32");
   EXPECT_TRUE(found);
 
@@ -355,4 +357,41 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   bad.ns_dtype = "fp16";
   EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
             "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+}
+
+// FOGO's codebook groups are the hybrid's named param groups, one per stage: the telemetry's
+// <group>; task_boundary() reaches FOGO through the checked accessor and is a no-op elsewhere.
+TEST(Optimizers, FogoGroupsAreTheHybridsStagesNamed) {
+  Config c;
+  c.scenario = "class-il";
+  for (const char* name : {"fogo", "muon"}) {
+    const Config r = resolve(c, name, 0);
+    ResNet18 model(ResNetOptions{1, 10, 4, *r.head_fc});
+    TrainOptimizer opt(r, model);
+    ASSERT_NE(opt.hybrid(), nullptr);
+    const size_t matrix_groups = opt.matrix_optimizer()->param_groups().size();
+    std::vector<std::string> names;
+    for (size_t g = 0; g < matrix_groups; ++g) names.push_back(opt.hybrid()->group_name(g));
+    if (std::string(name) == "muon") {
+      EXPECT_EQ(names, std::vector<std::string>{"matrix"});
+    } else {
+      EXPECT_EQ(names, (std::vector<std::string>{"stem", "layer1", "layer2", "layer3", "layer4",
+                                                 "head_fc", "fc"}));
+    }
+    torch::manual_seed(0);
+    opt.zero_grad();
+    model->forward(torch::randn({4, 1, 28, 28})).square().mean().backward();
+    opt.step();
+    fogo::trainer::Record record;
+    opt.add_telemetry(record);
+    opt.task_boundary();
+    if (std::string(name) == "muon") {
+      EXPECT_TRUE(record.fields().empty());
+    } else {
+      EXPECT_EQ(record.fields().size(), 9 * names.size());
+      for (const auto& stage : names) {
+        EXPECT_NE(record.get("fogo/" + stage + "/rbar"), nullptr) << stage;
+      }
+    }
+  }
 }

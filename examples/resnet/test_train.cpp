@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/checkpoint.h"
+#include "common/testing.h"
 #include "config.h"
 #include "resnet.h"
 #include "trainer.h"
@@ -87,7 +88,7 @@ std::vector<double> field(const std::string& jsonl, const std::string& key) {
 
 std::vector<torch::Tensor> model_state(const RunResult& r) {
   ResNet18 m(ResNetOptions{1, 10, r.config.width, *r.config.head_fc});
-  fogo::trainer::CheckpointReader in(run_dir(r.config) + "/checkpoint.pt");
+  fogo::trainer::CheckpointReader in(run_dir(r.config) + "/" + fogo::trainer::kCheckpointFile);
   in.load_module("model", *m);
   std::vector<torch::Tensor> out;
   for (const auto& p : m->parameters()) out.push_back(p.detach().clone());
@@ -151,14 +152,15 @@ TEST_P(Resume, EqualsUninterrupted) {
 
   Config c = config(temp_dir());
   const std::string dir = run_dir(c);
-  c.stop_after = 13;  // early in the second task (tasks of 100 images: 12 steps per task)
+  c.stop_at_step = 13;  // early in the second task (tasks of 100 images: 12 steps per task)
   EXPECT_FALSE(train_run(c, data, log).completed());
-  copy(dir + "/checkpoint.pt", dir + "/at13.pt");
+  const std::string ckpt = dir + "/" + fogo::trainer::kCheckpointFile;
+  copy(ckpt, dir + "/at13.pt");
   c.resume = true;
-  c.stop_after = 20;  // an interrupted session: logs run past the checkpoint we go back to
+  c.stop_at_step = 20;  // an interrupted session: logs run past the checkpoint we go back to
   train_run(c, data, log);
-  copy(dir + "/at13.pt", dir + "/checkpoint.pt");
-  c.stop_after = 0;
+  copy(dir + "/at13.pt", ckpt);
+  c.stop_at_step = 0;
   const RunResult resumed = train_run(c, data, log);
   ASSERT_TRUE(resumed.completed());
 
@@ -189,7 +191,7 @@ TEST(Resume, RefusesOtherSettings) {
   const DataSplit data = synthetic_split();
   std::ostringstream log;
   Config c = small("class-imbalanced", temp_dir());
-  c.stop_after = 3;
+  c.stop_at_step = 3;
   train_run(resolve(c, "adam", 0), data, log);
   c.resume = true;
   c.lr = 5e-3;
@@ -209,4 +211,41 @@ TEST(Resume, RefusesOtherSettings) {
     EXPECT_NE(std::string(e.what()).find("--ns-dtype was bf16, now fp32"), std::string::npos)
         << e.what();
   }
+}
+
+// The binary's command line: a refused one exits with status 2 and one error line naming the
+// flag (a renamed flag names its new name), a failed run with status 1; the same statuses and
+// style as gpt2.
+TEST(Binary, ExitStatusAndErrorLine) {
+  using fogo::trainer::testing::run_command;
+  const auto usage = [](const std::string& args) {
+    const auto r = run_command(RESNET_TRAIN_BINARY, args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    return r.err;
+  };
+  EXPECT_EQ(usage("--bogus 1"), "resnet_train: error: unknown flag --bogus (see --help)\n");
+  EXPECT_EQ(usage("--clip 2"), "resnet_train: error: --clip: now called --grad-clip\n");
+  EXPECT_EQ(usage("--stop-after 3"),
+            "resnet_train: error: --stop-after: now called --stop-at-step\n");
+  EXPECT_EQ(usage("--batch-size x"),
+            "resnet_train: error: --batch-size: expected an integer, got 'x'\n");
+  EXPECT_EQ(usage("--lr -1"), "resnet_train: error: --lr: must be in (0, 10), got -1\n");
+  EXPECT_EQ(usage("--data-dir /nonexistent").rfind("resnet_train: error: --data-dir: ", 0), 0u);
+  const auto help = run_command(RESNET_TRAIN_BINARY, "--help");
+  EXPECT_EQ(help.status, 0);
+  // The flags both trainers share, under the same names (gpt2's test lists the same).
+  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
+                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+    EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
+  }
+
+  // A malformed dataset is a failed run.
+  const std::string dir = temp_dir();
+  for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                           "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::ofstream(dir + "/" + name) << "not an IDX file";
+  }
+  const auto failed = run_command(RESNET_TRAIN_BINARY, "--data-dir " + dir);
+  EXPECT_EQ(failed.status, 1) << failed.err;
+  EXPECT_EQ(failed.err.rfind("resnet_train: error: ", 0), 0u) << failed.err;
 }

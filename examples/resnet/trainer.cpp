@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "common/progress.h"
 #include "common/runtime.h"
+#include "common/signature.h"
 #include "optimizers.h"
 #include "resnet.h"
 
@@ -107,54 +108,8 @@ double percent(const torch::Tensor& correct, const torch::Tensor& total) {
   return n > 0 ? 100.0 * static_cast<double>(correct.sum().item<int64_t>()) / n : kNaN;
 }
 
-std::string signature_text(const Config& c) {
-  std::string out;
-  for (const auto& [k, v] : run_signature(c)) out += k + "=" + v + "\n";
-  return out;
-}
-
-// "--lr: checkpoint 0.001, now 0.002; ..." for the keys whose values differ.
-std::string signature_diff(const std::string& stored, const std::string& now) {
-  auto parse = [](const std::string& s) {
-    std::vector<std::pair<std::string, std::string>> kv;
-    std::stringstream in(s);
-    for (std::string line; std::getline(in, line);) {
-      const size_t eq = line.find('=');
-      if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
-    }
-    return kv;
-  };
-  const auto a = parse(stored), b = parse(now);
-  std::string diff;
-  for (const auto& [k, v] : b) {
-    std::string old = "(absent)";
-    for (const auto& [k2, v2] : a) {
-      if (k2 == k) old = v2;
-    }
-    if (old != v) diff += (diff.empty() ? "" : "; ") + ("--" + k + " was " + old + ", now " + v);
-  }
-  return diff;
-}
-
-torch::Tensor to_tensor(const std::vector<std::vector<double>>& rows, int64_t cols) {
-  auto t = torch::full({static_cast<int64_t>(rows.size()), cols}, kNaN, torch::kDouble);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (size_t j = 0; j < rows[i].size(); ++j) t[i][j] = rows[i][j];
-  }
-  return t;
-}
-
-std::vector<std::vector<double>> from_tensor(const torch::Tensor& t) {
-  const auto c = t.to(torch::kCPU, torch::kDouble).contiguous();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(c.size(0)));
-  for (int64_t i = 0; i < c.size(0); ++i) {
-    const double* p = c[i].data_ptr<double>();
-    rows[i].assign(p, p + c.size(1));
-  }
-  return rows;
-}
-
-// The whole of one run: state, events and persistence.
+// The whole of one run: state, events and persistence. run() names the stages; each stage is
+// one member function, so that another driver (distributed training, say) can enter them.
 class Run {
  public:
   Run(const Config& c, const DataSplit& data, std::ostream& log)
@@ -162,21 +117,47 @@ class Run {
         log_(log),
         device_(trainer::parse_device(c.device)),
         dir_(run_dir(c)),
-        ckpt_path_(dir_ + "/checkpoint.pt") {
+        ckpt_path_(dir_ + "/" + trainer::kCheckpointFile) {
     trainer::set_threads(c.threads);
     trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
     plan_ = make_plan(c, data, device_);
-    model_ = ResNet18(ResNetOptions{plan_.in_channels, plan_.num_classes, c.width, *c.head_fc});
+    build_model_and_optimizer();
+    schedule_steps();
+    lay_out_result();
+  }
+
+  RunResult run() {
+    const bool resumed = c_.resume && resume_from_checkpoint();
+    open_logs(resumed);
+    announce(resumed);
+    train();
+    return finish();
+  }
+
+ private:
+  // --- set-up ------------------------------------------------------------------------------
+
+  void build_model_and_optimizer() {
+    model_ = ResNet18(ResNetOptions{plan_.in_channels, plan_.num_classes, c_.width, *c_.head_fc});
     model_->to(device_);
-    optimizer_ = std::make_unique<TrainOptimizer>(c, model_);
-    if (c.replay != "none") {
-      buffer_ = std::make_unique<ReplayBuffer>(c.buffer_size, plan_.num_classes);
+    optimizer_ = std::make_unique<TrainOptimizer>(c_, model_);
+    if (c_.replay != "none") {
+      buffer_ = std::make_unique<ReplayBuffer>(c_.buffer_size, plan_.num_classes);
     }
+  }
+
+  // Steps per epoch of each task, the run's total, and where this session stops.
+  void schedule_steps() {
+    for (const auto& d : plan_.train) steps_per_epoch_.push_back(d.size() / c_.batch_size);
+    for (const int64_t spe : steps_per_epoch_) total_ += spe * *c_.epochs;
+    last_ = c_.stop_at_step > 0 ? std::min(total_, c_.stop_at_step) : total_;
+  }
+
+  // The scenario's curves and summary metrics, and the accuracy matrix of the continual ones.
+  void lay_out_result() {
     const size_t T = plan_.train.size();
-    for (const auto& d : plan_.train) steps_per_epoch_.push_back(d.size() / c.batch_size);
-    for (const int64_t spe : steps_per_epoch_) total_ += spe * *c.epochs;
     R_.assign(T, std::vector<double>(T, kNaN));
-    imbalanced_ = c.scenario == "class-imbalanced";
+    imbalanced_ = c_.scenario == "class-imbalanced";
     if (imbalanced_) {
       result_.x_name = "epoch";
       result_.curve_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting"};
@@ -189,9 +170,16 @@ class Run {
     }
   }
 
-  RunResult run() {
-    const bool resumed = c_.resume && trainer::checkpoint_exists(ckpt_path_);
-    if (resumed) load_checkpoint();
+  // --resume: the run's checkpoint, when there is one (its settings checked); true if loaded.
+  bool resume_from_checkpoint() {
+    auto in = trainer::open_for_resume(ckpt_path_, run_signature(c_), device_);
+    if (!in) return false;
+    load_checkpoint(*in);
+    return true;
+  }
+
+  // train and eval metrics files: new, or trimmed to the checkpoint's step when resumed.
+  void open_logs(bool resumed) {
     const std::string ext = "." + c_.metrics_format;
     auto open = [&](const std::string& name) {
       const std::string path = dir_ + "/" + name + ext;
@@ -200,49 +188,60 @@ class Run {
     };
     train_log_.emplace(open("train"));
     eval_log_.emplace(open("eval"));
-    const int64_t last = c_.stop_after > 0 ? std::min(total_, c_.stop_after) : total_;
+  }
+
+  void announce(bool resumed) {
     log_ << "run " << dir_ << ": " << c_.scenario << ", " << plan_.task_names.size() << " task(s), "
          << total_ << " steps, " << count_parameters(*model_) << " parameters, "
          << trainer::describe_runtime(device_) << "\n  " << optimizer_->description() << "\n";
     if (resumed) log_ << "  resumed at step " << step_ << " from " << ckpt_path_ << "\n";
+  }
 
+  // --- training ----------------------------------------------------------------------------
+
+  // Every task, epoch by epoch, from the current step to last_; epochs finished before a
+  // checkpoint are skipped whole.
+  void train() {
     trainer::Progress progress(total_, step_,
                                {c_.optimizer + " s" + std::to_string(c_.seed), "samples"});
-    const auto start = std::chrono::steady_clock::now();
-    const double seconds_before = seconds_;
+    session_start_ = std::chrono::steady_clock::now();
+    seconds_before_ = seconds_;
     int64_t epoch_begin = 0;
     const int64_t T = static_cast<int64_t>(plan_.train.size());
-    for (int64_t t = 0; t < T && step_ < last; ++t) {
+    for (int64_t t = 0; t < T && step_ < last_; ++t) {
       const int64_t spe = steps_per_epoch_[t];
-      for (int64_t e = 0; e < *c_.epochs && step_ < last; ++e, epoch_begin += spe) {
+      for (int64_t e = 0; e < *c_.epochs && step_ < last_; ++e, epoch_begin += spe) {
         if (epoch_begin + spe <= step_) continue;  // finished before the checkpoint
-        auto order_gen = derived_generator({static_cast<uint64_t>(c_.seed), kOrder,
-                                            static_cast<uint64_t>(t), static_cast<uint64_t>(e)});
-        const auto order =
-            torch::randperm(plan_.train[t].size(), order_gen, torch::kLong).to(device_);
-        for (int64_t b = step_ - epoch_begin; b < spe && step_ < last; ++b) {
-          const auto [loss, acc] =
-              train_step(t, order.slice(0, b * c_.batch_size, (b + 1) * c_.batch_size));
-          ++step_;
-          seconds_ =
-              seconds_before +
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          trainer::ProgressFields f;
-          f.epoch = e + 1;
-          f.epochs = *c_.epochs;
-          f.loss = loss;
-          f.acc = acc / 100.0;
-          if (T > 1) f.extra = "task " + std::to_string(t + 1) + "/" + std::to_string(T);
-          progress.update(step_, c_.batch_size, f);
-          after_step(t, e, b == spe - 1, step_ == last, loss, acc, progress);
-        }
+        train_epoch(t, e, epoch_begin, progress);
       }
     }
     progress.finish();
-    return finish();
   }
 
- private:
+  // The batches of epoch e of task t from the current step on; epoch_begin is the run's step
+  // at the epoch's start.
+  void train_epoch(int64_t t, int64_t e, int64_t epoch_begin, trainer::Progress& progress) {
+    const int64_t spe = steps_per_epoch_[t];
+    const torch::Tensor order = epoch_order(t, e);
+    for (int64_t b = step_ - epoch_begin; b < spe && step_ < last_; ++b) {
+      const auto [loss, acc] =
+          train_step(t, order.slice(0, b * c_.batch_size, (b + 1) * c_.batch_size));
+      ++step_;
+      seconds_ =
+          seconds_before_ +
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - session_start_).count();
+      show_progress(t, e, loss, acc, progress);
+      after_step(t, e, b == spe - 1, loss, acc, progress);
+    }
+  }
+
+  // The order of task t's training images in epoch e: a function of (seed, t, e) alone.
+  torch::Tensor epoch_order(int64_t t, int64_t e) const {
+    auto gen = derived_generator({static_cast<uint64_t>(c_.seed), kOrder, static_cast<uint64_t>(t),
+                                  static_cast<uint64_t>(e)});
+    return torch::randperm(plan_.train[t].size(), gen, torch::kLong).to(device_);
+  }
+
   torch::Tensor prepare(const torch::Tensor& images_u8, at::Generator& gen) const {
     auto x = plan_.normalize(images_u8);
     return c_.augment ? augment(x, *c_.crop_pad, gen) : x;
@@ -258,57 +257,89 @@ class Run {
     model_->train();
     const auto logits = model_->forward(prepare(images, gen));
     auto loss = torch::cross_entropy_loss(logits, labels);
-    if (buffer_ && buffer_->size() > 0) {
-      const double alpha = *c_.replay_alpha;
-      const auto i = buffer_->sample(c_.replay_batch, gen);
-      const auto out = model_->forward(prepare(buffer_->images().index_select(0, i), gen));
-      if (c_.replay == "er") {
-        loss = loss + alpha * torch::cross_entropy_loss(out, buffer_->labels().index_select(0, i));
-      } else {  // DER++: match the stored logits, and the stored labels of a second sample
-        loss = loss + alpha * torch::mse_loss(out, buffer_->logits().index_select(0, i));
-        const auto j = buffer_->sample(c_.replay_batch, gen);
-        const auto out2 = model_->forward(prepare(buffer_->images().index_select(0, j), gen));
-        loss = loss +
-               c_.der_beta * torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, j));
-      }
-    }
+    if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
     const double loss_value = loss.item<double>();
     if (!std::isfinite(loss_value)) {
       throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
                                " at step " + std::to_string(step_ + 1) +
-                               "; lower --lr or set --clip");
+                               "; lower --lr or set --grad-clip");
     }
-    optimizer_->zero_grad();
-    loss.backward();
-    if (*c_.clip > 0) {
-      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.clip);
-    } else if ((step_ + 1) % c_.log_every == 0) {
-      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(),
-                                                     std::numeric_limits<double>::infinity());
-    }
-    optimizer_->step();
+    update(loss);
     if (buffer_) buffer_->add(images, labels, logits.detach(), gen);
     const double acc = 100.0 * (logits.argmax(1) == labels).sum().item<double>() /
                        static_cast<double>(c_.batch_size);
     return {loss_value, acc};
   }
 
-  void after_step(int64_t t, int64_t e, bool epoch_end, bool last, double loss, double acc,
-                  trainer::Progress& progress) {
-    if (step_ % c_.log_every == 0) {
-      Record r;
-      r.set("step", step_)
-          .set("task", t)
-          .set("epoch", e + 1)
-          .set("loss", loss)
-          .set("acc", acc)
-          .set("grad_norm", grad_norm_)
-          .set("lr", *c_.lr)
-          .set("time_s", seconds_);
-      optimizer_->add_telemetry(r);
-      train_log_->write(r);
+  // The replay terms of the loss on samples of the buffer: ER (labels) or DER++ (stored
+  // logits, and the labels of a second sample).
+  torch::Tensor replay_loss(at::Generator& gen) {
+    const double alpha = *c_.replay_alpha;
+    const auto i = buffer_->sample(c_.replay_batch, gen);
+    const auto out = model_->forward(prepare(buffer_->images().index_select(0, i), gen));
+    if (c_.replay == "er") {
+      return alpha * torch::cross_entropy_loss(out, buffer_->labels().index_select(0, i));
     }
-    const bool task_end = epoch_end && e == *c_.epochs - 1;
+    auto loss = alpha * torch::mse_loss(out, buffer_->logits().index_select(0, i));
+    const auto j = buffer_->sample(c_.replay_batch, gen);
+    const auto out2 = model_->forward(prepare(buffer_->images().index_select(0, j), gen));
+    return loss +
+           c_.der_beta * torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, j));
+  }
+
+  // Backward, gradient clipping (and the norm for the log), optimizer step.
+  void update(torch::Tensor& loss) {
+    optimizer_->zero_grad();
+    loss.backward();
+    if (*c_.grad_clip > 0) {
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.grad_clip);
+    } else if ((step_ + 1) % c_.log_every == 0) {
+      grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(),
+                                                     std::numeric_limits<double>::infinity());
+    }
+    optimizer_->step();
+  }
+
+  void show_progress(int64_t t, int64_t e, double loss, double acc, trainer::Progress& progress) {
+    trainer::ProgressFields f;
+    f.epoch = e + 1;
+    f.epochs = *c_.epochs;
+    f.loss = loss;
+    f.acc = acc / 100.0;
+    const int64_t T = static_cast<int64_t>(plan_.train.size());
+    if (T > 1) f.extra = "task " + std::to_string(t + 1) + "/" + std::to_string(T);
+    progress.update(step_, c_.batch_size, f);
+  }
+
+  // What follows step_ (the batch of epoch e of task t; epoch_end on its last batch): the
+  // metrics record, the evaluations and task boundary that are due, the checkpoint.
+  void after_step(int64_t t, int64_t e, bool epoch_end, double loss, double acc,
+                  trainer::Progress& progress) {
+    if (step_ % c_.log_every == 0) log_step(t, e, loss, acc);
+    evaluate_if_due(t, epoch_end && e == *c_.epochs - 1, epoch_end, progress);
+    const bool due = c_.ckpt_every > 0 ? step_ % c_.ckpt_every == 0 : epoch_end;
+    if (due || step_ == last_) save_checkpoint();
+  }
+
+  void log_step(int64_t t, int64_t e, double loss, double acc) {
+    Record r;
+    r.set("step", step_)
+        .set("task", t)
+        .set("epoch", e + 1)
+        .set("loss", loss)
+        .set("acc", acc)
+        .set("grad_norm", grad_norm_)
+        .set("lr", *c_.lr)
+        .set("time_s", seconds_);
+    optimizer_->add_telemetry(r);
+    train_log_->write(r);
+  }
+
+  // --- evaluation --------------------------------------------------------------------------
+
+  // Class-imbalanced: at each epoch's end; continual: at each task's end (then the task
+  // boundary, unless it was the last task); both: every --eval-every steps.
+  void evaluate_if_due(int64_t t, bool task_end, bool epoch_end, trainer::Progress& progress) {
     const bool periodic = c_.eval_every > 0 && step_ % c_.eval_every == 0;
     if (imbalanced_ && (epoch_end || periodic)) {
       evaluate_imbalanced(progress);
@@ -318,8 +349,6 @@ class Run {
         optimizer_->task_boundary();
       }
     }
-    const bool due = c_.ckpt_every > 0 ? step_ % c_.ckpt_every == 0 : epoch_end;
-    if (due || last) save_checkpoint();
   }
 
   void evaluate_imbalanced(trainer::Progress& progress) {
@@ -390,10 +419,11 @@ class Run {
     progress.note(line.str());
   }
 
+  // --- persistence -------------------------------------------------------------------------
+
   void save_checkpoint() {
     trainer::CheckpointWriter w;
-    w.put("format", std::string("fogo-resnet-1"));
-    w.put("signature", signature_text(c_));
+    run_signature(c_).write(w);
     w.put("step", step_);
     w.put("seconds", seconds_);
     w.put("best_rare", best_rare_);
@@ -401,23 +431,12 @@ class Run {
     optimizer_->save(w, "optimizer");
     if (buffer_) buffer_->save(w, "replay");
     w.put_tensor("curve_x", torch::tensor(result_.x, torch::kDouble));
-    w.put_tensor("curve",
-                 to_tensor(result_.curve, static_cast<int64_t>(result_.curve_names.size())));
-    w.put_tensor("R", to_tensor(R_, static_cast<int64_t>(R_.size())));
+    w.put_history("curve", result_.curve);
+    w.put_history("R", R_);
     w.commit(ckpt_path_);
   }
 
-  void load_checkpoint() {
-    trainer::CheckpointReader in(ckpt_path_, device_);
-    if (!in.has("format") || in.get_string("format") != "fogo-resnet-1") {
-      throw std::runtime_error("checkpoint '" + ckpt_path_ + "' was not written by resnet_train");
-    }
-    const std::string diff = signature_diff(in.get_string("signature"), signature_text(c_));
-    if (!diff.empty()) {
-      throw std::invalid_argument("--resume: checkpoint '" + ckpt_path_ +
-                                  "' belongs to a run with other settings (" + diff +
-                                  "); use another --out or drop --resume to start afresh");
-    }
+  void load_checkpoint(trainer::CheckpointReader& in) {
     step_ = in.get_int("step");
     if (step_ < 0 || step_ > total_) {
       throw std::runtime_error("checkpoint '" + ckpt_path_ + "': step " + std::to_string(step_) +
@@ -430,35 +449,50 @@ class Run {
     if (buffer_) buffer_->load(in, "replay", device_);
     const auto x = in.get_tensor("curve_x").to(torch::kCPU, torch::kDouble).contiguous();
     result_.x.assign(x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
-    result_.curve = from_tensor(in.get_tensor("curve"));
-    R_ = from_tensor(in.get_tensor("R"));
+    result_.curve = in.get_history("curve");
+    R_ = in.get_history("R");
   }
 
+  // --- result ------------------------------------------------------------------------------
+
+  // The run's result (summary metrics once they exist), also written to result.jsonl.
   RunResult finish() {
-    RunResult& res = result_;
-    res.config = c_;
-    res.steps = step_;
-    res.total_steps = total_;
-    res.seconds = seconds_;
-    res.R = R_;
-    res.summary.assign(res.summary_names.size(), kNaN);
+    result_.config = c_;
+    result_.steps = step_;
+    result_.total_steps = total_;
+    result_.seconds = seconds_;
+    result_.R = R_;
+    result_.summary = summarize();
+    write_result();
+    return result_;
+  }
+
+  // Class-imbalanced: the last evaluation and the mean rare forgetting; continual: AP, AF and
+  // BWT after the last task. NaN where the run stopped before them.
+  std::vector<double> summarize() const {
+    const RunResult& res = result_;
     if (imbalanced_ && !res.curve.empty()) {
       const auto& lastp = res.curve.back();
       double mean_forgetting = 0;
       for (const auto& p : res.curve)
         mean_forgetting += p[3] / static_cast<double>(res.curve.size());
-      res.summary = {lastp[0], lastp[1], lastp[2], lastp[3], mean_forgetting};
-    } else if (!imbalanced_ && res.completed()) {
-      const size_t t = R_.size() - 1;
-      res.summary = {average_performance(R_, t), average_forgetting(R_, t),
-                     backward_transfer(R_, t)};
+      return {lastp[0], lastp[1], lastp[2], lastp[3], mean_forgetting};
     }
+    if (!imbalanced_ && res.completed()) {
+      const size_t t = R_.size() - 1;
+      return {average_performance(R_, t), average_forgetting(R_, t), backward_transfer(R_, t)};
+    }
+    return std::vector<double>(res.summary_names.size(), kNaN);
+  }
+
+  void write_result() const {
     Record r;
     r.set("optimizer", c_.optimizer).set("seed", c_.seed).set("steps", step_);
-    r.set("completed", res.completed()).set("train_seconds", seconds_);
-    for (size_t k = 0; k < res.summary.size(); ++k) r.set(res.summary_names[k], res.summary[k]);
+    r.set("completed", result_.completed()).set("train_seconds", seconds_);
+    for (size_t k = 0; k < result_.summary.size(); ++k) {
+      r.set(result_.summary_names[k], result_.summary[k]);
+    }
     trainer::MetricsWriter::create(dir_ + "/result.jsonl").write(r);
-    return res;
   }
 
   Config c_;
@@ -471,7 +505,10 @@ class Run {
   std::unique_ptr<ReplayBuffer> buffer_;
   std::vector<int64_t> steps_per_epoch_;
   int64_t total_ = 0, step_ = 0;
+  int64_t last_ = 0;  ///< the step this session stops after (--stop-at-step, or total_)
   double seconds_ = 0, grad_norm_ = kNaN;
+  double seconds_before_ = 0;  ///< training time of the earlier sessions
+  std::chrono::steady_clock::time_point session_start_;
   double best_rare_ = -std::numeric_limits<double>::infinity();
   bool imbalanced_ = true;
   AccuracyMatrix R_;

@@ -3,7 +3,7 @@
 //
 // A run (one optimizer, one seed) writes into <out>/<optimizer>-seed<seed>/:
 //   train.jsonl|csv    every --log-every steps: step, task, epoch, loss, acc (%), grad_norm, lr,
-//                      and FOGO's telemetry (fogo/<group>/<field>)
+//                      and FOGO's telemetry (fogo/<group>/<stat>)
 //   eval.jsonl|csv     every evaluation: the scenario's accuracies (%), forgetting, AP/AF/BWT
 //   result.jsonl       the run's summary (one record)
 //   checkpoint.pt      model, optimizer, replay buffer, evaluation history, step; replaced
@@ -47,7 +47,21 @@ DataSplit load_data(const Config& config);
 
 /// Runs every optimizer x seed of `config`, then prints the mean ± sd table to `out` and writes
 /// <out>/summary.md, <out>/runs.<fmt> and the plots (accuracy.png, forgetting.png).
-/// Returns the results in run order.
+/// Returns the results in run order. In stages:
+///   plan_runs          every run's resolved config (a bad flag fails before any training)
+///   load_data          the dataset, once for all runs
+///   train_run          each run
+///   report_comparison  the table, summary files and plots from the results
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out);
+
+/// One resolved config per optimizer x seed, optimizer-major. Throws a trainer::CliError naming
+/// the flag at fault.
+std::vector<Config> plan_runs(const Config& config);
+
+/// Prints the mean ± sd table of `results` (of plan_runs(config)'s runs, in its order) to `out`
+/// and writes <out>/summary.md, <out>/runs.<fmt> and, with --plots, the plots. `data_name`
+/// names the dataset in the table's heading.
+void report_comparison(const Config& config, const std::string& data_name,
+                       const std::vector<RunResult>& results, std::ostream& out);
 
 }  // namespace fogo::resnet

@@ -1,0 +1,35 @@
+#pragma once
+// What the trainers share about their optimizers: the --ns-dtype flag and FOGO's telemetry as
+// fields of a metrics record, under one set of names.
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace fogo {
+class HybridOptimizer;
+}
+
+namespace fogo::trainer {
+
+class Cli;
+class Record;
+
+/// Registers --ns-dtype (bf16 | fp32), the compute dtype of the Newton–Schulz iterations of
+/// Muon and FOGO; its current value, the library's default bf16, is the flag's default.
+void add_ns_dtype_flag(Cli& cli, std::string* target);
+
+/// The dtype an --ns-dtype value names; a CliError naming the flag for anything else (a config
+/// built in code bypasses the parser's check).
+c10::ScalarType parse_ns_dtype(const std::string& value);
+
+/// Sets the statistics of the last step of `hybrid`'s FOGO side on `record`, one field per
+/// codebook group and statistic: "fogo/<group>/<stat>", <group> the param group's name
+/// (hybrid.group_name(g)) and <stat> one of rbar, gamma_st, frac_conflicting,
+/// frac_over_aligned, frac_lt_protected, codebook_entropy, live_centroids, delta_ratio, frozen
+/// (fogo::FOGOTelemetry). Sets nothing when
+/// the hybrid has no matrix side; throws (HybridOptimizer::matrix<fogo::FOGO>()) when its
+/// matrix side is not a fogo::FOGO, so call it for FOGO runs only.
+void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid);
+
+}  // namespace fogo::trainer

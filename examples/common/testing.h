@@ -1,0 +1,44 @@
+#pragma once
+// Test support for the trainers' command lines: runs a trainer binary as a user would and
+// returns its exit status and what it printed. Header-only, for the test executables.
+
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace fogo::trainer::testing {
+
+struct CommandResult {
+  int status = -1;  ///< the exit status; -1 when the process did not exit normally
+  std::string out, err;
+};
+
+/// Runs `binary args` through the shell (args as typed), stdout and stderr captured apart.
+inline CommandResult run_command(const std::string& binary, const std::string& args) {
+  std::string dir = (std::filesystem::temp_directory_path() / "fogo_cli_XXXXXX").string();
+  if (!::mkdtemp(dir.data())) throw std::runtime_error("mkdtemp failed for " + dir);
+  const std::string out = dir + "/out", err = dir + "/err";
+  const int raw = std::system((binary + " " + args + " >" + out + " 2>" + err).c_str());
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  CommandResult r;
+  r.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = read(out);
+  r.err = read(err);
+  // Not remove_all: see the note on the torch wheel's std::filesystem in docs/trainers.md.
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+  std::filesystem::remove(dir);
+  return r;
+}
+
+}  // namespace fogo::trainer::testing
