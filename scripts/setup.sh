@@ -5,8 +5,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
+# libgloo-dev: gloo's headers, which c10d's ProcessGroupGloo.hpp includes (the torch wheel has
+# gloo compiled in but ships none of its headers); nothing links Debian's libgloo.
 debs=(cmake ninja-build g++ python3-venv libgtest-dev libgmock-dev libbenchmark-dev
-      dataset-fashion-mnist bible-kjv gnuplot-nox)
+      libgloo-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

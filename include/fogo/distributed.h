@@ -1,0 +1,215 @@
+#pragma once
+// Data-parallel training on c10d, PyTorch's collective library (it ships in the torch wheel):
+// a process group made from what `torchrun` puts in the environment, gradient averaging that any
+// LibTorch training loop can call, and checks that replicated ranks stay identical.
+//
+//   auto group = fogo::dist::init_from_env();                  // RANK, WORLD_SIZE, MASTER_ADDR...
+//   fogo::dist::broadcast_parameters(group, *model);           // every rank starts from rank 0's
+//   fogo::dist::GradientAverager averager(group, model->parameters());
+//   for (...) {
+//     {
+//       auto guard = averager.no_sync();                       // accumulation: no communication
+//       loss(micro_batch_0).backward();
+//     }
+//     loss(micro_batch_1).backward();                          // buckets all-reduce as they fill
+//     averager.finish();                                       // grad = sum over ranks / world
+//     optimizer.step();                                        // replicated: the same on every
+//     rank optimizer.zero_grad(); if (step % 100 == 0) fogo::dist::check_lockstep(group,
+//     fogo::dist::module_state(*model));
+//   }
+//
+// Every wait is bounded by ProcessGroupOptions::timeout: a rank that dies or stalls makes the
+// others fail with a c10::Error instead of hanging. docs/distributed.md has the details.
+
+#ifndef FOGO_WITH_DISTRIBUTED
+#error \
+    "fogo was built without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing)"
+#endif
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace fogo {
+class FOGO;
+}  // namespace fogo
+
+namespace fogo::dist {
+
+enum class Backend {
+  Auto,  ///< Gloo for CPU tensors, plus NCCL for CUDA tensors when fogo has NCCL and a GPU
+  Gloo,  ///< Gloo only (CPU tensors)
+  Nccl,  ///< NCCL only (CUDA tensors; the device is cuda:LOCAL_RANK)
+};
+
+struct ProcessGroupOptions {
+  ProcessGroupOptions() = default;
+  TORCH_ARG(Backend, backend) = Backend::Auto;
+  /// Bounds every wait: reaching the store, the other ranks joining, each collective, shutdown.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
+  /// Used instead of MASTER_ADDR / MASTER_PORT when set.
+  TORCH_ARG(std::optional<std::string>, master_addr) = std::nullopt;
+  TORCH_ARG(std::optional<int64_t>, master_port) = std::nullopt;
+};
+
+/// Where this process sits in the job and where the rendezvous store is.
+struct Launch {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;
+  std::string master_addr;
+  int64_t master_port = 0;
+  /// torchrun's agent already hosts the store at MASTER_ADDR:MASTER_PORT
+  /// (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it; otherwise rank 0 hosts it.
+  bool agent_store = false;
+
+  /// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (the last two unless
+  /// `options` overrides them) and TORCHELASTIC_USE_AGENT_STORE. A variable that is missing or
+  /// invalid is a c10::Error naming it.
+  static Launch from_env(const ProcessGroupOptions& options = {});
+};
+
+/// A c10d process group with its TCPStore. A handle: copies share one group, which is shut down
+/// when the last copy goes (or by shutdown()). Creating one is collective: every rank of the job
+/// must create its groups in the same order.
+class ProcessGroup {
+ public:
+  /// Connects to (rank 0: hosts) the store, checks that the ranks agree (every rank present
+  /// within the timeout, one process per rank, the same WORLD_SIZE everywhere) and connects the
+  /// backends. Each problem is a c10::Error naming it.
+  explicit ProcessGroup(const Launch& launch, ProcessGroupOptions options = {});
+
+  int64_t rank() const;
+  int64_t world_size() const;
+  int64_t local_rank() const;
+  const ProcessGroupOptions& options() const;
+  /// The device collectives of fogo's own bookkeeping (checksums, used-gradient counts) use:
+  /// the CPU when the group has Gloo, else cuda:LOCAL_RANK.
+  torch::Device control_device() const;
+
+  /// The underlying c10d group, for collectives fogo does not wrap (include c10d's
+  /// ProcessGroup.hpp to use it).
+  c10d::ProcessGroup& c10d() const;
+
+  /// Returns once every rank has called it; a rank missing past the timeout is an error.
+  void barrier() const;
+
+  /// Releases the backends and the store. Rank 0, when it hosts the store, first waits (within
+  /// the timeout) until every rank has reached shutdown, so that no rank loses the store while
+  /// still using it; after a failed collective it does not wait. Idempotent; never throws.
+  void shutdown() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  friend Impl& impl(const ProcessGroup& group);
+};
+
+/// ProcessGroup(Launch::from_env(options), options).
+ProcessGroup init_from_env(ProcessGroupOptions options = {});
+
+struct GradientAveragerOptions {
+  GradientAveragerOptions() = default;
+  /// A bucket is closed once it holds at least this many bytes of gradients (DDP's default).
+  TORCH_ARG(int64_t, bucket_bytes) = 25 * 1024 * 1024;
+};
+
+/// Averages the gradients of `params` over the ranks of a group: grad = (sum over ranks) / world.
+///
+/// Parameters are bucketed in reverse order (roughly the order backward produces their
+/// gradients, as DDP does), by device and dtype, `bucket_bytes` per bucket. A hook on each
+/// parameter's gradient accumulator marks it ready as backward accumulates its gradient; a bucket
+/// whose parameters are all ready is copied into one flat buffer and all-reduced at once, while
+/// backward goes on. finish() all-reduces what backward left (buckets with parameters that got no
+/// gradient), waits for everything, and writes the averages back into the `.grad`s.
+///
+/// Parameters without a gradient: a parameter whose `.grad` is undefined on every rank stays
+/// without gradient. If it is defined on some ranks only, the others count as zeros and every
+/// rank receives (sum of the defined ones) / world. The counts come from one small extra
+/// all-reduce per finish() (an int32 per parameter).
+///
+/// Gradient accumulation: backward passes inside a no_sync() scope only accumulate locally; the
+/// next backward outside one then reduces the accumulated sums. Averaging is over ranks, not over
+/// micro-batches: scale the loss by 1 / micro-batches for a mean.
+///
+/// Why not c10d's Reducer, which ships in the wheel: it expects to be driven the way Python's
+/// DistributedDataParallel drives it (prepare_for_forward/backward each step, bucket rebuilding,
+/// a Logger; errors phrased for DDP), and it finds unused parameters by walking the autograd
+/// graph from the outputs on every step. Hooks on the gradient accumulators need neither the
+/// outputs nor a graph walk, and their whole behaviour is what this comment states.
+class GradientAverager {
+ public:
+  /// Parameters that do not require grad are skipped. Collective: checks that every rank passes
+  /// the same number of parameters with the same shapes and dtypes.
+  GradientAverager(ProcessGroup group, const std::vector<torch::Tensor>& params,
+                   GradientAveragerOptions options = {});
+  ~GradientAverager();
+  GradientAverager(GradientAverager&&) noexcept;
+  GradientAverager& operator=(GradientAverager&&) noexcept;
+
+  /// Completes the averaging of this step's gradients; call it on every rank after the last
+  /// backward and before the optimizer step. A failed or timed-out all-reduce (another rank died
+  /// or stalled) is a c10::Error naming the bucket.
+  void finish();
+
+  /// While it lives, backward passes accumulate gradients without communicating.
+  class [[nodiscard]] NoSync {
+   public:
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    friend class GradientAverager;
+    explicit NoSync(GradientAverager& averager);
+    GradientAverager& averager_;
+    bool previous_;
+  };
+  NoSync no_sync();
+
+  /// Indices into the constructor's parameters (those requiring grad), per bucket, in the order
+  /// the buckets are all-reduced.
+  std::vector<std::vector<size_t>> buckets() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+/// Copies root's values of `tensors` into every rank's (in place, without autograd). Collective;
+/// the tensors must have the same shapes and dtypes on every rank (checked).
+void broadcast_tensors(const ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                       int64_t root = 0);
+/// broadcast_tensors of a module's parameters and buffers: every rank starts from root's model.
+void broadcast_parameters(const ProcessGroup& group, const torch::nn::Module& module,
+                          int64_t root = 0);
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// A module's parameters and buffers by name.
+NamedTensors module_state(const torch::nn::Module& module);
+/// FOGO's memory (FOGO::memory) by name: "fogo.group<g>.centroids", ".S", ".N", ".frozen",
+/// ".frozen_nu" (those that exist yet).
+NamedTensors fogo_memory(const fogo::FOGO& optimizer);
+
+/// Checks that every rank holds bit-identical `tensors`: a checksum of each tensor's bytes
+/// (exact integer sums, the same on every device) is gathered from all ranks. A difference is a
+/// c10::Error on every rank naming the first tensor that differs and the ranks that disagree
+/// with rank 0. Collective; run it every N steps in replicated training.
+void check_lockstep(const ProcessGroup& group, const NamedTensors& tensors);
+
+}  // namespace fogo::dist

@@ -1,0 +1,805 @@
+// fogo::dist end to end: real processes on one machine talking over Gloo and a TCPStore.
+//
+// The binary is its own launcher. Run plainly it is a GoogleTest binary whose tests fork/exec
+// copies of itself as the ranks of a job (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+// set as torchrun sets them, on a free loopback port). Run with --rank-scenario=NAME (or under
+// torchrun: `torchrun --nproc-per-node 2 --no-python fogo_dist_tests --rank-scenario=NAME`) it is
+// one rank of scenario NAME: it exits 0 when every check passed, 3 with a line
+// "FOGO_DIST_ERROR: <message>" when fogo raised an error, 4 when a check failed.
+//
+// The truth every rank compares against is the single-process computation, done inside each rank
+// on the whole batch without any communication.
+#include <dirent.h>
+#include <fogo/distributed.h>
+#include <fogo/fogo_optimizer.h>
+#include <fogo/muon.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// =============================================================================================
+// Rank side: scenarios
+
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define RANK_CHECK(cond, ...)                                                             \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::ostringstream out_;                                                            \
+      out_ << __FILE__ << ":" << __LINE__ << ": check failed: " #cond " " << __VA_ARGS__; \
+      throw CheckFailed(out_.str());                                                      \
+    }                                                                                     \
+  } while (0)
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+fs::path out_dir() {
+  const char* v = std::getenv("FOGO_DIST_OUT");
+  return v ? fs::path(v) : fs::temp_directory_path();
+}
+
+fogo::dist::ProcessGroup make_group() {
+  return fogo::dist::init_from_env(fogo::dist::ProcessGroupOptions().timeout(
+      std::chrono::milliseconds(env_int("FOGO_DIST_TIMEOUT_MS", 30000))));
+}
+
+double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
+
+/// Gradients of `params` after backward of `loss_fn()` from zero, copied out.
+std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params,
+                                    const std::function<torch::Tensor()>& loss_fn) {
+  for (auto p : params) {
+    p.mutable_grad() = torch::Tensor();
+  }
+  loss_fn().backward();
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) {
+    out.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  }
+  return out;
+}
+
+void copy_params(torch::nn::Module& to, const torch::nn::Module& from) {
+  torch::NoGradGuard no_grad;
+  auto dst = to.parameters();
+  auto src = from.parameters();
+  for (size_t i = 0; i < dst.size(); ++i) {
+    dst[i].copy_(src[i]);
+  }
+}
+
+torch::nn::Sequential mlp(std::vector<int64_t> widths, bool bias, torch::Dtype dtype) {
+  torch::nn::Sequential net;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    net->push_back(
+        torch::nn::Linear(torch::nn::LinearOptions(widths[i], widths[i + 1]).bias(bias)));
+    if (i + 2 < widths.size()) {
+      net->push_back(torch::nn::Tanh());
+    }
+  }
+  net->to(dtype);
+  return net;
+}
+
+// --- world 2, batch b per rank == one process, batch 2b -------------------------------------
+
+/// A: dyadic data and weights make every gradient value exact in fp32, whatever the reduction
+/// order: the averaged gradients must equal the full-batch ones bit for bit.
+void dyadic_first_step(const fogo::dist::ProcessGroup& group) {
+  const int64_t b = 8, rank = group.rank();
+  torch::manual_seed(1);
+  auto model = torch::nn::Linear(8, 4);
+  auto reference = torch::nn::Linear(8, 4);
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.copy_(torch::randint(-4, 5, {4, 8}) / 8.0);
+    model->bias.copy_(torch::randint(-4, 5, {4}) / 8.0);
+  }
+  copy_params(*reference, *model);
+  const auto x = torch::randint(-2, 3, {2 * b, 8}) / 2.0;
+  const auto y = torch::randint(-4, 5, {2 * b, 4}) / 4.0;
+  fogo::dist::GradientAverager averager(group, model->parameters());
+  torch::mse_loss(model->forward(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+  averager.finish();
+  const auto truth =
+      grads_of(reference->parameters(), [&] { return torch::mse_loss(reference->forward(x), y); });
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    RANK_CHECK(torch::equal(params[i].grad(), truth[i]),
+               "dyadic gradient " << i << " differs from the full batch by "
+                                  << max_abs(params[i].grad() - truth[i]));
+  }
+}
+
+/// B: an fp64 MLP trained 6 SGD steps, with and without gradient accumulation. Tolerance: the
+/// only difference from the single process is the order of the reductions over the 2b = 16
+/// samples (two halves of 8 then one sum, instead of one sum of 16) and BLAS blocking; in fp64
+/// (unit roundoff 1.1e-16) that moves a gradient by a few ulps of the sum of absolute terms.
+/// 1e-12 relative to the largest entry leaves ~1e4 ulps of margin, while a real mistake (a
+/// missing average, a stale or mis-assigned bucket, a wrong shard) is of order 1e-1.
+void mlp_sgd(const fogo::dist::ProcessGroup& group, bool accumulate) {
+  constexpr double kTol = 1e-12;
+  const int64_t b = 8, rank = group.rank(), steps = 6;
+  torch::manual_seed(2);
+  auto model = mlp({6, 16, 16, 3}, true, torch::kFloat64);
+  auto reference = mlp({6, 16, 16, 3}, true, torch::kFloat64);
+  copy_params(*reference, *model);
+  // A small bucket size: several buckets, filled and launched during backward.
+  fogo::dist::GradientAverager averager(group, model->parameters(),
+                                        fogo::dist::GradientAveragerOptions().bucket_bytes(512));
+  RANK_CHECK(averager.buckets().size() >= 3, "expected several buckets");
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randn({2 * b, 6}, torch::kFloat64);
+    const auto y = torch::randn({2 * b, 3}, torch::kFloat64);
+    const auto local_x = x.narrow(0, rank * b, b), local_y = y.narrow(0, rank * b, b);
+    opt.zero_grad();
+    if (accumulate) {
+      // Two micro-batches of b/2; the first must not communicate.
+      const auto half = b / 2;
+      std::vector<torch::Tensor> first;
+      {
+        auto no_sync = averager.no_sync();
+        first = grads_of(model->parameters(), [&] {
+          return torch::mse_loss(model->forward(local_x.narrow(0, 0, half)),
+                                 local_y.narrow(0, 0, half));
+        });
+        opt.zero_grad();
+        (0.5 *
+         torch::mse_loss(model->forward(local_x.narrow(0, 0, half)), local_y.narrow(0, 0, half)))
+            .backward();
+      }
+      const auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        RANK_CHECK(torch::equal(params[i].grad(), 0.5 * first[i]),
+                   "under no_sync() gradient " << i << " changed: it was communicated");
+      }
+      (0.5 * torch::mse_loss(model->forward(local_x.narrow(0, half, half)),
+                             local_y.narrow(0, half, half)))
+          .backward();
+    } else {
+      torch::mse_loss(model->forward(local_x), local_y).backward();
+    }
+    averager.finish();
+    const auto truth = grads_of(reference->parameters(),
+                                [&] { return torch::mse_loss(reference->forward(x), y); });
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto err = max_abs(params[i].grad() - truth[i]);
+      RANK_CHECK(err <= kTol * max_abs(truth[i]),
+                 "step " << step << " gradient " << i << ": |averaged - full batch| = " << err
+                         << " > " << kTol << " * " << max_abs(truth[i]));
+    }
+    opt.step();
+    ref_opt.step();
+  }
+  const auto params = model->parameters(), truth = reference->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto err = max_abs(params[i] - truth[i]);
+    RANK_CHECK(err <= kTol * max_abs(truth[i]),
+               "parameter " << i << " after " << steps << " steps: off by " << err);
+  }
+}
+
+/// C: parameters without gradients. `a` is used on every rank, `b` on rank 1 only, `c` never:
+/// a's gradient is the average, b's is rank 1's / 2 on both ranks, c's stays undefined.
+void unused_parameters(const fogo::dist::ProcessGroup& group) {
+  torch::manual_seed(3);
+  auto a = torch::randn({5, 3}, torch::kFloat64).requires_grad_(true);
+  auto bp = torch::randn({3}, torch::kFloat64).requires_grad_(true);
+  auto c = torch::randn({4}, torch::kFloat64).requires_grad_(true);
+  const auto x = torch::randn({2, 4, 5}, torch::kFloat64);
+  // Two steps: the second finds the hooks and bookkeeping reset by the first.
+  fogo::dist::GradientAverager averager(group, {a, bp, c},
+                                        fogo::dist::GradientAveragerOptions().bucket_bytes(8));
+  const auto loss_on = [&](int64_t r) {
+    auto h = x[r].mm(a);
+    return r == 1 ? (h + bp).pow(2).sum() : h.pow(2).sum();
+  };
+  for (int step = 0; step < 2; ++step) {
+    std::vector<torch::Tensor> g0, g1;
+    {
+      auto no_sync = averager.no_sync();  // the single-process truth, without the hooks
+      g0 = grads_of({a, bp, c}, [&] { return loss_on(0); });
+      g1 = grads_of({a, bp, c}, [&] { return loss_on(1); });
+    }
+    for (auto p : {a, bp, c}) {
+      p.mutable_grad() = torch::Tensor();
+    }
+    loss_on(group.rank()).backward();
+    averager.finish();
+    RANK_CHECK(torch::equal(a.grad(), (g0[0] + g1[0]) / 2), "a: not the average");
+    RANK_CHECK(bp.grad().defined() && torch::equal(bp.grad(), g1[1] / 2),
+               "b (used on rank 1 only): expected rank 1's gradient / 2");
+    RANK_CHECK(!c.grad().defined(), "c (used nowhere) got a gradient");
+  }
+}
+
+void scenario_equivalence(const fogo::dist::ProcessGroup& group) {
+  dyadic_first_step(group);
+  mlp_sgd(group, false);
+  mlp_sgd(group, true);
+  unused_parameters(group);
+}
+
+// --- replicated FOGO and Muon: bit-identical ranks, bit-identical to one process --------------
+
+fogo::FOGOOptions small_fogo() {
+  return fogo::FOGOOptions(0.02).proj_dim(16).codebook_size(8).reseed_every(4).freeze_per_task(3);
+}
+
+/// World 2, 10 steps with a task boundary after step 5. The single-process truth: the gradients
+/// of both ranks' shards computed here, averaged as (g0 + g1) / 2 (what an all-reduce of two
+/// values computes, addition being commutative), stepped by an identical optimizer. Ranks write
+/// their final parameters and FOGO memory for the launcher to compare across ranks.
+template <typename Optimizer, typename Options>
+void replicated_run(const fogo::dist::ProcessGroup& group, const std::string& name,
+                    const Options& options, bool fogo) {
+  const int64_t b = 6, rank = group.rank(), steps = 10;
+  torch::manual_seed(4);
+  auto model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+  auto reference = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+  copy_params(*reference, *model);
+  // Every rank starts from rank 0's model even if their seeds differed.
+  fogo::dist::broadcast_parameters(group, *model);
+  RANK_CHECK(torch::equal(model->parameters()[0], reference->parameters()[0]), "broadcast");
+  fogo::dist::GradientAverager averager(group, model->parameters(),
+                                        fogo::dist::GradientAveragerOptions().bucket_bytes(1024));
+  Optimizer opt(model->parameters(), options);
+  Optimizer ref_opt(reference->parameters(), options);
+  for (int64_t step = 0; step < steps; ++step) {
+    if constexpr (std::is_same_v<Optimizer, fogo::FOGO>) {
+      if (step == steps / 2) {
+        opt.task_boundary();
+        ref_opt.task_boundary();
+      }
+    }
+    torch::manual_seed(200 + step);
+    const auto x = torch::randn({2 * b, 12}) * (step < steps / 2 ? 1.0 : -2.0);
+    const auto y = torch::randn({2 * b, 5});
+    const auto loss = [&](torch::nn::Sequential& m, int64_t r) {
+      return torch::mse_loss(m->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
+    };
+    opt.zero_grad();
+    loss(model, rank).backward();
+    averager.finish();
+    const auto g0 = grads_of(reference->parameters(), [&] { return loss(reference, 0); });
+    const auto g1 = grads_of(reference->parameters(), [&] { return loss(reference, 1); });
+    auto ref_params = reference->parameters();
+    for (size_t i = 0; i < ref_params.size(); ++i) {
+      ref_params[i].mutable_grad() = (g0[i] + g1[i]) / 2;
+    }
+    opt.step();
+    ref_opt.step();
+    fogo::dist::check_lockstep(group, fogo::dist::module_state(*model));
+  }
+  std::vector<torch::Tensor> saved;
+  const auto params = model->parameters(), truth = reference->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    RANK_CHECK(torch::equal(params[i], truth[i]), name << ": parameter " << i
+                                                       << " differs from the single process by "
+                                                       << max_abs(params[i] - truth[i]));
+    saved.push_back(params[i].detach().clone());
+  }
+  if constexpr (std::is_same_v<Optimizer, fogo::FOGO>) {
+    const auto memory = fogo::dist::fogo_memory(opt);
+    const auto ref_memory = fogo::dist::fogo_memory(ref_opt);
+    RANK_CHECK(memory.size() == ref_memory.size() && memory.size() >= 5,
+               name << ": memory tensors " << memory.size());
+    for (size_t i = 0; i < memory.size(); ++i) {
+      RANK_CHECK(torch::equal(memory[i].second, ref_memory[i].second),
+                 name << ": " << memory[i].first << " differs from the single process");
+      saved.push_back(memory[i].second);
+    }
+    fogo::dist::check_lockstep(group, memory);
+  }
+  (void)fogo;
+  torch::save(saved, (out_dir() / (name + "_rank" + std::to_string(rank) + ".pt")).string());
+}
+
+void scenario_replicated(const fogo::dist::ProcessGroup& group) {
+  replicated_run<fogo::FOGO>(group, "fogo", small_fogo(), true);
+  replicated_run<fogo::Muon>(group, "muon", fogo::MuonOptions(0.02), false);
+}
+
+// --- lockstep: an injected divergence is named ------------------------------------------------
+
+void expect_lockstep_error(const fogo::dist::ProcessGroup& group,
+                           const fogo::dist::NamedTensors& tensors, const std::string& name) {
+  try {
+    fogo::dist::check_lockstep(group, tensors);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    RANK_CHECK(what.find("'" + name + "'") != std::string::npos &&
+                   what.find("rank(s) 1") != std::string::npos,
+               "the error does not name " << name << " and rank 1: " << what);
+    std::printf("rank %lld got the expected error: %s\n", static_cast<long long>(group.rank()),
+                what.c_str());
+    return;
+  }
+  RANK_CHECK(false, "check_lockstep missed the divergence of " << name);
+}
+
+void scenario_lockstep(const fogo::dist::ProcessGroup& group) {
+  torch::manual_seed(5);
+  auto model = mlp({6, 8, 8, 2}, true, torch::kFloat32);
+  fogo::dist::broadcast_parameters(group, *model);
+  fogo::dist::check_lockstep(group, fogo::dist::module_state(*model));  // identical: passes
+  {
+    // One ulp in one entry of the second layer's weight, on rank 1 only.
+    torch::NoGradGuard no_grad;
+    auto w = model->named_parameters()["2.weight"];
+    if (group.rank() == 1) {
+      auto flat = w.view({-1});
+      flat[7] = std::nextafter(flat[7].item<float>(), 1e9f);
+    }
+  }
+  expect_lockstep_error(group, fogo::dist::module_state(*model), "2.weight");
+
+  // FOGO memory: rank 1's optimizer has another seed (another projection Pi), so after one step
+  // on identical gradients its codebook differs while a same-seed pair would agree.
+  auto p = torch::ones({8, 16}).requires_grad_(true);
+  fogo::FOGO opt({p}, small_fogo().seed(group.rank() == 1 ? 7 : 0));
+  torch::manual_seed(6);
+  p.mutable_grad() = torch::randn({8, 16});
+  opt.step();
+  expect_lockstep_error(group, fogo::dist::fogo_memory(opt), "fogo.group0.centroids");
+}
+
+// --- failures ---------------------------------------------------------------------------------
+
+/// World 3; rank 1 is killed (SIGKILL) at step 3. The others must fail with fogo's error within
+/// the timeout, not hang.
+void scenario_killed(const fogo::dist::ProcessGroup& group) {
+  torch::manual_seed(7);
+  auto model = mlp({6, 8, 2}, true, torch::kFloat32);
+  fogo::dist::GradientAverager averager(group, model->parameters());
+  for (int step = 0; step < 1000; ++step) {
+    if (step == 3 && group.rank() == 1) {
+      std::raise(SIGKILL);
+    }
+    model->zero_grad();
+    model->forward(torch::randn({4, 6})).sum().backward();
+    averager.finish();
+  }
+  RANK_CHECK(false, "1000 steps passed without noticing the killed rank");
+}
+
+/// Only joins: for world-size mismatch, missing ranks, bad addresses.
+void scenario_join(const fogo::dist::ProcessGroup& group) { group.barrier(); }
+
+/// Under torchrun: the replicated scenario with the launcher's own environment.
+void scenario_torchrun(const fogo::dist::ProcessGroup& group) { scenario_replicated(group); }
+
+int rank_main(const std::string& scenario) {
+  torch::set_num_threads(1);
+  const std::map<std::string, void (*)(const fogo::dist::ProcessGroup&)> scenarios{
+      {"equivalence", scenario_equivalence},
+      {"replicated", scenario_replicated},
+      {"lockstep", scenario_lockstep},
+      {"killed", scenario_killed},
+      {"join", scenario_join},
+      {"torchrun", scenario_torchrun}};
+  try {
+    const auto it = scenarios.find(scenario);
+    if (it == scenarios.end()) {
+      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+      return 5;
+    }
+    auto group = make_group();
+    it->second(group);
+    group.shutdown();
+    std::printf("rank %lld: %s passed\n", static_cast<long long>(group.rank()), scenario.c_str());
+    return 0;
+  } catch (const CheckFailed& e) {
+    std::fprintf(stderr, "FOGO_DIST_CHECK_FAILED: %s\n", e.what());
+    return 4;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "FOGO_DIST_ERROR: %s\n", e.what_without_backtrace());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FOGO_DIST_ERROR: %s\n", e.what());
+    return 3;
+  }
+}
+
+// =============================================================================================
+// Launcher side
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("free_port: no loopback port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string self_path() { return fs::read_symlink("/proc/self/exe").string(); }
+
+struct RankResult {
+  bool exited = false;
+  int code = -1;
+  int signal = 0;
+  std::string log;
+};
+
+struct Job {
+  std::vector<RankResult> ranks;
+  double seconds = 0;
+  bool killed = false;  // the launcher's deadline ran out
+  fs::path dir;         // logs and outputs; removed unless a test failed
+
+  Job() = default;
+  Job(Job&& other) noexcept
+      : ranks(std::move(other.ranks)),
+        seconds(other.seconds),
+        killed(other.killed),
+        dir(std::exchange(other.dir, fs::path())) {}
+  Job& operator=(Job&&) = delete;
+  ~Job() {
+    // POSIX calls: libtorch.so exports its own std::filesystem::remove_all, which crashes here.
+    if (dir.empty() || ::testing::Test::HasFailure()) {
+      return;
+    }
+    if (DIR* d = opendir(dir.c_str())) {
+      while (const dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") {
+          unlink((dir / name).c_str());
+        }
+      }
+      closedir(d);
+    }
+    rmdir(dir.c_str());
+  }
+
+  std::string logs() const {
+    std::ostringstream out;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      out << "---- rank " << r << " (exit " << ranks[r].code << ", signal " << ranks[r].signal
+          << ")\n"
+          << ranks[r].log;
+    }
+    return out.str();
+  }
+};
+
+using Env = std::map<std::string, std::string>;
+
+/// Starts `nprocs` ranks of `scenario`, rank r with the torchrun variables for a world of
+/// `nprocs` on a free loopback port, then `extra(r)` on top. Waits at most `deadline_s`.
+Job launch(const std::string& scenario, int nprocs, const std::function<Env(int)>& extra = {},
+           double deadline_s = 120) {
+  Job job;
+  job.dir = fs::temp_directory_path() /
+            ("fogo_dist_" + std::to_string(getpid()) + "_" + std::to_string(free_port()));
+  fs::create_directories(job.dir);
+  const auto port = free_port();
+  const auto exe = self_path();
+  const auto arg = "--rank-scenario=" + scenario;
+  std::vector<pid_t> pids;
+  const auto start = Clock::now();
+  for (int r = 0; r < nprocs; ++r) {
+    Env env;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv(*e);
+      const auto eq = kv.find('=');
+      env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    env.erase("TORCHELASTIC_USE_AGENT_STORE");
+    env["RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(nprocs);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    env["OMP_NUM_THREADS"] = "1";
+    env["FOGO_DIST_OUT"] = job.dir.string();
+    if (extra) {
+      for (const auto& [k, v] : extra(r)) {
+        env[k] = v;
+      }
+    }
+    std::vector<std::string> kvs;
+    for (const auto& [k, v] : env) {
+      kvs.push_back(k + "=" + v);
+    }
+    std::vector<char*> envp;
+    for (auto& kv : kvs) {
+      envp.push_back(kv.data());
+    }
+    envp.push_back(nullptr);
+    const auto log = (job.dir / ("rank" + std::to_string(r) + ".log")).string();
+    std::vector<char*> argv{const_cast<char*>(exe.c_str()), const_cast<char*>(arg.c_str()),
+                            nullptr};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      FILE* f = std::fopen(log.c_str(), "w");
+      if (f) {
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+      }
+      execve(exe.c_str(), argv.data(), envp.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  job.ranks.resize(nprocs);
+  std::vector<bool> done(nprocs, false);
+  for (int left = nprocs; left > 0;) {
+    for (int r = 0; r < nprocs; ++r) {
+      int status = 0;
+      if (!done[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+        job.ranks[r].exited = WIFEXITED(status);
+        job.ranks[r].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        job.ranks[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      }
+    }
+    if (left > 0 && std::chrono::duration<double>(Clock::now() - start).count() > deadline_s) {
+      job.killed = true;
+      for (int r = 0; r < nprocs; ++r) {
+        if (!done[r]) {
+          kill(pids[r], SIGKILL);
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  job.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int r = 0; r < nprocs; ++r) {
+    std::ifstream in(job.dir / ("rank" + std::to_string(r) + ".log"));
+    job.ranks[r].log.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  return job;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+void expect_all_passed(const Job& job) {
+  EXPECT_FALSE(job.killed) << "the launcher killed the ranks after " << job.seconds << " s\n"
+                           << job.logs();
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    EXPECT_EQ(job.ranks[r].code, 0) << "rank " << r << " failed\n" << job.logs();
+  }
+}
+
+std::vector<torch::Tensor> load_tensors(const fs::path& path) {
+  std::vector<torch::Tensor> tensors;
+  torch::load(tensors, path.string());
+  return tensors;
+}
+
+// =============================================================================================
+// Tests
+
+TEST(Distributed, AveragedGradientsEqualSingleProcessFullBatch) {
+  const auto job = launch("equivalence", 2);
+  expect_all_passed(job);
+}
+
+TEST(Distributed, ReplicatedFogoAndMuonRanksBitIdenticalToSingleProcess) {
+  const auto job = launch("replicated", 2);
+  expect_all_passed(job);
+  for (const std::string name : {"fogo", "muon"}) {
+    const auto r0 = load_tensors(job.dir / (name + "_rank0.pt"));
+    const auto r1 = load_tensors(job.dir / (name + "_rank1.pt"));
+    ASSERT_EQ(r0.size(), r1.size()) << name;
+    ASSERT_GE(r0.size(), 3u) << name;
+    for (size_t i = 0; i < r0.size(); ++i) {
+      EXPECT_TRUE(torch::equal(r0[i], r1[i])) << name << " tensor " << i << " differs by rank";
+    }
+  }
+}
+
+TEST(Distributed, LockstepCheckNamesTheDivergingTensor) {
+  const auto job = launch("lockstep", 2);
+  expect_all_passed(job);
+  for (const auto& rank : job.ranks) {
+    EXPECT_TRUE(contains(rank.log, "'2.weight'") && contains(rank.log, "differs on rank(s) 1"))
+        << job.logs();
+    EXPECT_TRUE(contains(rank.log, "'fogo.group0.centroids'")) << job.logs();
+  }
+}
+
+TEST(Distributed, KilledRankMakesTheOthersFailWithinTheTimeout) {
+  // A 4 s timeout: every rank must have exited (with fogo's error) well within 4 s + start-up.
+  const auto job = launch(
+      "killed", 3,
+      [](int) {
+        return Env{{"FOGO_DIST_TIMEOUT_MS", "4000"}};
+      },
+      60);
+  EXPECT_FALSE(job.killed) << job.logs();
+  EXPECT_LT(job.seconds, 30) << job.logs();
+  EXPECT_EQ(job.ranks[1].signal, SIGKILL) << job.logs();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(job.ranks[r].code, 3) << "rank " << r << "\n" << job.logs();
+    EXPECT_TRUE(contains(job.ranks[r].log, "FOGO_DIST_ERROR: fogo::dist:") &&
+                contains(job.ranks[r].log, "failed on rank " + std::to_string(r)) &&
+                contains(job.ranks[r].log, "another rank exited, crashed or stalled"))
+        << job.logs();
+  }
+}
+
+TEST(Distributed, WorldSizeMismatchIsAClearErrorOnEveryRank) {
+  const auto job = launch(
+      "join", 2,
+      [](int r) {
+        return Env{{"WORLD_SIZE", r == 1 ? "3" : "2"}, {"FOGO_DIST_TIMEOUT_MS", "10000"}};
+      },
+      60);
+  EXPECT_FALSE(job.killed) << job.logs();
+  EXPECT_LT(job.seconds, 30) << job.logs();
+  for (const auto& rank : job.ranks) {
+    EXPECT_EQ(rank.code, 3) << job.logs();
+    EXPECT_TRUE(contains(rank.log, "WORLD_SIZE mismatch")) << job.logs();
+  }
+  EXPECT_TRUE(contains(job.ranks[1].log, "RANK=1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"))
+      << job.logs();
+}
+
+TEST(Distributed, MissingRankIsNamedAfterTheTimeout) {
+  // WORLD_SIZE=3 but only ranks 0 and 1 start.
+  const auto job = launch(
+      "join", 2,
+      [](int) {
+        return Env{{"WORLD_SIZE", "3"}, {"FOGO_DIST_TIMEOUT_MS", "2000"}};
+      },
+      60);
+  EXPECT_FALSE(job.killed) << job.logs();
+  EXPECT_LT(job.seconds, 30) << job.logs();
+  EXPECT_EQ(job.ranks[0].code, 3) << job.logs();
+  EXPECT_TRUE(contains(job.ranks[0].log, "rank(s) 2 of WORLD_SIZE=3 did not join")) << job.logs();
+  EXPECT_EQ(job.ranks[1].code, 3) << job.logs();
+  EXPECT_TRUE(contains(job.ranks[1].log, "rank(s) 2 of WORLD_SIZE=3 did not join")) << job.logs();
+}
+
+TEST(Distributed, BadMasterAddressOrPortIsAClearErrorWithinTheTimeout) {
+  using fogo::dist::Launch;
+  using fogo::dist::ProcessGroup;
+  using fogo::dist::ProcessGroupOptions;
+  const auto options = ProcessGroupOptions().timeout(std::chrono::milliseconds(1500));
+  const auto expect_error_within = [&](const Launch& launch, const std::string& needle,
+                                       double seconds) {
+    const auto start = Clock::now();
+    try {
+      ProcessGroup group(launch, options);
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const c10::Error& e) {
+      EXPECT_TRUE(contains(e.what_without_backtrace(), needle)) << e.what_without_backtrace();
+    }
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), seconds) << needle;
+  };
+  Launch l;
+  l.rank = 1;
+  l.world_size = 2;
+  l.local_rank = 1;
+  l.master_addr = "127.0.0.1";
+  l.master_port = free_port();  // nobody listens there
+  expect_error_within(
+      l, "cannot reach the rendezvous store at MASTER_ADDR:MASTER_PORT = 127.0.0.1:", 10);
+  l.master_addr = "no-such-host.invalid";
+  expect_error_within(l,
+                      "cannot reach the rendezvous store at MASTER_ADDR:MASTER_PORT = "
+                      "no-such-host.invalid:",
+                      10);
+  l.master_addr = "127.0.0.1";
+  l.master_port = 70000;
+  expect_error_within(l, "MASTER_PORT=70000 is not a TCP port", 1);
+  {
+    // Rank 0 cannot host the store on a port another socket holds.
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(listen(fd, 1), 0);
+    ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    Launch l0 = l;
+    l0.rank = 0;
+    l0.local_rank = 0;
+    l0.master_port = ntohs(addr.sin_port);
+    expect_error_within(l0, "cannot host the rendezvous store", 10);
+    close(fd);
+  }
+}
+
+TEST(Distributed, EnvironmentErrorsNameTheVariable) {
+  const auto expect_env_error = [](const Env& env, const std::string& needle) {
+    const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+    Env saved;
+    for (const char* n : names) {
+      if (const char* v = std::getenv(n)) {
+        saved[n] = v;
+      }
+      unsetenv(n);
+    }
+    for (const auto& [k, v] : env) {
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+    try {
+      fogo::dist::Launch::from_env();
+      ADD_FAILURE() << "no error; expected " << needle;
+    } catch (const c10::Error& e) {
+      EXPECT_TRUE(contains(e.what_without_backtrace(), needle)) << e.what_without_backtrace();
+    }
+    for (const char* n : names) {
+      unsetenv(n);
+    }
+    for (const auto& [k, v] : saved) {
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  };
+  const Env ok{{"RANK", "0"},
+               {"WORLD_SIZE", "2"},
+               {"LOCAL_RANK", "0"},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", "29500"}};
+  auto e = ok;
+  e.erase("MASTER_PORT");
+  expect_env_error(e, "MASTER_PORT is not set");
+  e = ok;
+  e["RANK"] = "2";
+  expect_env_error(e, "RANK=2 is not in [0, WORLD_SIZE=2)");
+  e = ok;
+  e["WORLD_SIZE"] = "two";
+  expect_env_error(e, "WORLD_SIZE='two' is not an integer");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string prefix = "--rank-scenario=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind(prefix, 0) == 0) {
+      return rank_main(a.substr(prefix.size()));
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
