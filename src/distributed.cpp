@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
@@ -639,6 +640,97 @@ void broadcast_parameters(const ProcessGroup& group, const torch::nn::Module& mo
     tensors.push_back(t);
   }
   broadcast_tensors(group, tensors, root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded optimizer mode
+
+double newton_schulz_cost(const torch::Tensor& param) {
+  if (param.dim() < 2) {
+    return static_cast<double>(param.numel());
+  }
+  const auto m = static_cast<double>(param.size(0));
+  const auto n = static_cast<double>(param.numel()) / std::max(m, 1.0);
+  return m * n * std::min(m, n);
+}
+
+ShardedOptimizer::ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params,
+                                   const Factory& make, const Cost& cost)
+    : group_(std::move(group)), params_(std::move(params)) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(params_[i].defined(), "fogo::dist::ShardedOptimizer: parameter ", i,
+                " is undefined");
+  }
+  check_same_layout(impl(group_), numbered("parameter", params_), "ShardedOptimizer");
+  // Greedy balance: costliest first (ties: the earlier parameter), to the least-loaded rank
+  // (ties: the lower rank). Only shapes enter, so every rank computes the same owners.
+  std::vector<size_t> order(params_.size());
+  std::vector<double> costs(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    order[i] = i;
+    costs[i] = cost(params_[i]);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
+  std::vector<double> load(static_cast<size_t>(group_.world_size()), 0.0);
+  owners_.assign(params_.size(), 0);
+  for (const auto i : order) {
+    const auto r = std::min_element(load.begin(), load.end()) - load.begin();
+    owners_[i] = r;
+    load[r] += costs[i];
+  }
+  std::vector<torch::Tensor> owned;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owners_[i] == group_.rank()) {
+      owned.push_back(params_[i]);
+    }
+  }
+  if (!owned.empty()) {
+    local_ = make(owned);
+    TORCH_CHECK(local_, "fogo::dist::ShardedOptimizer: the factory returned no optimizer");
+  }
+}
+
+void ShardedOptimizer::step() {
+  if (local_) {
+    local_->step();
+  }
+  auto& s = impl(group_);
+  torch::NoGradGuard no_grad;
+  for (int64_t owner = 0; owner < group_.world_size(); ++owner) {
+    std::map<std::pair<std::string, c10::ScalarType>, std::vector<at::Tensor>> groups;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owners_[i] == owner) {
+        groups[{params_[i].device().str(), params_[i].scalar_type()}].push_back(params_[i]);
+      }
+    }
+    for (auto& [key, members] : groups) {
+      std::vector<at::Tensor> flat_views;
+      for (const auto& t : members) {
+        flat_views.push_back(t.detach().reshape({-1}));
+      }
+      std::vector<at::Tensor> flat{torch::cat(flat_views)};
+      c10d::BroadcastOptions o;
+      o.rootRank = owner;
+      TORCH_CHECK(s.pg, "fogo::dist: the process group was shut down");
+      s.wait(s.pg->broadcast(flat, o), "ShardedOptimizer::step: broadcast of rank " +
+                                           std::to_string(owner) + "'s parameters");
+      if (owner == group_.rank()) {
+        continue;
+      }
+      int64_t offset = 0;
+      for (auto& t : members) {
+        t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
+      }
+    }
+  }
+}
+
+void ShardedOptimizer::zero_grad() {
+  for (auto& p : params_) {
+    p.mutable_grad() = torch::Tensor();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -335,6 +335,60 @@ void scenario_replicated(const fogo::dist::ProcessGroup& group) {
   replicated_run<fogo::Muon>(group, "muon", fogo::MuonOptions(0.02), false);
 }
 
+// --- sharded Muon == replicated Muon ---------------------------------------------------------
+
+/// 8 steps of fogo::Muon on averaged gradients, replicated (every rank steps every parameter) and
+/// sharded (each parameter stepped by its owner, then broadcast): bit-identical parameters.
+void scenario_sharded(const fogo::dist::ProcessGroup& group) {
+  const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 8;
+  torch::manual_seed(8);
+  auto replicated = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
+  auto sharded = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
+  copy_params(*sharded, *replicated);
+  const auto options = fogo::MuonOptions(0.02);
+  fogo::dist::GradientAverager averager(group, replicated->parameters());
+  fogo::Muon opt(replicated->parameters(), options);
+  fogo::dist::ShardedOptimizer sharded_opt(
+      group, sharded->parameters(), [&](std::vector<torch::Tensor> owned) {
+        return std::make_unique<fogo::Muon>(std::move(owned), options);
+      });
+  // Costs 13824 (24x24, twice), 3456 (24x12), 600 (5x24): each rank owns something, and the two
+  // same-shape matrices (one batched Newton–Schulz chain when replicated) land on two ranks.
+  const auto& owners = sharded_opt.owners();
+  RANK_CHECK(owners[1] != owners[2], "the two 24x24 matrices share an owner");
+  int64_t mine = 0;
+  for (const auto o : owners) {
+    mine += o == rank;
+  }
+  RANK_CHECK(mine >= 1 && sharded_opt.local(), "rank " << rank << " owns nothing");
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::manual_seed(300 + step);
+    const auto x = torch::randn({world * b, 12});
+    const auto y = torch::randn({world * b, 5});
+    opt.zero_grad();
+    sharded_opt.zero_grad();
+    torch::mse_loss(replicated->forward(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b))
+        .backward();
+    averager.finish();
+    auto from = replicated->parameters(), to = sharded->parameters();
+    for (size_t i = 0; i < from.size(); ++i) {
+      to[i].mutable_grad() = from[i].grad().clone();
+    }
+    opt.step();
+    sharded_opt.step();
+  }
+  // Only the owned parameters have state on this rank.
+  RANK_CHECK(static_cast<int64_t>(sharded_opt.local()->state().size()) == mine,
+             "state of " << sharded_opt.local()->state().size() << " parameters, owns " << mine);
+  const auto a = replicated->parameters(), s = sharded->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    RANK_CHECK(torch::equal(a[i], s[i]), "parameter " << i << " (owner " << owners[i]
+                                                      << "): sharded differs from replicated by "
+                                                      << max_abs(a[i] - s[i]));
+  }
+  fogo::dist::check_lockstep(group, fogo::dist::module_state(*sharded));
+}
+
 // --- lockstep: an injected divergence is named ------------------------------------------------
 
 void expect_lockstep_error(const fogo::dist::ProcessGroup& group,
@@ -412,7 +466,8 @@ int rank_main(const std::string& scenario) {
       {"lockstep", scenario_lockstep},
       {"killed", scenario_killed},
       {"join", scenario_join},
-      {"torchrun", scenario_torchrun}};
+      {"torchrun", scenario_torchrun},
+      {"sharded", scenario_sharded}};
   try {
     const auto it = scenarios.find(scenario);
     if (it == scenarios.end()) {
@@ -633,6 +688,10 @@ TEST(Distributed, ReplicatedFogoAndMuonRanksBitIdenticalToSingleProcess) {
     }
   }
 }
+
+TEST(Distributed, ShardedMuonEqualsReplicatedWorld2) { expect_all_passed(launch("sharded", 2)); }
+
+TEST(Distributed, ShardedMuonEqualsReplicatedWorld3) { expect_all_passed(launch("sharded", 3)); }
 
 TEST(Distributed, LockstepCheckNamesTheDivergingTensor) {
   const auto job = launch("lockstep", 2);

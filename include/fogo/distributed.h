@@ -28,10 +28,12 @@
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -211,5 +213,49 @@ NamedTensors fogo_memory(const fogo::FOGO& optimizer);
 /// c10::Error on every rank naming the first tensor that differs and the ranks that disagree
 /// with rank 0. Collective; run it every N steps in replicated training.
 void check_lockstep(const ProcessGroup& group, const NamedTensors& tensors);
+
+/// The cost sharded mode balances: m·n·min(m, n) for a parameter viewed as an m×n matrix (its
+/// first dimension by the rest), proportional to Newton–Schulz's flops; numel for vectors.
+double newton_schulz_cost(const torch::Tensor& param);
+
+/// Sharded optimizer mode, for optimizers whose update of a parameter depends only on that
+/// parameter's gradient and state: fogo::Muon, and LibTorch's SGD, Adam, AdamW. Each parameter is
+/// owned by one rank (greedy: costliest first, to the least-loaded rank; the same assignment on
+/// every rank); each rank's own optimizer, made by `make` from its owned parameters, holds only
+/// their state and steps only them (Muon: each Newton–Schulz runs once in the job instead of on
+/// every rank), then every parameter is broadcast from its owner. On averaged gradients the
+/// parameters are bit-identical to the replicated mode's whenever the optimizer's arithmetic on a
+/// parameter does not depend on which other parameters it steps with (tested for fogo::Muon).
+///
+/// Not for fogo::FOGO: its codebook is shared by the parameters of a group, so a shard would
+/// read and update its own memory (docs/distributed.md, "Not done").
+class ShardedOptimizer {
+ public:
+  using Factory =
+      std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> owned)>;
+  using Cost = std::function<double(const torch::Tensor&)>;
+
+  /// Collective: checks that every rank passes the same shapes and dtypes. `make` is called
+  /// only on ranks that own at least one parameter.
+  ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params, const Factory& make,
+                   const Cost& cost = newton_schulz_cost);
+
+  /// This rank's optimizer step on its parameters, then every parameter from its owner (one
+  /// broadcast per rank, device and dtype). Collective.
+  void step();
+  /// Zeroes (sets to none) the gradients of every parameter, owned or not.
+  void zero_grad();
+
+  /// The owner of each parameter (indices as passed).
+  const std::vector<int64_t>& owners() const { return owners_; }
+  /// This rank's optimizer; nullptr when it owns nothing.
+  torch::optim::Optimizer* local() const { return local_.get(); }
+
+ private:
+  ProcessGroup group_;
+  std::vector<torch::Tensor> params_;
+  std::vector<int64_t> owners_;
+  std::unique_ptr<torch::optim::Optimizer> local_;
+};
 
 }  // namespace fogo::dist
