@@ -301,6 +301,9 @@ void replicated_run(const fogo::dist::ProcessGroup& group, const std::string& na
     auto ref_params = reference->parameters();
     for (size_t i = 0; i < ref_params.size(); ++i) {
       ref_params[i].mutable_grad() = (g0[i] + g1[i]) / 2;
+      // Muon and FOGO are invariant to the gradient's scale: check the average itself too.
+      RANK_CHECK(torch::equal(model->parameters()[i].grad(), ref_params[i].grad()),
+                 name << ": step " << step << " averaged gradient " << i << " differs");
     }
     opt.step();
     ref_opt.step();
@@ -435,14 +438,15 @@ void scenario_lockstep(const fogo::dist::ProcessGroup& group) {
 
 // --- failures ---------------------------------------------------------------------------------
 
-/// World 3; rank 1 is killed (SIGKILL) at step 3. The others must fail with fogo's error within
-/// the timeout, not hang.
+/// Rank FOGO_DIST_KILL_RANK is killed (SIGKILL) at step 3. The others must fail with fogo's
+/// error within the timeout, not hang.
 void scenario_killed(const fogo::dist::ProcessGroup& group) {
+  const int64_t victim = env_int("FOGO_DIST_KILL_RANK", 1);
   torch::manual_seed(7);
   auto model = mlp({6, 8, 2}, true, torch::kFloat32);
   fogo::dist::GradientAverager averager(group, model->parameters());
   for (int step = 0; step < 1000; ++step) {
-    if (step == 3 && group.rank() == 1) {
+    if (step == 3 && group.rank() == victim) {
       std::raise(SIGKILL);
     }
     model->zero_grad();
@@ -721,6 +725,23 @@ TEST(Distributed, KilledRankMakesTheOthersFailWithinTheTimeout) {
                 contains(job.ranks[r].log, "another rank exited, crashed or stalled"))
         << job.logs();
   }
+}
+
+TEST(Distributed, KilledStoreHostMakesTheOtherFailWithinTheTimeout) {
+  // Rank 0 hosts the TCPStore: its death must not leave rank 1 hanging either.
+  const auto job = launch(
+      "killed", 2,
+      [](int) {
+        return Env{{"FOGO_DIST_TIMEOUT_MS", "4000"}, {"FOGO_DIST_KILL_RANK", "0"}};
+      },
+      60);
+  EXPECT_FALSE(job.killed) << job.logs();
+  EXPECT_LT(job.seconds, 30) << job.logs();
+  EXPECT_EQ(job.ranks[0].signal, SIGKILL) << job.logs();
+  EXPECT_EQ(job.ranks[1].code, 3) << job.logs();
+  EXPECT_TRUE(contains(job.ranks[1].log, "failed on rank 1 of 2") &&
+              contains(job.ranks[1].log, "another rank exited, crashed or stalled"))
+      << job.logs();
 }
 
 TEST(Distributed, WorldSizeMismatchIsAClearErrorOnEveryRank) {
