@@ -302,7 +302,9 @@ void ProcessGroup::Impl::check_members() {
     }
     std::string verdict;
     try {
-      store->wait({"verdict"}, remaining());
+      // Rank 0 may take its whole timeout to find a missing rank, and its clock started about
+      // when this one's did: a few seconds' grace let its verdict arrive.
+      store->wait({"verdict"}, remaining() + milliseconds(5000));
       verdict = store->get_to_str("verdict");
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not confirm the members within ",
@@ -954,6 +956,11 @@ GradientAverager::NoSync::~NoSync() {
   auto& s = *averager_.state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.sync = previous_;
+}
+
+size_t GradientAverager::buckets_started() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->next_launch;
 }
 
 std::vector<std::vector<size_t>> GradientAverager::buckets() const {

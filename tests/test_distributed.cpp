@@ -191,7 +191,25 @@ void mlp_sgd(const fogo::dist::ProcessGroup& group, bool accumulate) {
                              local_y.narrow(0, half, half)))
           .backward();
     } else {
-      torch::mse_loss(model->forward(local_x), local_y).backward();
+      // Backward of the first layer runs after the later layers' gradients are accumulated:
+      // their buckets must already be on the wire by then.
+      size_t started_before_first_layer = 0;
+      auto h = local_x;
+      for (size_t l = 0; l < model->size(); ++l) {
+        auto* linear = model->ptr(l)->as<torch::nn::LinearImpl>();
+        h = linear ? linear->forward(h) : torch::tanh(h);
+        if (l == 0) {
+          h.register_hook([&](const torch::Tensor&) {
+            started_before_first_layer = averager.buckets_started();
+          });
+        }
+      }
+      torch::mse_loss(h, local_y).backward();
+      RANK_CHECK(
+          started_before_first_layer >= 2 && started_before_first_layer < averager.buckets().size(),
+          started_before_first_layer << " of " << averager.buckets().size()
+                                     << " buckets started before the first layer's "
+                                        "backward");
     }
     averager.finish();
     const auto truth = grads_of(reference->parameters(),

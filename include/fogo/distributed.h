@@ -60,6 +60,7 @@ struct ProcessGroupOptions {
   ProcessGroupOptions() = default;
   TORCH_ARG(Backend, backend) = Backend::Auto;
   /// Bounds every wait: reaching the store, the other ranks joining, each collective, shutdown.
+  /// (Ranks other than 0 give rank 0 five more seconds to report a rank that did not join.)
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
   /// Used instead of MASTER_ADDR / MASTER_PORT when set.
   TORCH_ARG(std::optional<std::string>, master_addr) = std::nullopt;
@@ -185,6 +186,9 @@ class GradientAverager {
   /// Indices into the constructor's parameters (those requiring grad), per bucket, in the order
   /// the buckets are all-reduced.
   std::vector<std::vector<size_t>> buckets() const;
+  /// Buckets whose all-reduce has started since the last finish(); read during backward (from a
+  /// tensor hook) it shows how much communication overlaps the rest of backward.
+  size_t buckets_started() const;
 
   struct State;
 
