@@ -1,4 +1,5 @@
-// fogo::dist: process groups over c10d, gradient averaging, lockstep checks (distributed.h).
+// fogo::dist: process groups over c10d, gradient averaging, sharded steps, lockstep checks
+// (distributed.h).
 #include <fogo/distributed.h>
 #include <fogo/fogo_optimizer.h>
 #include <torch/csrc/autograd/function.h>
@@ -656,6 +657,66 @@ double newton_schulz_cost(const torch::Tensor& param) {
   return m * n * std::min(m, n);
 }
 
+namespace {
+
+/// Greedy balance: costliest first (ties: the earlier parameter), to the least-loaded rank
+/// (ties: the lower rank). Only shapes enter, so every rank computes the same owners.
+std::vector<int64_t> assign_owners(const std::vector<at::Tensor>& params, int64_t world,
+                                   const ShardedOptimizer::Cost& cost) {
+  std::vector<size_t> order(params.size());
+  std::vector<double> costs(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    order[i] = i;
+    costs[i] = cost(params[i]);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
+  std::vector<double> load(static_cast<size_t>(world), 0.0);
+  std::vector<int64_t> owners(params.size(), 0);
+  for (const auto i : order) {
+    const auto r = std::min_element(load.begin(), load.end()) - load.begin();
+    owners[i] = r;
+    load[r] += costs[i];
+  }
+  return owners;
+}
+
+/// Overwrites every rank's tensors[i] with owners[i]'s: per owner, one flat broadcast per device
+/// and dtype.
+void broadcast_from_owners(ProcessGroup::Impl& s, const std::vector<at::Tensor>& tensors,
+                           const std::vector<int64_t>& owners, const std::string& what) {
+  torch::NoGradGuard no_grad;
+  for (int64_t owner = 0; owner < s.launch.world_size; ++owner) {
+    std::map<std::pair<std::string, c10::ScalarType>, std::vector<at::Tensor>> groups;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (owners[i] == owner) {
+        groups[{tensors[i].device().str(), tensors[i].scalar_type()}].push_back(tensors[i]);
+      }
+    }
+    for (auto& [key, members] : groups) {
+      std::vector<at::Tensor> flat_views;
+      for (const auto& t : members) {
+        flat_views.push_back(t.detach().reshape({-1}));
+      }
+      std::vector<at::Tensor> flat{torch::cat(flat_views)};
+      c10d::BroadcastOptions o;
+      o.rootRank = owner;
+      TORCH_CHECK(s.pg, "fogo::dist: the process group was shut down");
+      s.wait(s.pg->broadcast(flat, o), what + ": broadcast from rank " + std::to_string(owner));
+      if (owner == s.launch.rank) {
+        continue;
+      }
+      int64_t offset = 0;
+      for (const auto& t : members) {
+        t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
+      }
+    }
+  }
+}
+
+}  // namespace
+
 ShardedOptimizer::ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params,
                                    const Factory& make, const Cost& cost)
     : group_(std::move(group)), params_(std::move(params)) {
@@ -664,23 +725,7 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor
                 " is undefined");
   }
   check_same_layout(impl(group_), numbered("parameter", params_), "ShardedOptimizer");
-  // Greedy balance: costliest first (ties: the earlier parameter), to the least-loaded rank
-  // (ties: the lower rank). Only shapes enter, so every rank computes the same owners.
-  std::vector<size_t> order(params_.size());
-  std::vector<double> costs(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    order[i] = i;
-    costs[i] = cost(params_[i]);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
-  std::vector<double> load(static_cast<size_t>(group_.world_size()), 0.0);
-  owners_.assign(params_.size(), 0);
-  for (const auto i : order) {
-    const auto r = std::min_element(load.begin(), load.end()) - load.begin();
-    owners_[i] = r;
-    load[r] += costs[i];
-  }
+  owners_ = assign_owners(params_, group_.world_size(), cost);
   std::vector<torch::Tensor> owned;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] == group_.rank()) {
@@ -697,36 +742,49 @@ void ShardedOptimizer::step() {
   if (local_) {
     local_->step();
   }
-  auto& s = impl(group_);
-  torch::NoGradGuard no_grad;
-  for (int64_t owner = 0; owner < group_.world_size(); ++owner) {
-    std::map<std::pair<std::string, c10::ScalarType>, std::vector<at::Tensor>> groups;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (owners_[i] == owner) {
-        groups[{params_[i].device().str(), params_[i].scalar_type()}].push_back(params_[i]);
-      }
-    }
-    for (auto& [key, members] : groups) {
-      std::vector<at::Tensor> flat_views;
-      for (const auto& t : members) {
-        flat_views.push_back(t.detach().reshape({-1}));
-      }
-      std::vector<at::Tensor> flat{torch::cat(flat_views)};
-      c10d::BroadcastOptions o;
-      o.rootRank = owner;
-      TORCH_CHECK(s.pg, "fogo::dist: the process group was shut down");
-      s.wait(s.pg->broadcast(flat, o), "ShardedOptimizer::step: broadcast of rank " +
-                                           std::to_string(owner) + "'s parameters");
-      if (owner == group_.rank()) {
-        continue;
-      }
-      int64_t offset = 0;
-      for (auto& t : members) {
-        t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view(t.sizes()));
-        offset += t.numel();
-      }
+  broadcast_from_owners(impl(group_), params_, owners_, "ShardedOptimizer::step");
+}
+
+std::vector<int64_t> shard_newton_schulz(const ProcessGroup& group, fogo::FOGO& optimizer,
+                                         const ShardedOptimizer::Cost& cost) {
+  std::vector<at::Tensor> params;
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) {
+      params.push_back(p);
     }
   }
+  check_same_layout(impl(group), numbered("parameter", params), "shard_newton_schulz");
+  const auto owners = assign_owners(params, group.world_size(), cost);
+  auto owner_of = std::make_shared<std::map<const c10::TensorImpl*, int64_t>>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    (*owner_of)[params[i].unsafeGetTensorImpl()] = owners[i];
+  }
+  const auto find = [owner_of](const at::Tensor& p) {
+    const auto it = owner_of->find(p.unsafeGetTensorImpl());
+    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_newton_schulz: a parameter of the FOGO ",
+                "step was not in the optimizer when it was sharded; call shard_newton_schulz ",
+                "again after add_param_group");
+    return it->second;
+  };
+  fogo::FOGO::NewtonSchulzShard shard;
+  const auto rank = group.rank();
+  shard.owns = [find, rank](const torch::Tensor& p) { return find(p) == rank; };
+  shard.exchange = [find, group](const std::vector<torch::Tensor>& ps,
+                                 std::vector<torch::Tensor>& Os, std::vector<torch::Tensor>& Ps,
+                                 std::vector<torch::Tensor>& Pf) {
+    std::vector<at::Tensor> tensors;
+    std::vector<int64_t> owners;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const auto owner = find(ps[i]);
+      for (const auto* t : {&Os[i], &Ps[i], &Pf[i]}) {
+        tensors.push_back(*t);
+        owners.push_back(owner);
+      }
+    }
+    broadcast_from_owners(impl(group), tensors, owners, "FOGO Newton–Schulz shard exchange");
+  };
+  optimizer.set_newton_schulz_shard(std::move(shard));
+  return owners;
 }
 
 void ShardedOptimizer::zero_grad() {

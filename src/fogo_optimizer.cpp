@@ -186,6 +186,50 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
   return {at::cat(Ps_parts), at::cat(Pf_parts)};
 }
 
+// Steps 2-3 under data-parallel sharding (FOGO::NewtonSchulzShard): orthogonalize() of the
+// owned parameters only, each run keeping its order, then the others' O_s, P_s, P_f from the
+// exchange. Per parameter the arithmetic is orthogonalize()'s.
+std::pair<at::Tensor, at::Tensor> orthogonalize_sharded(std::vector<Work>& work,
+                                                        const ShapeRuns& runs, const FOGOOptions& o,
+                                                        const FOGO::NewtonSchulzShard& shard) {
+  std::vector<Work> owned;
+  std::vector<size_t> index;  // into work
+  ShapeRuns owned_runs;
+  for (const auto& [begin, end] : runs) {
+    const size_t first = owned.size();
+    for (size_t i = begin; i < end; ++i) {
+      if (shard.owns(work[i].param)) {
+        owned.push_back(work[i]);
+        index.push_back(i);
+      }
+    }
+    if (owned.size() > first) owned_runs.push_back({first, owned.size()});
+  }
+  // Receive buffers for the parameters owned elsewhere; the exchange overwrites them.
+  std::vector<at::Tensor> Os, Ps, Pf;
+  for (const Work& w : work) {
+    Os.push_back(at::empty({w.m, w.n}, w.Bs.options().dtype(o.ns_dtype())));
+    Ps.push_back(at::empty({w.m, o.proj_dim()}, w.Bs.options().dtype(at::kFloat)));
+    Pf.push_back(at::empty({w.m, o.proj_dim()}, w.Bs.options().dtype(at::kFloat)));
+  }
+  if (!owned.empty()) {
+    const auto [ps, pf] = orthogonalize(owned, owned_runs, o);
+    int64_t row = 0;
+    for (size_t k = 0; k < owned.size(); ++k) {
+      const int64_t m = owned[k].m;
+      Os[index[k]] = owned[k].Os;
+      Ps[index[k]] = ps.slice(0, row, row + m);
+      Pf[index[k]] = pf.slice(0, row, row + m);
+      row += m;
+    }
+  }
+  std::vector<at::Tensor> params;
+  for (const Work& w : work) params.push_back(w.param);
+  shard.exchange(params, Os, Ps, Pf);
+  for (size_t i = 0; i < work.size(); ++i) work[i].Os = Os[i];
+  return {at::cat(Ps), at::cat(Pf)};
+}
+
 at::Tensor entropy(const at::Tensor& N) {
   const at::Tensor p = N / N.sum().clamp_min(1e-30);
   return -(p * at::log(p.clamp_min(1e-30))).sum();
@@ -318,7 +362,8 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   if (work.empty()) return;
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
-  const auto [Ps, Pf] = orthogonalize(work, runs, o);  // 2, 3
+  const auto [Ps, Pf] = impl_->shard.exchange ? orthogonalize_sharded(work, runs, o, impl_->shard)
+                                              : orthogonalize(work, runs, o);  // 2, 3
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);
   const auto [frozen, nu] = first ? std::pair<at::Tensor, at::Tensor>{mem.frozen, mem.frozen_nu}
@@ -403,6 +448,12 @@ void FOGO::begin_task() {
       mem.start = mem.book.centroids.clone();
     }
   }
+}
+
+void FOGO::set_newton_schulz_shard(NewtonSchulzShard shard) {
+  TORCH_CHECK(static_cast<bool>(shard.owns) == static_cast<bool>(shard.exchange),
+              "FOGO::set_newton_schulz_shard: set both owns and exchange, or neither");
+  impl_->shard = std::move(shard);
 }
 
 void FOGO::task_boundary() {

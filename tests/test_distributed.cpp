@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -410,6 +411,63 @@ void scenario_sharded(const fogo::dist::ProcessGroup& group) {
   fogo::dist::check_lockstep(group, fogo::dist::module_state(*sharded));
 }
 
+/// FOGO with its Newton–Schulz and projection sharded (shard_newton_schulz) against replicated
+/// FOGO, 10 steps with a task boundary: parameters, memory and telemetry bit-identical.
+void sharded_fogo(const fogo::dist::ProcessGroup& group) {
+  const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 10;
+  torch::manual_seed(9);
+  auto replicated = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
+  auto sharded = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
+  copy_params(*sharded, *replicated);
+  fogo::dist::GradientAverager averager(group, replicated->parameters());
+  fogo::FOGO opt(replicated->parameters(), small_fogo());
+  fogo::FOGO sharded_opt(sharded->parameters(), small_fogo());
+  const auto owners = fogo::dist::shard_newton_schulz(group, sharded_opt);
+  RANK_CHECK(owners.size() == 4 && owners[1] != owners[2] &&
+                 std::count(owners.begin(), owners.end(), rank) >= 1,
+             "owners of the FOGO parameters");
+  for (int64_t step = 0; step < steps; ++step) {
+    if (step == steps / 2) {
+      opt.task_boundary();
+      sharded_opt.task_boundary();
+    }
+    torch::manual_seed(400 + step);
+    const auto x = torch::randn({world * b, 12}) * (step < steps / 2 ? 1.0 : -2.0);
+    const auto y = torch::randn({world * b, 5});
+    opt.zero_grad();
+    sharded_opt.zero_grad();
+    torch::mse_loss(replicated->forward(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b))
+        .backward();
+    averager.finish();
+    auto from = replicated->parameters(), to = sharded->parameters();
+    for (size_t i = 0; i < from.size(); ++i) {
+      to[i].mutable_grad() = from[i].grad().clone();
+    }
+    opt.step();
+    sharded_opt.step();
+  }
+  const auto a = replicated->parameters(), s = sharded->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    RANK_CHECK(torch::equal(a[i], s[i]), "FOGO parameter "
+                                             << i << ": sharded differs from replicated by "
+                                             << max_abs(a[i] - s[i]));
+  }
+  const auto memory = fogo::dist::fogo_memory(opt),
+             sharded_memory = fogo::dist::fogo_memory(sharded_opt);
+  RANK_CHECK(memory.size() == sharded_memory.size() && memory.size() >= 5, "memory tensors");
+  for (size_t i = 0; i < memory.size(); ++i) {
+    RANK_CHECK(torch::equal(memory[i].second, sharded_memory[i].second),
+               memory[i].first << ": sharded differs from replicated");
+  }
+  const auto t = opt.telemetry().at(0), ts = sharded_opt.telemetry().at(0);
+  RANK_CHECK(t.rbar == ts.rbar && t.gamma_st == ts.gamma_st && t.delta_ratio == ts.delta_ratio &&
+                 t.codebook_entropy == ts.codebook_entropy && t.frozen == ts.frozen,
+             "telemetry differs");
+  auto state = fogo::dist::module_state(*sharded);
+  state.insert(state.end(), sharded_memory.begin(), sharded_memory.end());
+  fogo::dist::check_lockstep(group, state);
+}
+
 // --- lockstep: an injected divergence is named ------------------------------------------------
 
 void expect_lockstep_error(const fogo::dist::ProcessGroup& group,
@@ -489,7 +547,10 @@ int rank_main(const std::string& scenario) {
       {"killed", scenario_killed},
       {"join", scenario_join},
       {"torchrun", scenario_torchrun},
-      {"sharded", scenario_sharded}};
+      {"sharded", [](const fogo::dist::ProcessGroup& g) {
+         scenario_sharded(g);
+         sharded_fogo(g);
+       }}};
   try {
     const auto it = scenarios.find(scenario);
     if (it == scenarios.end()) {
@@ -711,9 +772,13 @@ TEST(Distributed, ReplicatedFogoAndMuonRanksBitIdenticalToSingleProcess) {
   }
 }
 
-TEST(Distributed, ShardedMuonEqualsReplicatedWorld2) { expect_all_passed(launch("sharded", 2)); }
+TEST(Distributed, ShardedMuonAndFogoEqualReplicatedWorld2) {
+  expect_all_passed(launch("sharded", 2));
+}
 
-TEST(Distributed, ShardedMuonEqualsReplicatedWorld3) { expect_all_passed(launch("sharded", 3)); }
+TEST(Distributed, ShardedMuonAndFogoEqualReplicatedWorld3) {
+  expect_all_passed(launch("sharded", 3));
+}
 
 TEST(Distributed, LockstepCheckNamesTheDivergingTensor) {
   const auto job = launch("lockstep", 2);

@@ -232,7 +232,7 @@ double newton_schulz_cost(const torch::Tensor& param);
 /// parameter does not depend on which other parameters it steps with (tested for fogo::Muon).
 ///
 /// Not for fogo::FOGO: its codebook is shared by the parameters of a group, so a shard would
-/// read and update its own memory (docs/distributed.md, "Not done").
+/// read and update its own memory; FOGO shards its Newton–Schulz with shard_newton_schulz.
 class ShardedOptimizer {
  public:
   using Factory =
@@ -261,5 +261,16 @@ class ShardedOptimizer {
   std::vector<int64_t> owners_;
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
+
+/// Sharded FOGO, the expensive part: each parameter's Newton–Schulz (both streams) and projection
+/// (ALGORITHM.md steps 2-3) run on one owner rank (greedy by `cost`, as ShardedOptimizer), and
+/// O_s, P_s, P_f are broadcast from the owners (FOGO::set_newton_schulz_shard). The projected step,
+/// the codebook, the lift and the update (steps 4-9, the flush) then run on every rank on the same
+/// inputs, so codebooks, statistics and parameters stay bit-identical to the replicated mode's
+/// (tested) with no reduction of m_j, s_j or r_t. Collective: every rank calls it for its FOGO,
+/// with the same parameters in the same order. Returns the owner of each parameter (param groups
+/// in order). The optimizer keeps a copy of `group` for its steps.
+std::vector<int64_t> shard_newton_schulz(const ProcessGroup& group, fogo::FOGO& optimizer,
+                                         const ShardedOptimizer::Cost& cost = newton_schulz_cost);
 
 }  // namespace fogo::dist

@@ -21,6 +21,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
+#include <functional>
 #include <tuple>
 #include <vector>
 
@@ -95,6 +96,22 @@ class FOGO : public torch::optim::Optimizer {
   /// projection_scale (its codebook would live in another projected space). A rejected load
   /// leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// Sharding of steps 2-3 across data-parallel ranks (fogo::dist::shard_newton_schulz sets it):
+  /// each step, Newton–Schulz and the projection run only for the parameters `owns` accepts;
+  /// `exchange` then gets the group's parameters with gradients (in the step's order) and their
+  /// O_s (working
+  /// orientation, NS dtype) and P_s, P_f ([m, d] fp32), computed where owned and uninitialised
+  /// buffers elsewhere, which it must overwrite with the owners' values. Everything after step 3
+  /// runs on every rank as before, so the codebooks stay identical. Empty functions: no sharding
+  /// (the default).
+  struct NewtonSchulzShard {
+    std::function<bool(const torch::Tensor& param)> owns;
+    std::function<void(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& Os,
+                       std::vector<torch::Tensor>& Ps, std::vector<torch::Tensor>& Pf)>
+        exchange;
+  };
+  void set_newton_schulz_shard(NewtonSchulzShard shard);
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
   /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
