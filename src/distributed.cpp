@@ -807,6 +807,7 @@ struct GradientAverager::State {
 
   ProcessGroup group;
   std::vector<at::Tensor> params;
+  std::vector<std::string> names;  // in errors
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;
   std::vector<uint8_t> ready;
@@ -815,7 +816,7 @@ struct GradientAverager::State {
   std::mutex mutex;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
 
-  State(ProcessGroup g, const std::vector<at::Tensor>& all, int64_t bucket_bytes);
+  State(ProcessGroup g, const NamedTensors& all, int64_t bucket_bytes);
   ~State() {
     for (auto& [node, key] : hooks) {
       node->del_post_hook(key);
@@ -828,7 +829,7 @@ struct GradientAverager::State {
     if (!sync) {
       return;
     }
-    TORCH_CHECK(!ready[i], "fogo::dist::GradientAverager: the gradient of parameter ", i,
+    TORCH_CHECK(!ready[i], "fogo::dist::GradientAverager: the gradient of ", names[i],
                 " was accumulated twice since the last finish(): accumulate inside no_sync(), ",
                 "or call finish() after each backward");
     ready[i] = 1;
@@ -850,7 +851,7 @@ struct GradientAverager::State {
         auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
         const auto& grad = p.grad();
         if (grad.defined()) {
-          TORCH_CHECK(!grad.is_sparse(), "fogo::dist::GradientAverager: parameter ", b.members[j],
+          TORCH_CHECK(!grad.is_sparse(), "fogo::dist::GradientAverager: ", names[b.members[j]],
                       " has a sparse gradient, which is not supported");
           slice.copy_(grad);
         } else {
@@ -889,22 +890,25 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradientAverager::State::State(ProcessGroup g, const std::vector<at::Tensor>& all,
-                               int64_t bucket_bytes)
+GradientAverager::State::State(ProcessGroup g, const NamedTensors& all, int64_t bucket_bytes)
     : group(std::move(g)) {
   TORCH_CHECK(bucket_bytes > 0, "fogo::dist::GradientAverager: bucket_bytes must be positive");
-  for (const auto& p : all) {
+  NamedTensors named;
+  for (const auto& [name, p] : all) {
+    TORCH_CHECK(p.defined(), "fogo::dist::GradientAverager: ", name, " is undefined");
     if (!p.requires_grad()) {
       continue;
     }
-    TORCH_CHECK(p.is_leaf(), "fogo::dist::GradientAverager: parameter ", params.size(),
-                " is not a leaf tensor");
-    for (const auto& q : params) {
-      TORCH_CHECK(!q.is_same(p), "fogo::dist::GradientAverager: a parameter is listed twice");
+    TORCH_CHECK(p.is_leaf(), "fogo::dist::GradientAverager: ", name, " is not a leaf tensor");
+    for (size_t j = 0; j < params.size(); ++j) {
+      TORCH_CHECK(!params[j].is_same(p), "fogo::dist::GradientAverager: ", name, " and ", names[j],
+                  " are the same tensor");
     }
     params.push_back(p);
+    names.push_back(name);
+    named.emplace_back(name, p);
   }
-  check_same_layout(impl(group), numbered("parameter", params), "GradientAverager");
+  check_same_layout(impl(group), named, "GradientAverager");
 
   // Reverse order, one open bucket per (device, dtype): backward tends to produce gradients from
   // the last parameters to the first, so buckets fill (and go out) early.
@@ -994,7 +998,16 @@ void GradientAverager::State::finish() {
 
 GradientAverager::GradientAverager(ProcessGroup group, const std::vector<torch::Tensor>& params,
                                    GradientAveragerOptions options)
-    : state_(std::make_unique<State>(std::move(group), params, options.bucket_bytes())) {}
+    : state_(std::make_unique<State>(std::move(group), numbered("parameter", params),
+                                     options.bucket_bytes())) {}
+GradientAverager::GradientAverager(ProcessGroup group, const torch::nn::Module& module,
+                                   GradientAveragerOptions options) {
+  NamedTensors named;
+  for (const auto& item : module.named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+  }
+  state_ = std::make_unique<State>(std::move(group), named, options.bucket_bytes());
+}
 GradientAverager::~GradientAverager() = default;
 GradientAverager::GradientAverager(GradientAverager&&) noexcept = default;
 GradientAverager& GradientAverager::operator=(GradientAverager&&) noexcept = default;

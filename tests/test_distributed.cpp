@@ -143,6 +143,8 @@ void dyadic_first_step(const fogo::dist::ProcessGroup& group) {
   }
 }
 
+torch::Tensor x_last(const torch::nn::Sequential&) { return torch::ones({1, 6}, torch::kFloat64); }
+
 /// B: an fp64 MLP trained 6 SGD steps, with and without gradient accumulation. Tolerance: the
 /// only difference from the single process is the order of the reductions over the 2b = 16
 /// samples (two halves of 8 then one sum, instead of one sum of 16) and BLAS blocking; in fp64
@@ -157,7 +159,7 @@ void mlp_sgd(const fogo::dist::ProcessGroup& group, bool accumulate) {
   auto reference = mlp({6, 16, 16, 3}, true, torch::kFloat64);
   copy_params(*reference, *model);
   // A small bucket size: several buckets, filled and launched during backward.
-  fogo::dist::GradientAverager averager(group, model->parameters(),
+  fogo::dist::GradientAverager averager(group, *model,
                                         fogo::dist::GradientAveragerOptions().bucket_bytes(512));
   RANK_CHECK(averager.buckets().size() >= 3, "expected several buckets");
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -224,6 +226,21 @@ void mlp_sgd(const fogo::dist::ProcessGroup& group, bool accumulate) {
     }
     opt.step();
     ref_opt.step();
+  }
+  if (!accumulate) {
+    // Two backward passes without finish() or no_sync(): an error naming the parameter.
+    try {
+      torch::mse_loss(model->forward(x_last(model)), torch::zeros({1, 3}, torch::kFloat64))
+          .backward();
+      torch::mse_loss(model->forward(x_last(model)), torch::zeros({1, 3}, torch::kFloat64))
+          .backward();
+      RANK_CHECK(false, "a second backward before finish() was accepted");
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      RANK_CHECK(what.find("was accumulated twice") != std::string::npos &&
+                     what.find("the gradient of 4.") != std::string::npos,
+                 "unexpected error: " << what);
+    }
   }
   const auto params = model->parameters(), truth = reference->parameters();
   for (size_t i = 0; i < params.size(); ++i) {

@@ -159,6 +159,9 @@ class GradientAverager {
   /// the same number of parameters with the same shapes and dtypes.
   GradientAverager(ProcessGroup group, const std::vector<torch::Tensor>& params,
                    GradientAveragerOptions options = {});
+  /// The module's parameters, named in errors as named_parameters() names them ("2.weight").
+  GradientAverager(ProcessGroup group, const torch::nn::Module& module,
+                   GradientAveragerOptions options = {});
   ~GradientAverager();
   GradientAverager(GradientAverager&&) noexcept;
   GradientAverager& operator=(GradientAverager&&) noexcept;
