@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import BUILD, ROOT
 
 pytestmark = pytest.mark.skipif(os.environ.get("FOGO_SKIP_WHEEL") == "1", reason="FOGO_SKIP_WHEEL=1")
 
@@ -20,6 +20,15 @@ def test_wheel_builds_installs_and_imports(tmp_path):
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the fresh virtualenv must find its own fogo
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
+    # The compilers of the CMake build this suite runs from (scikit-build-core would take
+    # Python's sysconfig CXX, g++ rather than c++): the same compile commands, so ccache serves
+    # the library's objects instead of compiling them again.
+    cache = BUILD / "CMakeCache.txt"
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            for var, key in (("CC", "CMAKE_C_COMPILER:"), ("CXX", "CMAKE_CXX_COMPILER:")):
+                if line.startswith(key):
+                    env.setdefault(var, line.split("=", 1)[1])
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
