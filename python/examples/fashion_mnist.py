@@ -36,10 +36,14 @@ def load(root: pathlib.Path, split: str, limit: int):
 def make_model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(784, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 10),
+        torch.nn.Linear(784, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
     )
+
+
+# Muon with AdamW's lr, its update scaled to AdamW's RMS (Moonshot's rule).
+MUON = {"lr": 2e-3, "weight_decay": 0.01, "adjust_lr_fn": "match_rms_adamw"}
 
 
 def optimizers(name: str, model: torch.nn.Module) -> list[torch.optim.Optimizer]:
@@ -52,9 +56,9 @@ def optimizers(name: str, model: torch.nn.Module) -> list[torch.optim.Optimizer]
         return [fogo.FOGO(matrix, lr=0.02, sigma=0.2, codebook_size=32, proj_dim=64,
                           ns_dtype=torch.float32), adamw(rest)]
     if name == "fogo.Muon":
-        return [fogo.Muon(matrix, lr=0.02, weight_decay=0.0), adamw(rest)]
+        return [fogo.Muon(matrix, **MUON), adamw(rest)]
     if name == "torch.Muon":
-        return [torch.optim.Muon(matrix, lr=0.02, weight_decay=0.0), adamw(rest)]
+        return [torch.optim.Muon(matrix, **MUON), adamw(rest)]
     raise ValueError(name)
 
 
@@ -66,11 +70,12 @@ def evaluate(model, x, y):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=pathlib.Path, default=pathlib.Path("/usr/share/datasets/fashion-mnist"))
-    parser.add_argument("--train", type=int, default=20000, help="training images used")
+    parser.add_argument("--train", type=int, default=60000, help="training images used")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 is fastest on a small shared machine)")
     parser.add_argument("--optimizers", default="fogo,fogo.Muon,torch.Muon,adamw")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
