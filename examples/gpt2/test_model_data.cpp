@@ -178,7 +178,7 @@ TEST(Optimizers, HybridsSplitMatricesFromEmbeddingsAndNorms) {
   ASSERT_NE(opt.hybrid.rest(), nullptr);
   EXPECT_EQ(opt.hybrid.rest()->param_groups().size(), 2u);  // decay / no decay
   const auto groups = fogo::group_by(split.matrix, fogo::shape_key);
-  EXPECT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups.groups.size(), 4u);
   OptimizerConfig adamw;
   adamw.name = "adamw";
   EXPECT_EQ(make_optimizer(adamw, *model).hybrid.matrix(), nullptr);
