@@ -1,0 +1,625 @@
+// fogo._C: the C++ optimizers behind fogo.FOGO and fogo.Muon (python/fogo/optim.py).
+//
+// The Python classes are torch.optim.Optimizers whose param_groups are the truth for options and
+// parameters; the C++ optimizer here holds the state. Before every call the Python side hands
+// the groups over (sync): the same tensors (checked by identity, never copied) and every option,
+// converted by the tables below. FOGO's options come from the X-macro tables of fogo_options.h,
+// so a new option reaches Python with its C++ default without touching this file.
+//
+// State dicts are plain Python: per-parameter state as tensors keyed by the parameter's index
+// (torch.optim's layout), and whatever else the C++ checkpoint holds (FOGO's per-group memory) as
+// nested dicts of tensors and numbers. Loading rebuilds a LibTorch archive from them and goes
+// through the C++ load(), so its checks and its all-or-nothing behaviour apply unchanged.
+#include <fogo/fogo.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/extension.h>
+#include <torch/serialize/archive.h>
+
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Option values between Python and C++
+
+[[noreturn]] void bad_type(const char* optimizer, const char* option, const char* expected,
+                           const py::handle& value) {
+  throw py::type_error(std::string(optimizer) + ": option '" + option + "' must be " + expected +
+                       ", got " + py::repr(value).cast<std::string>());
+}
+
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<fogo::ProjectionScale> {
+  static constexpr std::pair<const char*, fogo::ProjectionScale> values[] = {
+      {"unit", fogo::ProjectionScale::Unit}, {"jl", fogo::ProjectionScale::JL}};
+};
+template <>
+struct EnumNames<fogo::NonFinitePolicy> {
+  static constexpr std::pair<const char*, fogo::NonFinitePolicy> values[] = {
+      {"raise", fogo::NonFinitePolicy::Raise}, {"skip", fogo::NonFinitePolicy::Skip}};
+};
+template <>
+struct EnumNames<fogo::NSForm> {
+  static constexpr std::pair<const char*, fogo::NSForm> values[] = {
+      {"plain", fogo::NSForm::Plain}, {"gram", fogo::NSForm::Gram}, {"auto", fogo::NSForm::Auto}};
+};
+template <>
+struct EnumNames<fogo::MuonAdjustLR> {
+  static constexpr std::pair<const char*, fogo::MuonAdjustLR> values[] = {
+      {"original", fogo::MuonAdjustLR::Original},
+      {"match_rms_adamw", fogo::MuonAdjustLR::MatchRmsAdamW}};
+};
+
+template <class T>
+struct Convert;
+
+template <>
+struct Convert<double> {
+  static py::object to(double v) { return py::float_(v); }
+  static double from(const py::handle& v, const char* opt, const char* name) {
+    // Numbers and anything with __float__ (a 0-d tensor from a scheduler, numpy scalars).
+    if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr())) bad_type(opt, name, "a number", v);
+    double out = PyFloat_AsDouble(v.ptr());
+    if (out == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      bad_type(opt, name, "a number", v);
+    }
+    return out;
+  }
+};
+
+template <>
+struct Convert<int64_t> {
+  static py::object to(int64_t v) { return py::int_(v); }
+  static int64_t from(const py::handle& v, const char* opt, const char* name) {
+    if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) bad_type(opt, name, "an integer", v);
+    const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+    int overflow = 0;
+    const long long out = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (overflow != 0) bad_type(opt, name, "an integer that fits in 64 bits", v);
+    return out;
+  }
+};
+
+template <>
+struct Convert<bool> {
+  static py::object to(bool v) { return py::bool_(v); }
+  static bool from(const py::handle& v, const char* opt, const char* name) {
+    if (!PyBool_Check(v.ptr())) bad_type(opt, name, "True or False", v);
+    return v.ptr() == Py_True;
+  }
+};
+
+template <>
+struct Convert<std::tuple<double, double, double>> {
+  using T = std::tuple<double, double, double>;
+  static py::object to(const T& v) {
+    return py::make_tuple(std::get<0>(v), std::get<1>(v), std::get<2>(v));
+  }
+  static T from(const py::handle& v, const char* opt, const char* name) {
+    if (!py::isinstance<py::sequence>(v) || PyUnicode_Check(v.ptr()) || py::len(v) != 3)
+      bad_type(opt, name, "a sequence of three numbers (a, b, c)", v);
+    const auto s = py::reinterpret_borrow<py::sequence>(v);
+    return {Convert<double>::from(s[0], opt, name), Convert<double>::from(s[1], opt, name),
+            Convert<double>::from(s[2], opt, name)};
+  }
+};
+
+template <>
+struct Convert<c10::ScalarType> {
+  static py::object to(c10::ScalarType v) { return py::cast(v); }  // a torch.dtype
+  static c10::ScalarType from(const py::handle& v, const char* opt, const char* name) {
+    if (THPDtype_Check(v.ptr())) return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+    bad_type(opt, name, "a torch.dtype (torch.bfloat16, torch.float32 or torch.float64)", v);
+  }
+};
+
+template <class E>
+struct ConvertEnum {
+  static py::object to(E v) {
+    for (const auto& [n, e] : EnumNames<E>::values)
+      if (e == v) return py::str(n);
+    return py::int_(static_cast<int64_t>(v));
+  }
+  static E from(const py::handle& v, const char* opt, const char* name) {
+    std::string expected = "one of";
+    for (const auto& [n, e] : EnumNames<E>::values) expected += std::string(" '") + n + "'";
+    if (!PyUnicode_Check(v.ptr())) bad_type(opt, name, expected.c_str(), v);
+    const std::string s = v.cast<std::string>();
+    for (const auto& [n, e] : EnumNames<E>::values)
+      if (s == n) return e;
+    throw py::value_error(std::string(opt) + ": option '" + name + "' must be " + expected +
+                          ", got '" + s + "'");
+  }
+};
+template <>
+struct Convert<fogo::ProjectionScale> : ConvertEnum<fogo::ProjectionScale> {};
+template <>
+struct Convert<fogo::NonFinitePolicy> : ConvertEnum<fogo::NonFinitePolicy> {};
+template <>
+struct Convert<fogo::NSForm> : ConvertEnum<fogo::NSForm> {};
+template <>
+struct Convert<fogo::MuonAdjustLR> : ConvertEnum<fogo::MuonAdjustLR> {
+  static fogo::MuonAdjustLR from(const py::handle& v, const char* opt, const char* name) {
+    if (v.is_none()) return fogo::MuonAdjustLR::Original;  // torch.optim.Muon's None
+    return ConvertEnum<fogo::MuonAdjustLR>::from(v, opt, name);
+  }
+};
+
+template <class T>
+using Plain = std::decay_t<T>;
+
+// ---------------------------------------------------------------------------------------------
+// The options tables, per optimizer: names, defaults, dict <-> options.
+
+// MuonOptions has no X-macro table; its fields are listed once here (a test compares the list
+// with MuonOptions::serialize's keys).
+#define FOGO_PY_MUON_OPTIONS(X) \
+  X(lr)                         \
+  X(weight_decay)               \
+  X(momentum)                   \
+  X(nesterov)                   \
+  X(ns_coefficients)            \
+  X(eps)                        \
+  X(ns_steps)                   \
+  X(adjust_lr)                  \
+  X(ns_dtype)                   \
+  X(strict_2d)                  \
+  X(check_finite)               \
+  X(ns_form)                    \
+  X(ns_gram_restart)
+
+struct FOGOTraits {
+  using Optim = fogo::FOGO;
+  using Options = fogo::FOGOOptions;
+  using State = fogo::FOGOParamState;
+  static constexpr const char* name = "FOGO";
+
+  static py::dict to_dict(const Options& o) {
+    py::dict d;
+#define FOGO_PY_TO(T, field, ...) d[#field] = Convert<Plain<decltype(o.field())>>::to(o.field());
+    FOGO_RANGED_OPTIONS(FOGO_PY_TO)
+    FOGO_PLAIN_OPTIONS(FOGO_PY_TO)
+    FOGO_ENUM_OPTIONS(FOGO_PY_TO)
+#undef FOGO_PY_TO
+    return d;
+  }
+  static Options from_dict(const py::dict& d, Options o) {
+#define FOGO_PY_FROM(T, field, ...) \
+  if (d.contains(#field))           \
+    o.field(Convert<Plain<decltype(o.field())>>::from(d[#field], name, #field));
+    FOGO_RANGED_OPTIONS(FOGO_PY_FROM)
+    FOGO_PLAIN_OPTIONS(FOGO_PY_FROM)
+    FOGO_ENUM_OPTIONS(FOGO_PY_FROM)
+#undef FOGO_PY_FROM
+    return o;
+  }
+  static py::dict state_to_dict(const State& s) {
+    py::dict d;
+    d["slow_momentum"] = s.slow_momentum().clone();
+    d["fast_momentum"] = s.fast_momentum().clone();
+    return d;
+  }
+  static State state_from_dict(const py::dict& d) {
+    State s;
+    s.slow_momentum(tensor_item(d, "slow_momentum"));
+    s.fast_momentum(tensor_item(d, "fast_momentum"));
+    return s;
+  }
+  static at::Tensor tensor_item(const py::dict& d, const char* key) {
+    if (!d.contains(key))
+      throw py::key_error(std::string(name) + ".load_state_dict: a parameter's state has no '" +
+                          key + "'");
+    return d[key].cast<at::Tensor>();
+  }
+};
+
+struct MuonTraits {
+  using Optim = fogo::Muon;
+  using Options = fogo::MuonOptions;
+  using State = fogo::MuonParamState;
+  static constexpr const char* name = "Muon";
+
+  static py::dict to_dict(const Options& o) {
+    py::dict d;
+#define FOGO_PY_TO(field) d[#field] = Convert<Plain<decltype(o.field())>>::to(o.field());
+    FOGO_PY_MUON_OPTIONS(FOGO_PY_TO)
+#undef FOGO_PY_TO
+    return d;
+  }
+  static Options from_dict(const py::dict& d, Options o) {
+#define FOGO_PY_FROM(field) \
+  if (d.contains(#field))   \
+    o.field(Convert<Plain<decltype(o.field())>>::from(d[#field], name, #field));
+    FOGO_PY_MUON_OPTIONS(FOGO_PY_FROM)
+#undef FOGO_PY_FROM
+    return o;
+  }
+  static py::dict state_to_dict(const State& s) {
+    py::dict d;
+    d["momentum_buffer"] = s.momentum_buffer().clone();
+    return d;
+  }
+  static State state_from_dict(const py::dict& d) {
+    if (!d.contains("momentum_buffer"))
+      throw py::key_error("Muon.load_state_dict: a parameter's state has no 'momentum_buffer'");
+    State s;
+    s.momentum_buffer(d["momentum_buffer"].cast<at::Tensor>());
+    return s;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Archives <-> plain Python
+
+std::string param_key(const at::Tensor& p) {
+  return std::to_string(reinterpret_cast<size_t>(p.unsafeGetTensorImpl()));
+}
+
+torch::serialize::InputArchive reopen(const torch::serialize::OutputArchive& out) {
+  std::stringstream buffer;
+  const_cast<torch::serialize::OutputArchive&>(out).save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  return in;
+}
+
+py::object archive_value_to_py(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  a.read(key, v);
+  if (v.isTensor()) return py::cast(v.toTensor());
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isString()) return py::str(v.toStringRef());
+  if (v.isObject()) {
+    torch::serialize::InputArchive sub;
+    a.read(key, sub);
+    py::dict d;
+    for (const std::string& k : sub.keys()) {
+      if (k == "training") continue;  // the archive's module flag, not data
+      d[py::str(k)] = archive_value_to_py(sub, k);
+    }
+    return d;
+  }
+  throw std::runtime_error("fogo: checkpoint entry '" + key + "' has an unsupported type " +
+                           v.tagKind());
+}
+
+void py_to_archive(torch::serialize::OutputArchive& a, const std::string& key,
+                   const py::handle& value) {
+  if (THPVariable_Check(value.ptr())) {
+    a.write(key, value.cast<at::Tensor>(), /*is_buffer=*/true);
+  } else if (PyBool_Check(value.ptr())) {
+    a.write(key, c10::IValue(value.ptr() == Py_True));
+  } else if (PyLong_Check(value.ptr())) {
+    a.write(key, c10::IValue(value.cast<int64_t>()));
+  } else if (PyFloat_Check(value.ptr())) {
+    a.write(key, c10::IValue(value.cast<double>()));
+  } else if (PyUnicode_Check(value.ptr())) {
+    a.write(key, c10::IValue(value.cast<std::string>()));
+  } else if (PyDict_Check(value.ptr())) {
+    torch::serialize::OutputArchive sub(a.compilation_unit());
+    for (const auto& [k, v] : py::reinterpret_borrow<py::dict>(value))
+      py_to_archive(sub, k.cast<std::string>(), v);
+    a.write(key, sub);
+  } else {
+    throw py::type_error("fogo: state_dict entry '" + key +
+                         "' must be a tensor, number, string or dict, got " +
+                         py::repr(value).cast<std::string>());
+  }
+}
+
+// The LibTorch part of an optimizer archive: handled by hand (it is keyed by tensor addresses).
+bool is_libtorch_key(const std::string& key) {
+  return key == "pytorch_version" || key == "state" || key == "param_groups" || key == "training";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bound optimizer
+
+template <class Traits>
+class Bound {
+ public:
+  using Options = typename Traits::Options;
+  using State = typename Traits::State;
+
+  explicit Bound(const py::dict& defaults)
+      : opt_(std::vector<torch::optim::OptimizerParamGroup>{},
+             Traits::from_dict(defaults, Options())) {}
+
+  static py::dict default_options() { return Traits::to_dict(Options()); }
+  static Options options_from(const py::dict& d) { return Traits::from_dict(d, Options()); }
+
+  /// Adds a group after the checks the C++ constructor makes (options valid, parameter shapes),
+  /// with this group's index in the messages.
+  void add_param_group(const std::vector<at::Tensor>& params, const py::dict& options) {
+    const Options o = options_from(options);
+    {
+      std::vector<torch::optim::OptimizerParamGroup> probe;
+      for (size_t g = 0; g < opt_.param_groups().size(); ++g)
+        probe.emplace_back(std::vector<at::Tensor>{}, std::make_unique<Options>());
+      probe.emplace_back(params, std::make_unique<Options>(o));
+      typename Traits::Optim check(probe, o);
+    }
+    opt_.add_param_group(torch::optim::OptimizerParamGroup(params, std::make_unique<Options>(o)));
+  }
+
+  /// The Python groups' parameters and options into the C++ groups.
+  void sync(const py::list& groups) {
+    auto& mine = opt_.param_groups();
+    if (py::len(groups) != mine.size())
+      throw std::runtime_error(std::string("fogo.") + Traits::name + ": " +
+                               std::to_string(py::len(groups)) + " param groups, but " +
+                               std::to_string(mine.size()) +
+                               " were added through add_param_group; add groups with "
+                               "add_param_group, never by appending to param_groups");
+    std::vector<Options> options;
+    for (size_t g = 0; g < mine.size(); ++g) {
+      const auto group = groups[g].cast<py::dict>();
+      const auto params = group["params"].cast<py::list>();
+      const auto& cpp = mine[g].params();
+      bool same = py::len(params) == cpp.size();
+      for (size_t i = 0; same && i < cpp.size(); ++i) {
+        same = THPVariable_Check(params[i].ptr()) &&
+               THPVariable_Unpack(params[i].ptr()).unsafeGetTensorImpl() ==
+                   cpp[i].unsafeGetTensorImpl();
+      }
+      if (!same)
+        throw std::runtime_error(std::string("fogo.") + Traits::name + ": param_groups[" +
+                                 std::to_string(g) +
+                                 "]['params'] changed since the group was added; parameters "
+                                 "can only be added, in a new group (add_param_group)");
+      options.push_back(Traits::from_dict(group, static_cast<const Options&>(mine[g].options())));
+    }
+    for (size_t g = 0; g < mine.size(); ++g)
+      static_cast<Options&>(mine[g].options()) = std::move(options[g]);
+  }
+
+  void step() {
+    py::gil_scoped_release no_gil;
+    opt_.step();
+  }
+
+  /// (state, extra): state as {param index: {name: tensor}}, extra as the archive's other
+  /// entries (FOGO's memory), both copies.
+  std::pair<py::dict, py::dict> state_dict() const {
+    py::dict state;
+    int64_t index = 0;
+    for (const auto& group : opt_.param_groups()) {
+      for (const auto& p : group.params()) {
+        auto it = opt_.state().find(p.unsafeGetTensorImpl());
+        if (it != opt_.state().end())
+          state[py::int_(index)] = Traits::state_to_dict(static_cast<const State&>(*it->second));
+        ++index;
+      }
+    }
+    py::dict extra;
+    torch::serialize::OutputArchive out;
+    opt_.save(out);
+    torch::serialize::InputArchive in = reopen(out);
+    for (const std::string& key : in.keys())
+      if (!is_libtorch_key(key)) extra[py::str(key)] = archive_value_to_py(in, key);
+    return {state, extra};
+  }
+
+  /// `groups`: the checkpoint's option dicts, one per group (same layout as this optimizer's,
+  /// checked by the caller); `state`: {(group, index): {name: tensor}}; `extra`: state_dict's.
+  void load_state_dict(const py::list& groups, const py::dict& state, const py::dict& extra) {
+    const auto& mine = opt_.param_groups();
+    torch::serialize::OutputArchive out;
+    out.write("pytorch_version", c10::IValue("1.5.0"));
+    torch::serialize::OutputArchive state_archive(out.compilation_unit());
+    for (const auto item : state) {
+      const py::handle key = item.first, value = item.second;
+      const auto [g, i] = key.cast<std::pair<size_t, size_t>>();
+      torch::serialize::OutputArchive a(out.compilation_unit());
+      Traits::state_from_dict(value.cast<py::dict>()).serialize(a);
+      state_archive.write(param_key(mine.at(g).params().at(i)), a);
+    }
+    out.write("state", state_archive);
+    torch::serialize::OutputArchive groups_archive(out.compilation_unit());
+    groups_archive.write("param_groups/size", torch::tensor(static_cast<int64_t>(mine.size())));
+    for (size_t g = 0; g < mine.size(); ++g) {
+      torch::serialize::OutputArchive a(out.compilation_unit());
+      const auto& params = mine[g].params();
+      a.write("params/size", torch::tensor(static_cast<int64_t>(params.size())));
+      for (size_t i = 0; i < params.size(); ++i)
+        a.write("params/" + std::to_string(i), c10::IValue(param_key(params[i])));
+      torch::serialize::OutputArchive options(out.compilation_unit());
+      options_from(groups[g].cast<py::dict>()).serialize(options);
+      a.write("options", options);
+      groups_archive.write("param_groups/" + std::to_string(g), a);
+    }
+    out.write("param_groups", groups_archive);
+    for (const auto item : extra) py_to_archive(out, item.first.cast<std::string>(), item.second);
+    torch::serialize::InputArchive in = reopen(out);
+    opt_.load(in);
+  }
+
+  typename Traits::Optim& get() { return opt_; }
+
+ private:
+  typename Traits::Optim opt_;
+};
+
+py::list telemetry(const fogo::FOGO& opt) {
+  py::list out;
+  for (const fogo::FOGOTelemetry& t : opt.telemetry()) {
+    py::dict d;
+    d["step"] = t.step;
+    d["rbar"] = t.rbar;
+    d["gamma_st"] = t.gamma_st;
+    d["frac_conflicting"] = t.frac_conflicting;
+    d["frac_over_aligned"] = t.frac_over_aligned;
+    d["frac_lt_protected"] = t.frac_lt_protected;
+    d["codebook_entropy"] = t.codebook_entropy;
+    d["live_centroids"] = t.live_centroids;
+    d["delta_ratio"] = t.delta_ratio;
+    d["frozen"] = t.frozen;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict memory(const fogo::FOGO& opt, size_t group) {
+  const auto m = opt.memory(group);
+  py::dict d;
+  auto put = [&](const char* k, const at::Tensor& t) {
+    d[k] = t.defined() ? py::cast(t) : py::none();
+  };
+  put("centroids", m.centroids);
+  put("S", m.S);
+  put("N", m.N);
+  put("frozen", m.frozen);
+  put("frozen_nu", m.frozen_nu);
+  return d;
+}
+
+// A trajectory computed by C++ alone, for the tests: a fresh optimizer of `kind` over copies of
+// `groups` ((params, options) pairs), stepped with grads[t][g][i] at step t; task boundaries
+// (FOGO) before the steps listed in `boundaries`, and each group's lr multiplied by
+// lr_factors[t] at step t when given. Returns the parameters after every step.
+std::vector<std::vector<at::Tensor>> cpp_trajectory(
+    const std::string& kind,
+    const std::vector<std::pair<std::vector<at::Tensor>, py::dict>>& groups,
+    const std::vector<std::vector<std::vector<at::Tensor>>>& grads,
+    const std::vector<int64_t>& boundaries, const std::vector<double>& lr_factors) {
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  std::vector<at::Tensor> all;
+  std::vector<double> base_lr;
+  for (const auto& [params, options] : groups) {
+    std::vector<at::Tensor> copies;
+    for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_(true));
+    all.insert(all.end(), copies.begin(), copies.end());
+    if (kind == "FOGO") {
+      auto o = Bound<FOGOTraits>::options_from(options);
+      base_lr.push_back(o.lr());
+      param_groups.emplace_back(copies, std::make_unique<fogo::FOGOOptions>(o));
+    } else {
+      auto o = Bound<MuonTraits>::options_from(options);
+      base_lr.push_back(o.lr());
+      param_groups.emplace_back(copies, std::make_unique<fogo::MuonOptions>(o));
+    }
+  }
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (kind == "FOGO")
+    opt = std::make_unique<fogo::FOGO>(param_groups);
+  else if (kind == "Muon")
+    opt = std::make_unique<fogo::Muon>(param_groups);
+  else
+    throw py::value_error("cpp_trajectory: kind must be 'FOGO' or 'Muon'");
+  py::gil_scoped_release no_gil;
+  std::vector<std::vector<at::Tensor>> out;
+  for (size_t t = 0; t < grads.size(); ++t) {
+    if (std::find(boundaries.begin(), boundaries.end(), static_cast<int64_t>(t)) !=
+        boundaries.end())
+      static_cast<fogo::FOGO&>(*opt).task_boundary();
+    for (size_t g = 0; g < param_groups.size(); ++g) {
+      if (t < lr_factors.size())
+        opt->param_groups()[g].options().set_lr(base_lr[g] * lr_factors[t]);
+      const auto& params = opt->param_groups()[g].params();
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[t][g][i].clone();
+    }
+    opt->step();
+    std::vector<at::Tensor> now;
+    for (const auto& p : all) now.push_back(p.detach().clone());
+    out.push_back(std::move(now));
+  }
+  return out;
+}
+
+std::vector<std::string> archive_option_keys(const torch::optim::OptimizerOptions& o) {
+  torch::serialize::OutputArchive out;
+  o.serialize(out);
+  torch::serialize::InputArchive in = reopen(out);
+  std::vector<std::string> keys;
+  for (const auto& k : in.keys())
+    if (k != "training") keys.push_back(k);
+  return keys;
+}
+
+template <class Traits>
+py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
+  using B = Bound<Traits>;
+  return py::class_<B>(m, name)
+      .def(py::init<const py::dict&>())
+      .def_static("default_options", &B::default_options)
+      .def_static("normalize_options",
+                  [](const py::dict& d) {
+                    auto o = B::options_from(d);
+                    o.validate();
+                    return Traits::to_dict(o);
+                  })
+      .def_static("archive_option_keys",
+                  [] { return archive_option_keys(typename Traits::Options()); })
+      .def("add_param_group", &B::add_param_group)
+      .def("sync", &B::sync)
+      .def("step", &B::step)
+      .def("state_dict", &B::state_dict)
+      .def("load_state_dict", &B::load_state_dict);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fogo's C++ optimizers (use fogo.FOGO and fogo.Muon)";
+
+  // C++ errors as Python exceptions with the C++ message (without LibTorch's backtrace).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  bind_common<FOGOTraits>(m, "FOGO")
+      .def("telemetry", [](Bound<FOGOTraits>& b) { return telemetry(b.get()); })
+      .def("memory", [](Bound<FOGOTraits>& b, size_t g) { return memory(b.get(), g); })
+      .def("consolidate", [](Bound<FOGOTraits>& b) { b.get().consolidate(); })
+      .def("begin_task", [](Bound<FOGOTraits>& b) { b.get().begin_task(); })
+      .def("task_boundary", [](Bound<FOGOTraits>& b) { b.get().task_boundary(); });
+  bind_common<MuonTraits>(m, "Muon");
+
+  py::dict presets;
+  presets["class_imbalanced_backbone"] =
+      FOGOTraits::to_dict(fogo::presets::class_imbalanced_backbone());
+  presets["class_imbalanced_head"] = FOGOTraits::to_dict(fogo::presets::class_imbalanced_head());
+  presets["domain_il_backbone"] = FOGOTraits::to_dict(fogo::presets::domain_il_backbone());
+  presets["domain_il_head"] = FOGOTraits::to_dict(fogo::presets::domain_il_head());
+  presets["class_il_backbone"] = FOGOTraits::to_dict(fogo::presets::class_il_backbone());
+  presets["class_il_head_fc"] = FOGOTraits::to_dict(fogo::presets::class_il_head_fc());
+  presets["class_il_classifier"] = FOGOTraits::to_dict(fogo::presets::class_il_classifier());
+  presets["gpt2"] = FOGOTraits::to_dict(fogo::presets::gpt2());
+  presets["lora"] = FOGOTraits::to_dict(fogo::presets::lora());
+  m.attr("presets") = presets;
+
+  m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
+  m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
+  m.def("options_markdown", &fogo::options_markdown);
+  m.def("cuda_kernels", [] {
+#ifdef FOGO_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+  m.def("cpp_trajectory", &cpp_trajectory, py::arg("kind"), py::arg("groups"), py::arg("grads"),
+        py::arg("boundaries") = std::vector<int64_t>{},
+        py::arg("lr_factors") = std::vector<double>{});
+}

@@ -1,0 +1,249 @@
+"""The torch.optim surface: options and their defaults, param groups, closures, schedulers,
+errors as Python exceptions, telemetry, task boundaries, presets and the hybrid split."""
+
+import inspect
+import math
+
+import pytest
+import torch
+
+import fogo
+from conftest import ROOT, randn
+
+
+def mat(gen, *shape):
+    return randn(gen, *shape, scale=0.1).requires_grad_(True)
+
+
+# -- options ---------------------------------------------------------------------------------
+
+def test_fogo_defaults_are_the_documented_ones():
+    # ALGORITHM.md's defaults (docs/algorithm.md's options table), written out independently.
+    d = fogo._C.FOGO.default_options()
+    expected = {
+        "lr": 1e-3, "weight_decay": 0.0, "sigma": 0.2, "mu_s": 0.95, "mu_f": 0.35,
+        "ns_steps_slow": 5, "ns_steps_fast": 5, "proj_dim": 128, "xi": 0.25, "codebook_size": 64,
+        "beta_cb": 0.96, "eps_st": 0.15, "gamma_st_min": 0.10, "gamma_st_max": 0.30,
+        "lt_candidates": 48, "freeze_per_task": 20, "lambda_prox": 1.0, "spectral_scaling": True,
+        "ns_dtype": torch.bfloat16, "projection_scale": "unit", "nonfinite": "raise",
+    }
+    for k, v in expected.items():
+        assert d[k] == v, k
+    assert d["ns_coefficients"] == pytest.approx((3.4445, -4.775, 2.0315))
+
+
+def test_every_option_is_a_keyword_and_in_the_docs_table():
+    table = (ROOT / "docs" / "algorithm.md").read_text()
+    names = list(fogo._C.FOGO.default_options())
+    assert len(names) >= 35
+    sig = inspect.signature(fogo.FOGO.__init__).parameters
+    for name in names:
+        assert f"| `{name}` |" in table, name
+        assert name in sig, name
+    assert sig["codebook_size"].default == 64
+    opt = fogo.FOGO([torch.zeros(4, 4, requires_grad=True)])
+    assert set(names) <= set(opt.param_groups[0])
+
+
+def test_muon_option_list_covers_the_cpp_options():
+    assert sorted(fogo._C.Muon.default_options()) == sorted(fogo._C.Muon.archive_option_keys())
+    assert sorted(fogo._C.FOGO.default_options()) == sorted(fogo._C.FOGO.archive_option_keys())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"lr": -1.0}, RuntimeError, "FOGO: option 'lr' must be finite and in [0, inf], got -1"),
+        ({"mu_s": 1.5}, RuntimeError, "FOGO: option 'mu_s' must be finite and in [0, 1], got 1.5"),
+        ({"codebook_size": 0}, RuntimeError, "option 'codebook_size' must be finite and in [1,"),
+        ({"codebook_size": 2.5}, TypeError, "FOGO: option 'codebook_size' must be an integer, got 2.5"),
+        ({"lr": "fast"}, TypeError, "FOGO: option 'lr' must be a number, got 'fast'"),
+        ({"nonfinite": "ignore"}, ValueError, "FOGO: option 'nonfinite' must be one of 'raise' 'skip', got 'ignore'"),
+        ({"ns_dtype": "half"}, TypeError, "option 'ns_dtype' must be a torch.dtype"),
+        ({"codebook": 3}, TypeError, "unexpected keyword argument(s) 'codebook'"),
+    ],
+)
+def test_bad_options_raise_with_the_cpp_message(kwargs, error, message):
+    with pytest.raises(error) as info:
+        fogo.FOGO([torch.zeros(4, 4, requires_grad=True)], **kwargs)
+    assert message in str(info.value)
+    assert "Exception raised from" not in str(info.value)  # no C++ backtrace
+
+
+def test_bad_group_option_is_rejected_and_not_added(gen):
+    opt = fogo.FOGO([mat(gen, 4, 4)])
+    with pytest.raises(RuntimeError, match="option 'xi' must be finite and in"):
+        opt.add_param_group({"params": [mat(gen, 4, 4)], "xi": 2.0})
+    assert len(opt.param_groups) == 1
+    # An option made invalid later (by hand) is caught at the next step, before anything changes.
+    opt.param_groups[0]["sigma"] = -0.5
+    opt.param_groups[0]["params"][0].grad = torch.ones(4, 4)
+    with pytest.raises(RuntimeError, match="option 'sigma'"):
+        opt.step()
+
+
+def test_vectors_are_rejected_with_a_pointer_to_adamw():
+    with pytest.raises(RuntimeError, match="fewer than 2 dimensions; optimize it with AdamW"):
+        fogo.Muon([torch.zeros(3, 3, requires_grad=True), torch.zeros(5, requires_grad=True)])
+    opt = fogo.FOGO([torch.zeros(3, 3, requires_grad=True)])
+    with pytest.raises(RuntimeError, match="parameter 0 of group 1 \\(shape \\[5\\]\\)"):
+        opt.add_param_group({"params": [torch.zeros(5, requires_grad=True)]})
+
+
+# -- non-finite gradients --------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [fogo.FOGO, fogo.Muon])
+def test_nonfinite_gradient_raises_and_changes_nothing(gen, cls):
+    a, b = mat(gen, 6, 6), mat(gen, 6, 6)
+    opt = cls([a, b])
+    a.grad, b.grad = randn(gen, 6, 6), randn(gen, 6, 6)
+    opt.step()
+    before = [a.detach().clone(), b.detach().clone()]
+    state = opt.state_dict()
+    a.grad = randn(gen, 6, 6)
+    b.grad = randn(gen, 6, 6)
+    b.grad[2, 3] = float("nan")
+    with pytest.raises(RuntimeError) as info:
+        opt.step()
+    assert str(info.value) == (
+        f"{cls.__name__}: gradient of parameter 1 of group 0 (shape [6, 6]) contains NaN or Inf; "
+        "the step was not applied (the parameters are unchanged)"
+    )
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+    for k in state["state"]:
+        for name, t in state["state"][k].items():
+            assert torch.equal(t, opt.state_dict()["state"][k][name])
+
+
+def test_nonfinite_skip_policy(gen):
+    a = mat(gen, 6, 6)
+    opt = fogo.FOGO([a], nonfinite="skip")
+    a.grad = torch.full((6, 6), float("inf"))
+    before = a.detach().clone()
+    opt.step()
+    assert torch.equal(a, before)
+
+
+# -- torch.optim behaviour -------------------------------------------------------------------
+
+def test_lr_scheduler_drives_the_cpp_step(gen):
+    # StepLR halves lr every 2 steps; the trajectory equals a C++ run given those factors.
+    w0 = randn(gen, 10, 12, scale=0.1)
+    grads = [randn(gen, 10, 12) for _ in range(6)]
+    w = w0.clone().requires_grad_(True)
+    opt = fogo.FOGO([w], lr=0.02, codebook_size=4, proj_dim=4)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    lrs = []
+    for g in grads:
+        lrs.append(opt.param_groups[0]["lr"])
+        w.grad = g.clone()
+        opt.step()
+        sched.step()
+    assert lrs == [0.02, 0.02, 0.01, 0.01, 0.005, 0.005]
+    cpp = fogo._C.cpp_trajectory(
+        "FOGO", [([w0], {"lr": 0.02, "codebook_size": 4, "proj_dim": 4})],
+        [[[g]] for g in grads], lr_factors=[x / 0.02 for x in lrs])
+    assert torch.equal(w.detach(), cpp[-1][0])
+    # A constant lr gives another trajectory: the scheduler's values did reach C++.
+    const = fogo._C.cpp_trajectory(
+        "FOGO", [([w0], {"lr": 0.02, "codebook_size": 4, "proj_dim": 4})], [[[g]] for g in grads])
+    assert not torch.equal(w.detach(), const[-1][0])
+
+
+def test_closure_add_param_group_zero_grad(gen):
+    x, y = randn(gen, 32, 8), randn(gen, 32, 4)
+    w1 = mat(gen, 8, 8)
+    opt = fogo.Muon([w1], lr=0.05)
+    w2 = mat(gen, 4, 8)
+    opt.add_param_group({"params": [w2], "lr": 0.02})
+    assert opt.param_groups[1]["lr"] == 0.02 and opt.param_groups[1]["momentum"] == 0.95
+
+    def closure():
+        opt.zero_grad()
+        loss = ((x @ w1.T @ w2.T - y) ** 2).mean()
+        loss.backward()
+        return loss
+
+    losses = [opt.step(closure).item() for _ in range(30)]
+    assert losses[-1] < 0.8 * losses[0]
+    opt.zero_grad()
+    assert w1.grad is None and w2.grad is None
+    with pytest.raises(ValueError, match="some parameters appear in more than one parameter group"):
+        opt.add_param_group({"params": [w1]})
+
+
+def test_changed_params_list_is_an_error(gen):
+    opt = fogo.FOGO([mat(gen, 4, 4)])
+    opt.param_groups[0]["params"].append(mat(gen, 4, 4))
+    with pytest.raises(RuntimeError, match=r"param_groups\[0\]\['params'\] changed"):
+        opt.step()
+
+
+# -- FOGO's own API --------------------------------------------------------------------------
+
+def test_telemetry_and_task_boundary(gen):
+    ws = [mat(gen, 12, 16), mat(gen, 12, 16)]
+    opt = fogo.FOGO([{"params": ws[:1]}, {"params": ws[1:], "freeze_per_task": 3}],
+                    codebook_size=8, proj_dim=8, lr=0.01)
+    for _ in range(3):
+        for w in ws:
+            w.grad = randn(gen, 12, 16)
+        opt.step()
+    tel = opt.telemetry()
+    assert len(tel) == 2 and tel[0]["step"] == 3 and tel[0]["frozen"] == 0
+    assert set(tel[0]) >= {"rbar", "gamma_st", "codebook_entropy", "live_centroids", "delta_ratio"}
+    assert 0 <= tel[0]["codebook_entropy"] <= math.log(8) + 1e-6
+    assert opt.memory(0)["centroids"].shape == (8, 8)
+
+    opt.task_boundary()
+    sd = opt.state_dict()
+    assert opt.memory(0)["frozen"].shape[0] == 8  # freeze_per_task 20, but only 8 centroids
+    assert opt.memory(1)["frozen"].shape[0] == 3
+    for k in sd["state"]:  # begin_task: momenta reset
+        assert not sd["state"][k]["slow_momentum"].any()
+    # consolidate() twice before the next step freezes nothing more.
+    opt.consolidate()
+    assert opt.memory(1)["frozen"].shape[0] == 3
+    opt.begin_task()
+
+
+def test_presets():
+    gpt2 = fogo.presets.gpt2()
+    assert gpt2["lr"] == 6e-4 and gpt2["codebook_size"] == 256 and gpt2["proj_dim"] == 512
+    assert gpt2["weight_decay"] == 0.1 and gpt2["reseed_every"] == 200
+    cil = fogo.presets.class_il_backbone()
+    assert cil["proj_dim"] == 256 and cil["ns_steps_slow"] == 4 and cil["eps_lt"] == 0.001
+    assert set(fogo.presets.__all__) == {
+        "class_imbalanced_backbone", "class_imbalanced_head", "domain_il_backbone",
+        "domain_il_head", "class_il_backbone", "class_il_head_fc", "class_il_classifier", "gpt2",
+        "lora"}
+    opt = fogo.FOGO([torch.zeros(4, 4, requires_grad=True)], **fogo.presets.lora())
+    assert opt.param_groups[0]["lambda_prox"] == 0.8
+
+
+def test_hybrid_param_groups():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 8)
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 16)
+            self.norm = torch.nn.LayerNorm(16)
+            self.head = torch.nn.Linear(16, 4)
+
+    net = Net()
+    matrix, rest = fogo.hybrid_param_groups(net)
+    assert [g["name"] for g in matrix] == ["matrix"] and [g["name"] for g in rest] == ["rest"]
+    assert matrix[0]["param_names"] == ["conv.weight", "fc1.weight", "fc2.weight"]
+    assert rest[0]["param_names"] == [
+        "emb.weight", "conv.bias", "fc1.bias", "fc2.bias", "norm.weight", "norm.bias",
+        "head.weight", "head.bias"]
+    by_shape, _ = fogo.hybrid_param_groups(net, group_by="shape")
+    assert [g["name"] for g in by_shape] == ["8x27", "16x8", "16x16"]
+    opts = [fogo.FOGO(by_shape, lr=1e-3), torch.optim.AdamW(rest, lr=1e-3)]
+    assert opts[0].param_groups[1]["param_names"] == ["fc1.weight"]
+    forced, _ = fogo.hybrid_param_groups(net, matrix_patterns=[r"^head\.weight$"])
+    assert "head.weight" in forced[0]["param_names"]
+    with pytest.raises(ValueError, match="matrix_patterns matched 'norm.weight'"):
+        fogo.hybrid_param_groups(net, matrix_patterns=["norm"])

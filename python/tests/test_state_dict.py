@@ -1,0 +1,127 @@
+"""state_dict() / load_state_dict(): plain tensors and numbers, and a resumed run equal to the
+uninterrupted one bit for bit (FOGO's codebooks, frozen banks and generators included)."""
+
+import io
+
+import pytest
+import torch
+
+import fogo
+from conftest import randn
+
+SHAPES = [(16, 24), (16, 24), (24, 8)]
+
+
+def model(gen):
+    return [randn(gen, *s, scale=0.1).requires_grad_(True) for s in SHAPES]
+
+
+def fogo_opt(params):
+    return fogo.FOGO(
+        [{"params": params[:2]}, {"params": params[2:], "lr": 0.005, "seed": 3}],
+        lr=0.01, codebook_size=6, proj_dim=8, reseed_every=3, freeze_per_task=2,
+    )
+
+
+def muon_opt(params):
+    return fogo.Muon(params, lr=0.02)
+
+
+def train(opt, params, grads, boundary_at=None):
+    for t, gs in enumerate(grads):
+        if boundary_at is not None and t == boundary_at and isinstance(opt, fogo.FOGO):
+            opt.task_boundary()
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+
+
+def save_load(sd):
+    buffer = io.BytesIO()
+    torch.save(sd, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)  # plain tensors, numbers, strings, dtypes only
+
+
+@pytest.mark.parametrize("make", [fogo_opt, muon_opt])
+def test_resume_equals_uninterrupted(gen, make):
+    grads = [[randn(gen, *s) for s in SHAPES] for _ in range(12)]
+    init = model(gen)
+
+    full = [p.detach().clone().requires_grad_(True) for p in init]
+    opt = make(full)
+    train(opt, full, grads[:5], boundary_at=3)
+    train(opt, full, grads[5:], boundary_at=2)
+
+    first = [p.detach().clone().requires_grad_(True) for p in init]
+    opt1 = make(first)
+    train(opt1, first, grads[:5], boundary_at=3)
+    sd = save_load(opt1.state_dict())
+    # A new process would rebuild parameters and optimizer from scratch.
+    second = [p.detach().clone().requires_grad_(True) for p in first]
+    opt2 = make(second)
+    opt2.load_state_dict(sd)
+    train(opt2, second, grads[5:], boundary_at=2)
+
+    for k, (p, q) in enumerate(zip(full, second)):
+        assert torch.equal(p, q), f"parameter {k}"
+    assert_state_equal(opt.state_dict(), opt2.state_dict())
+
+
+def assert_state_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_state_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_state_equal(x, y)
+    else:
+        assert a == b
+
+
+def test_fogo_state_dict_layout(gen):
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(4)], boundary_at=2)
+    sd = opt.state_dict()
+    assert sorted(sd["state"]) == [0, 1, 2]
+    assert sorted(sd["state"][0]) == ["fast_momentum", "slow_momentum"]
+    assert sd["state"][0]["slow_momentum"].shape == SHAPES[0]
+    assert [g["params"] for g in sd["param_groups"]] == [[0, 1], [2]]
+    assert sd["param_groups"][1]["lr"] == 0.005 and sd["param_groups"][1]["seed"] == 3
+    group0 = sd["memory"]["fogo/group/0"]
+    assert group0["step"] == 4 and group0["initialized"] is True
+    assert group0["centroids"].shape == (6, 8)
+    assert group0["frozen"].shape == (2, 8)  # freeze_per_task centroids frozen at the boundary
+
+    def plain(x):
+        if isinstance(x, dict):
+            return all(plain(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return all(plain(v) for v in x)
+        return isinstance(x, (torch.Tensor, int, float, bool, str, torch.dtype)) or x is None
+
+    assert plain(sd)
+
+
+def test_rejected_load_changes_nothing(gen):
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(2)])
+    before = opt.state_dict()
+
+    other_params = model(gen)
+    other = fogo.FOGO(
+        [{"params": other_params[:2]}, {"params": other_params[2:], "seed": 3}],
+        codebook_size=12, proj_dim=8,
+    )
+    train(other, other_params, [[randn(gen, *s) for s in SHAPES]])
+    with pytest.raises(RuntimeError, match="codebook_size"):
+        opt.load_state_dict(other.state_dict())
+    with pytest.raises(ValueError, match="2 param groups, this optimizer 1"):
+        fogo.FOGO(model(gen), codebook_size=6, proj_dim=8).load_state_dict(before)
+    assert_state_equal(before, opt.state_dict())
