@@ -311,11 +311,18 @@ std::pair<torch::Tensor, torch::Tensor> Batcher::train_batch(int64_t step, int64
 std::pair<torch::Tensor, torch::Tensor> Batcher::eval_batch(int64_t k, int64_t n,
                                                             int64_t batch_size) const {
   TORCH_CHECK(k >= 0 && k < n, "eval_batch: batch ", k, " of ", n);
-  std::vector<int64_t> windows(batch_size);
-  const double stride = static_cast<double>(windows_) / static_cast<double>(n * batch_size);
-  for (int64_t r = 0; r < batch_size; ++r) {
-    windows[r] = std::min<int64_t>(
-        windows_ - 1, static_cast<int64_t>(static_cast<double>(k * batch_size + r) * stride));
+  return eval_windows(k * batch_size, (k + 1) * batch_size, n * batch_size);
+}
+
+std::pair<torch::Tensor, torch::Tensor> Batcher::eval_windows(int64_t begin, int64_t end,
+                                                              int64_t total) const {
+  TORCH_CHECK(0 <= begin && begin < end && end <= total, "eval_windows: [", begin, ", ", end,
+              ") of ", total);
+  std::vector<int64_t> windows;
+  const double stride = static_cast<double>(windows_) / static_cast<double>(total);
+  for (int64_t i = begin; i < end; ++i) {
+    windows.push_back(
+        std::min<int64_t>(windows_ - 1, static_cast<int64_t>(static_cast<double>(i) * stride)));
   }
   return gather(windows);
 }

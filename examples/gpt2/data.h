@@ -111,6 +111,11 @@ class Batcher {
   /// the evaluation set is fixed and covers the whole split.
   std::pair<torch::Tensor, torch::Tensor> eval_batch(int64_t k, int64_t n,
                                                      int64_t batch_size) const;
+  /// Windows [begin, end) of the fixed evaluation set of `total` windows spread evenly over the
+  /// stream (window i starts at floor(i * windows / total)): the set depends on `total` alone,
+  /// not on how it is cut into batches.
+  std::pair<torch::Tensor, torch::Tensor> eval_windows(int64_t begin, int64_t end,
+                                                       int64_t total) const;
 
  private:
   std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& windows) const;

@@ -45,7 +45,7 @@ class Training : public ::testing::Test {
     c.max_steps = 30;
     c.batch_size = 8;
     c.eval_every = 10;
-    c.eval_batches = 2;
+    c.eval_sequences = 16;
     c.log_every = 5;
     c.device = "cpu";
     c.threads = 1;  // a fixed thread count keeps CPU reductions bitwise reproducible
@@ -77,7 +77,10 @@ TEST_F(Training, SmokeRunLossFalls) {
     std::string first;
     std::getline(jsonl, first);
     EXPECT_NE(first.find("\"train_loss\""), std::string::npos) << first;
+    // The applied update's RMS for every param group (AdamW's "rest.0" in every optimizer).
+    EXPECT_NE(first.find("\"update_rms/rest.0\":"), std::string::npos) << first;
     if (std::string(optimizer) == "fogo") {  // telemetry of each codebook, named by module
+      EXPECT_NE(first.find("\"update_rms/attn.c_attn\":"), std::string::npos) << first;
       for (const char* key : {"fogo/attn.c_attn/rbar", "fogo/attn.c_proj/gamma_st",
                               "fogo/mlp.c_fc/codebook_entropy", "fogo/mlp.c_proj/frozen"}) {
         EXPECT_NE(first.find(key), std::string::npos) << key << " not in " << first;
@@ -95,6 +98,32 @@ TEST_F(Training, Bf16AutocastPathTrains) {
   const RunResult r = train(c, log_);
   EXPECT_LT(r.val_loss.back().value, r.val_loss.front().value - 0.5);
   EXPECT_NE(r.device.find("bf16 autocast"), std::string::npos) << r.device;
+}
+
+TEST_F(Training, ValidationSetDoesNotDependOnTheBatchSize) {
+  // The step-0 validation loss is a function of the initial weights and the validation set
+  // alone: with the same seed it must not move when only --batch-size does (16 windows in
+  // chunks of 8, or of 5, 5, 5, 1).
+  std::vector<double> first;
+  for (const int64_t batch : {8, 5}) {
+    TrainConfig c = config("adamw", "batch" + std::to_string(batch));
+    c.batch_size = batch;
+    c.max_steps = 1;
+    const RunResult r = train(c, log_);
+    ASSERT_FALSE(r.val_loss.empty());
+    EXPECT_EQ(r.val_loss.front().step, 0);
+    first.push_back(r.val_loss.front().value);
+  }
+  EXPECT_NEAR(first[0], first[1], 1e-5);
+  // The windows themselves: one set of 16, however it is cut.
+  const Corpus corpus = load_corpus(config("adamw", "x").data);
+  Batcher val(corpus.val, "val", 32, 256, 0);
+  const auto whole = val.eval_windows(0, 16, 16).first;
+  const auto parts =
+      torch::cat({val.eval_windows(0, 5, 16).first, val.eval_windows(5, 15, 16).first,
+                  val.eval_windows(15, 16, 16).first});
+  EXPECT_TRUE(torch::equal(whole, parts));
+  EXPECT_TRUE(torch::equal(val.eval_batch(1, 2, 8).first, whole.slice(0, 8, 16)));
 }
 
 void expect_same_run(const RunResult& a, const RunResult& b) {
@@ -433,12 +462,21 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("train --lr -1"), "gpt2: error: --lr: must be > 0, got -1\n");
   EXPECT_EQ(usage("train --data /nonexistent/corpus.txt"),
             "gpt2: error: --data: /nonexistent/corpus.txt does not exist\n");
+  // Every FOGOOptions field by name; an unknown key or a bad value names --fogo and the key.
+  EXPECT_EQ(usage("train --fogo bogus=1").rfind("gpt2: error: --fogo: unknown option 'bogus'", 0),
+            0u);
+  EXPECT_EQ(usage("train --fogo xi=high"),
+            "gpt2: error: --fogo: xi: expected a number, got 'high'\n");
+  EXPECT_EQ(usage("train --ablation half").rfind("gpt2: error: --ablation: ", 0), 0u);
+  EXPECT_EQ(usage("train --eval-batches 2"),
+            "gpt2: error: --eval-batches: now called --eval-sequences\n");
   EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
   const auto help = run_command(GPT2_BINARY, "train --help");
   EXPECT_EQ(help.status, 0);
   // The flags both trainers share, under the same names.
-  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
-                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+  for (const char* flag :
+       {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every", "--resume",
+        "--eval-every", "--log-every", "--device", "--threads", "--fogo", "--ablation"}) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
   }
 

@@ -1,6 +1,5 @@
 #include "train.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/fogo_flags.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
 #include "common/progress.h"
@@ -84,6 +84,7 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
              "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
   tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
+  tr::add_fogo_flags(cli, &c.optimizer.fogo_options, &c.optimizer.ablation);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
   cli.flag("tokens", &c.tokens, "training token budget when --steps is 0");
   cli.flag("batch-size", &c.batch_size, "sequences per micro-batch");
@@ -95,7 +96,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
 
   cli.section("Evaluation and output");
   cli.flag("eval-every", &c.eval_every, "steps between validations");
-  cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
+  cli.flag("eval-sequences", &c.eval_sequences,
+           "validation windows (a fixed set, the same for every --batch-size)");
+  cli.renamed("eval-batches", "eval-sequences");
   cli.flag("log-every", &c.log_every, "steps between metrics records");
   cli.flag("out", &c.out_dir,
            "output directory (metrics.jsonl, metrics.csv, checkpoint.pt, best.pt)");
@@ -146,7 +149,7 @@ void validate(const TrainConfig& c) {
                    "must be in [0, 1]" + got(c.min_lr_factor));
   tr::Cli::require(c.grad_clip >= 0.0, "grad-clip", "must be >= 0" + got(c.grad_clip));
   tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
-  tr::Cli::require(c.eval_batches >= 1, "eval-batches", "must be >= 1" + got(c.eval_batches));
+  tr::Cli::require(c.eval_sequences >= 1, "eval-sequences", "must be >= 1" + got(c.eval_sequences));
   tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
   tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
   tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
@@ -154,33 +157,6 @@ void validate(const TrainConfig& c) {
                    "expected one of auto,bf16,off, got '" + c.autocast + "'");
   tr::Cli::require(!c.out_dir.empty(), "out", "no directory given");
 }
-
-// bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
-class AutocastGuard {
- public:
-  AutocastGuard(c10::DeviceType type, bool enabled) : type_(type), enabled_(enabled) {
-    if (!enabled_) return;
-    previous_ = at::autocast::is_autocast_enabled(type_);
-    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
-    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (!enabled_) return;
-    // The cast-weight cache lives for the outermost autocast region, as in Python.
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, previous_);
-    at::autocast::set_autocast_dtype(type_, previous_dtype_);
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  c10::DeviceType type_;
-  bool enabled_, previous_ = false;
-  at::ScalarType previous_dtype_ = at::kBFloat16;
-};
 
 // A loss curve as checkpoint history rows (step, tokens, value), and back.
 tr::History to_rows(const std::vector<Point>& points) {
@@ -200,11 +176,17 @@ std::vector<Point> from_rows(const tr::History& rows) {
 }
 
 // The flags that decide a run's trajectory, "auto" resolved: a checkpoint must agree on every
-// one with the command that resumes it. --eval-every and --eval-batches leave the weights alone
+// one with the command that resumes it. --eval-every and --eval-sequences leave the weights alone
 // but define the validation curve of the run's history. Left out, as they change neither:
 // --out, --log-every, --ckpt-every, --stop-at-step, --resume, --quiet, --peak-tflops; and
 // --device, --threads, --deterministic, which change the arithmetic only in its rounding (a
 // checkpoint may move between machines).
+static std::string fogo_text(const std::vector<std::string>& assignments) {
+  std::string out;
+  for (const auto& a : assignments) out += (out.empty() ? "" : " ") + a;
+  return out.empty() ? "-" : out;
+}
+
 tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
                                int64_t steps, int64_t warmup, bool autocast) {
   const auto& o = cfg.optimizer;
@@ -230,6 +212,8 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("beta2", o.beta2)
       .add("muon-adjust", o.muon_adjust)
       .add("ns-dtype", o.ns_dtype)
+      .add("fogo", fogo_text(o.fogo_options))
+      .add("ablation", o.ablation)
       .add("steps", steps)
       .add("batch-size", cfg.batch_size)
       .add("grad-accum", cfg.grad_accum)
@@ -238,7 +222,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("min-lr-factor", cfg.min_lr_factor)
       .add("grad-clip", cfg.grad_clip)
       .add("eval-every", cfg.eval_every)
-      .add("eval-batches", cfg.eval_batches)
+      .add("eval-sequences", cfg.eval_sequences)
       .add("autocast", autocast ? "bf16" : "off")
       .add("seed", cfg.seed);
   return s;
@@ -326,6 +310,7 @@ class Trainer::Impl {
  private:
   struct StepStats {
     double train_loss = 0, grad_norm = 0, lr_factor = 0;
+    std::vector<double> update_rms;  ///< per param group, on recorded steps
   };
 
   void resume(tr::CheckpointReader& in);
@@ -348,6 +333,7 @@ class Trainer::Impl {
   const Batcher train_data_, val_data_;
   GPT model_;
   Optimizer opt_;
+  tr::UpdateRms update_rms_;
   const std::vector<torch::Tensor> params_;
   const int64_t tokens_per_step_, steps_, warmup_, end_;
   const double peak_tflops_, max_norm_;
@@ -466,7 +452,7 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
     auto [x, y] = train_data_.train_batch(step_, micro, cfg_.batch_size);
     torch::Tensor loss;
     {
-      AutocastGuard guard(device_.type(), autocast_);
+      tr::AutocastGuard guard(device_.type(), autocast_);
       loss = model_->loss(x.to(device_), y.to(device_));
     }
     (loss / static_cast<double>(cfg_.grad_accum)).backward();
@@ -480,29 +466,38 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
               "); no update was applied. Lower --lr or check the data");
   // The .item() reads above synchronised: what follows until the next synchronisation is the
   // optimizer's own time.
+  // The applied update's RMS per group, on the steps that write a record (outside the timing).
+  const int64_t next = step_ + 1;
+  const bool recorded = next % cfg_.log_every == 0 || next % cfg_.eval_every == 0 || next == steps_;
+  if (recorded) update_rms_.snapshot(opt_.hybrid.param_groups());
   const auto t_opt = std::chrono::steady_clock::now();
   opt_.hybrid.step();
   opt_.hybrid.zero_grad();
   if (device_.is_cuda()) torch::cuda::synchronize();
   const auto t1 = std::chrono::steady_clock::now();
+  if (recorded) stats.update_rms = update_rms_.measure(opt_.hybrid.param_groups());
   result_.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
   result_.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
   result_.train_seconds += result_.step_seconds.back();
   return stats;
 }
 
-// Mean loss over the fixed validation batches.
+// Mean loss over the fixed validation windows (every window has block_size targets, so the
+// mean of the chunks' means weighted by their sizes).
 double Trainer::Impl::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0;
-  for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
-    auto [x, y] = val_data_.eval_batch(k, cfg_.eval_batches, cfg_.batch_size);
-    AutocastGuard guard(device_.type(), autocast_);
-    sum += model_->loss(x.to(device_), y.to(device_)).item<double>();
+  const int64_t n = cfg_.eval_sequences;
+  for (int64_t begin = 0; begin < n; begin += cfg_.batch_size) {
+    const int64_t end = std::min(n, begin + cfg_.batch_size);
+    auto [x, y] = val_data_.eval_windows(begin, end, n);
+    tr::AutocastGuard guard(device_.type(), autocast_);
+    sum += model_->loss(x.to(device_), y.to(device_)).item<double>() *
+           static_cast<double>(end - begin);
   }
   model_->train();
-  return sum / static_cast<double>(cfg_.eval_batches);
+  return sum / static_cast<double>(n);
 }
 
 // A metrics record every --log-every steps and at each evaluation; the progress line.
@@ -526,6 +521,10 @@ void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_lo
         .set("tokens_per_s", tps)
         .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
         .set("train_seconds", result_.train_seconds);
+    std::vector<std::string> names;
+    for (size_t g = 0; g < opt_.hybrid.param_groups().size(); ++g)
+      names.push_back(opt_.hybrid.group_name(g));
+    tr::add_update_rms(rec, names, stats.update_rms);
     if (cfg_.optimizer.name == "fogo") tr::add_fogo_telemetry(rec, opt_.hybrid);
     for (auto& m : metrics_) m.write(rec);
   }

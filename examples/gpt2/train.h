@@ -43,8 +43,10 @@ struct TrainConfig {
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
 
   int64_t eval_every = 100;  ///< steps between validations (the last step is always evaluated)
-  int64_t eval_batches = 8;  ///< fixed validation batches of batch_size sequences
-  int64_t log_every = 10;    ///< steps between metrics records
+  /// The fixed validation set: this many windows spread evenly over the validation split,
+  /// evaluated in chunks of batch_size (the set does not depend on batch_size).
+  int64_t eval_sequences = 128;
+  int64_t log_every = 10;  ///< steps between metrics records
 
   std::string out_dir = "runs/gpt2";
   int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)

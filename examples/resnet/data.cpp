@@ -308,15 +308,20 @@ torch::Tensor Normalizer::operator()(const torch::Tensor& images_u8) const {
   return (images_u8.to(torch::kFloat).div_(255.0) - mean_) * inv_std_;
 }
 
-torch::Tensor augment(const torch::Tensor& images, int64_t pad, at::Generator& generator) {
+torch::Tensor augment(const torch::Tensor& images, int64_t pad, bool flip,
+                      at::Generator& generator) {
   const int64_t n = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
   const auto device = images.device();
-  auto flip = torch::randint(0, 2, {n}, generator, torch::kLong).to(device).to(torch::kBool);
-  auto x = torch::where(flip.view({n, 1, 1, 1}), images.flip(3), images);
+  auto x = images;
+  if (flip) {
+    auto mirror = torch::randint(0, 2, {n}, generator, torch::kLong).to(device).to(torch::kBool);
+    x = torch::where(mirror.view({n, 1, 1, 1}), images.flip(3), images);
+  }
   if (pad <= 0) return x;
   const auto opts = torch::TensorOptions().dtype(torch::kLong);
   auto dy = torch::randint(0, 2 * pad + 1, {n}, generator, opts).to(device);
   auto dx = torch::randint(0, 2 * pad + 1, {n}, generator, opts).to(device);
+  // Black borders (pixel value 0), as torchvision's RandomCrop(padding) before Normalize.
   auto padded = torch::constant_pad_nd(x, {pad, pad, pad, pad}, 0);
   // Per-sample crop as two gathers: rows dy..dy+h, then columns dx..dx+w.
   auto rows = (dy.view({n, 1}) + torch::arange(h, opts.device(device))).view({n, 1, h, 1});

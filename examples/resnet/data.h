@@ -76,10 +76,12 @@ class Normalizer {
   torch::Tensor mean_, inv_std_;  ///< [1, C, 1, 1]
 };
 
-/// Batch-level augmentation of normalised images: a random crop after zero-padding by `pad`
-/// pixels and a random horizontal flip, both drawn per sample from `generator` (CPU), so the
-/// batch is the same on every device for one generator state.
-torch::Tensor augment(const torch::Tensor& images, int64_t pad, at::Generator& generator);
+/// Batch-level augmentation of raw (uint8, not yet normalised) images: a random crop after
+/// padding by `pad` pixels of value 0 (black, as torchvision's RandomCrop before Normalize) and,
+/// with `flip`, a random horizontal flip, both drawn per sample from `generator` (CPU), so the
+/// batch is the same on every device for one generator state. Keeps the dtype.
+torch::Tensor augment(const torch::Tensor& images, int64_t pad, bool flip,
+                      at::Generator& generator);
 
 /// A CPU generator seeded from several numbers (run seed, step, purpose, ...): every random
 /// choice of a run derives from its position in the run, so a resumed run repeats it exactly.

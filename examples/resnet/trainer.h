@@ -11,6 +11,7 @@
 // Every random choice derives from (seed, position in the run), so --resume continues a run
 // bit for bit on the same device and thread count.
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -41,6 +42,12 @@ struct RunResult {
 /// from resolve(). `data` is the whole dataset on the CPU; the run selects from it and moves what
 /// it uses to its device.
 RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log);
+
+/// The test images a run evaluates on (--test-per-class of every class): one fixed choice,
+/// the same for every seed and optimizer, so that runs of a comparison share one test set.
+constexpr uint64_t kTestSelectionSeed = 0x7E57;
+torch::Tensor test_selection(const Config& config, const torch::Tensor& labels,
+                             int64_t num_classes);
 
 /// Reads the dataset `config` names (resolved or not) and checks it.
 DataSplit load_data(const Config& config);
