@@ -623,3 +623,20 @@ TEST(Optimizers, UpdateRmsIsTheRmsOfTheAppliedChangePerGroup) {
   ASSERT_NE(r.get("update_rms/matrices"), nullptr);
   EXPECT_EQ(std::get<double>(*r.get("update_rms/rest")), v[1]);
 }
+
+TEST(Report, WelchTTestAgainstClosedFormsAndAnIndependentIntegral) {
+  // Student's t with 1 and 2 degrees of freedom has closed-form tails.
+  for (const double t : {0.3, 1.0, 2.5, 12.706}) {
+    EXPECT_NEAR(student_t_two_sided_p(t, 1), 1 - 2 / M_PI * std::atan(t), 1e-10) << t;
+    EXPECT_NEAR(student_t_two_sided_p(-t, 2), 1 - t / std::sqrt(2 + t * t), 1e-10) << t;
+  }
+  EXPECT_NEAR(student_t_two_sided_p(2.0, 5), 0.10193947882994929, 1e-6);  // tables: 0.1019
+  EXPECT_NEAR(student_t_two_sided_p(0.0, 7), 1.0, 1e-12);
+  // {1,2,3} vs {4,5,6,7}: t and df by hand, p by numerical integration of the t density.
+  const WelchT w = welch_t_test({1, 2, 3}, {4, 5, 6, 7});
+  EXPECT_NEAR(w.t, -4.041451884327381, 1e-9);
+  EXPECT_NEAR(w.df, 4.959183673469387, 1e-9);
+  EXPECT_NEAR(w.p, 0.010076943347997983, 1e-6);
+  EXPECT_TRUE(std::isnan(welch_t_test({1}, {2, 3}).p));
+  EXPECT_TRUE(std::isnan(welch_t_test({1, 1}, {2, 2}).p));  // no variance: undefined
+}

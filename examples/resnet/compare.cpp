@@ -190,6 +190,7 @@ void report_comparison(const Config& config, const std::string& data_name,
 }
 
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
+  if (!config.lr_sweep.empty()) return run_lr_sweep(config, out).finals;
   const std::vector<Config> runs = plan_runs(config);  // a bad flag fails before any training
   const DataSplit data = load_data(runs.front());
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()

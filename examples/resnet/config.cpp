@@ -71,6 +71,16 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("replay-alpha", &c.replay_alpha,
            "weight of the replay term: ER cross-entropy (1.0), DER++ logit MSE (0.1)");
   cli.flag("der-beta", &c.der_beta, "DER++: weight of the replayed-label cross-entropy");
+  cli.choice("eval-split", &c.eval_split, {"test", "val"},
+             "evaluate on the test set, or on a validation split held out from the training "
+             "images (--val-fraction per class, the same for every seed)");
+  cli.flag("val-fraction", &c.val_fraction,
+           "fraction of each class's training images held out "
+           "for --eval-split val and --lr-sweep");
+  cli.flag("lr-sweep", &c.lr_sweep,
+           "learning-rate sweep: factors of each optimizer's default --lr (e.g. 0.25,0.5,1,2,4); "
+           "each grid point runs on the first seed and is scored on the validation split, the "
+           "best lr is re-run on every seed (>= 3) on the test set; sweep.md, sweep.png");
   cli.flag("augment", &c.augment, "random crop and horizontal flip of training batches");
   cli.flag("crop-pad", &c.crop_pad, "padding of the random crop (cifar10 4, fashion-mnist 2)");
 
@@ -174,6 +184,12 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
 
   if (c.train_per_class < 0) throw trainer::Cli::error("train-per-class", "must be >= 0");
+  if (c.eval_split != "test" && c.eval_split != "val") {
+    throw trainer::Cli::error("eval-split", "expected test or val, got '" + c.eval_split + "'");
+  }
+  if (!(c.val_fraction > 0 && c.val_fraction <= 0.5)) {
+    throw trainer::Cli::error("val-fraction", "must be in (0, 0.5], got " + text(c.val_fraction));
+  }
   if (c.test_per_class < 0) throw trainer::Cli::error("test-per-class", "must be >= 0");
   if (!(c.rare_fraction > 0 && c.rare_fraction <= 1)) {
     throw trainer::Cli::error("rare-fraction", "must be in (0, 1], got " + text(c.rare_fraction));
@@ -263,6 +279,8 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("dataset", c.dataset)
       .add("train-per-class", c.train_per_class)
       .add("test-per-class", c.test_per_class)
+      .add("eval-split", c.eval_split)
+      .add("val-fraction", c.eval_split == "val" ? c.val_fraction : 0.0)
       .add("rare-classes", c.rare_classes)
       .add("rare-fraction", c.rare_fraction)
       .add("task-order", c.task_order)

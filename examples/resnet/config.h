@@ -39,6 +39,13 @@ struct Config {
   bool augment = true;
   std::optional<int64_t> crop_pad;  ///< CIFAR 4, Fashion-MNIST 2
 
+  /// Where a run is evaluated: test (the test set) | val (a split of --val-fraction of the
+  /// training images per class, fixed across seeds, held out from training).
+  std::string eval_split = "test";
+  double val_fraction = 0.1;
+  /// --lr-sweep: factors of each optimizer's default --lr (empty: no sweep; see sweep.cpp).
+  std::vector<double> lr_sweep;
+
   // Model.
   int64_t width = 64;
   std::optional<int64_t> head_fc;  ///< class-il: 8 * width (the paper's head FC), else 0

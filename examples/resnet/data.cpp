@@ -262,6 +262,27 @@ torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<i
   return torch::tensor(keep, torch::kLong);
 }
 
+torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, int64_t num_classes,
+                                uint64_t seed) {
+  const auto cpu = labels.to(torch::kCPU);
+  const auto counts = torch::bincount(cpu, {}, num_classes);
+  std::vector<int64_t> quota(static_cast<size_t>(num_classes));
+  for (int64_t c = 0; c < num_classes; ++c) {
+    quota[c] =
+        static_cast<int64_t>(std::ceil(fraction * static_cast<double>(counts[c].item<int64_t>())));
+  }
+  auto gen = derived_generator({seed, 0x5A1});
+  const auto order = torch::randperm(cpu.size(0), gen, torch::kLong);
+  std::vector<int64_t> taken(static_cast<size_t>(num_classes), 0), keep;
+  const auto* o = order.data_ptr<int64_t>();
+  const auto* l = cpu.data_ptr<int64_t>();
+  for (int64_t k = 0; k < cpu.size(0); ++k) {
+    if (taken[l[o[k]]]++ < quota[l[o[k]]]) keep.push_back(o[k]);
+  }
+  std::sort(keep.begin(), keep.end());
+  return torch::tensor(keep, torch::kLong);
+}
+
 torch::Tensor class_subset(const torch::Tensor& labels, const std::vector<int64_t>& classes) {
   auto mask = torch::zeros_like(labels, torch::kBool);
   for (const int64_t c : classes) mask |= labels == c;

@@ -55,6 +55,10 @@ torch::Tensor per_class_subset(const torch::Tensor& labels, int64_t per_class, i
 /// `rare`, ceil(fraction * its count) samples chosen at random (seeded). Dataset order is kept.
 torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<int64_t>& rare,
                                 double fraction, int64_t num_classes, uint64_t seed);
+/// The validation split: ceil(fraction * its count) samples of every class, chosen at random
+/// (seeded), in dataset order. The rest is what a run trains on.
+torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, int64_t num_classes,
+                                uint64_t seed);
 /// Indices of the samples whose label is one of `classes`, in dataset order.
 torch::Tensor class_subset(const torch::Tensor& labels, const std::vector<int64_t>& classes);
 

@@ -287,6 +287,16 @@ TEST(Augment, DomainIlNeverMixesDomains) {
   EXPECT_FALSE(augmentation(c).flip);
 }
 
+TEST(Selection, ValidationSplitIsPerClassAndFixed) {
+  const auto labels = torch::arange(1000, torch::kLong) % 10;
+  const auto val = validation_subset(labels, 0.1, 10, kValidationSeed);
+  EXPECT_TRUE(torch::equal(torch::bincount(labels.index_select(0, val), {}, 10),
+                           torch::full({10}, 10, torch::kLong)));
+  EXPECT_TRUE(torch::equal(val, validation_subset(labels, 0.1, 10, kValidationSeed)));
+  EXPECT_FALSE(torch::equal(val, validation_subset(labels, 0.1, 10, kValidationSeed + 1)));
+  EXPECT_TRUE(torch::equal(std::get<0>(val.sort()), val));  // dataset order
+}
+
 TEST(Selection, TestSetIsTheSameForEverySeed) {
   const auto labels = torch::arange(600, torch::kLong) % 10;
   Config c;

@@ -173,6 +173,60 @@ TEST(Schedule, CosineLrIsAppliedPerTaskAndLogged) {
   }
 }
 
+TEST(Sweep, ChoosesOnValidationAndComparesOnTestSeeds) {
+  // Two optimizers x two lr factors on the validation split (seed 0), then the chosen lr of
+  // each on three seeds on the test set, with Welch's t-test in sweep.md.
+  const DataSplit data = synthetic_split();
+  Config c = small("class-imbalanced", temp_dir());
+  c.epochs = 1;
+  c.augment = false;
+  c.optimizers = {"adam", "muon"};
+  c.seeds = {0, 1, 2};
+  c.lr_sweep = {0.5, 2.0};
+  c.val_fraction = 0.2;
+  std::ostringstream log;
+  const auto points = plan_sweep(c);
+  ASSERT_EQ(points.size(), 4u);
+  EXPECT_EQ(*points[0].config.lr, 0.5e-3);  // adam's default 1e-3
+  EXPECT_EQ(*points[3].config.lr, 2e-2);    // muon's default 1e-2
+  for (const auto& p : points) {
+    EXPECT_EQ(p.config.eval_split, "val");  // never the test set
+    EXPECT_EQ(p.config.seed, 0);            // one data order for every point
+  }
+  // run_lr_sweep needs the data from load_data; drive its stages on the synthetic split.
+  SweepOutcome s;
+  s.points = points;
+  for (auto& p : s.points) {
+    const RunResult r = train_run(p.config, data, log);
+    p.score = r.summary.front();
+    s.metric = r.summary_names.front();
+    // The validation split: 20% of the 20 training images of each class.
+    EXPECT_EQ(field(read(run_dir(p.config) + "/eval.jsonl"), "acc").size(), 1u);
+  }
+  for (const char* opt : {"adam", "muon"}) {
+    const double chosen = choose_lr(s.points, opt);
+    double best = -1;
+    for (const auto& p : s.points)
+      if (p.config.optimizer == opt) best = std::max(best, p.score);
+    for (const auto& p : s.points)
+      if (p.config.optimizer == opt && *p.config.lr == chosen) EXPECT_EQ(p.score, best);
+    s.chosen[opt] = chosen;
+    Config f = c;
+    f.lr = chosen;
+    for (const int64_t seed : c.seeds)
+      s.finals.push_back(train_run(resolve(f, opt, seed), data, log));
+  }
+  ASSERT_EQ(s.finals.size(), 6u);
+  EXPECT_EQ(s.finals[0].config.eval_split, "test");
+  report_sweep(c, s, log);
+  const std::string md = read(c.out + "/sweep.md");
+  EXPECT_NE(md.find("Welch"), std::string::npos) << md;
+  EXPECT_NE(md.find("| acc | adam | muon |"), std::string::npos) << md;
+  // Fewer than three seeds cannot be compared.
+  c.seeds = {0, 1};
+  EXPECT_THROW(plan_sweep(c), std::invalid_argument);
+}
+
 TEST(Autocast, Bf16IsRefusedOffCuda) {
   const DataSplit data = synthetic_split();
   Config c = small("class-imbalanced", temp_dir());

@@ -46,9 +46,18 @@ Plan make_plan(const Config& c, const DataSplit& data, const torch::Device& devi
   Plan plan;
   plan.num_classes = data.num_classes;
   plan.in_channels = data.train.images.size(1);
-  const Dataset train = data.train.select(
+  Dataset train = data.train.select(
       per_class_subset(data.train.labels, c.train_per_class, data.num_classes, c.seed));
-  const Dataset test = data.test.select(test_selection(c, data.test.labels, data.num_classes));
+  Dataset test = data.test.select(test_selection(c, data.test.labels, data.num_classes));
+  if (c.eval_split == "val") {
+    // Held out from the training images by a fixed seed: the test set is never looked at.
+    const auto val =
+        validation_subset(train.labels, c.val_fraction, data.num_classes, kValidationSeed);
+    auto rest = torch::ones({train.size()}, torch::kBool);
+    rest.index_fill_(0, val, false);
+    test = train.select(val);
+    train = train.select(rest.nonzero().flatten());
+  }
   plan.normalize = Normalizer(train.to(device));
   if (c.scenario == "class-imbalanced") {
     plan.task_names = {"all"};
