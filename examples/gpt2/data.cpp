@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -99,6 +100,16 @@ void TokenStream::add(std::shared_ptr<const MappedFile> file, int64_t offset, in
   if (count == 0) return;
   spans_.push_back({std::move(file), offset, count, width});
   num_tokens_ += count;
+}
+
+std::pair<TokenStream, TokenStream> TokenStream::split(double fraction) const {
+  std::pair<TokenStream, TokenStream> out;
+  for (const auto& s : spans_) {
+    const auto tail = static_cast<int64_t>(std::floor(fraction * static_cast<double>(s.count)));
+    out.first.add(s.file, s.offset, s.count - tail, s.width);
+    out.second.add(s.file, s.offset + (s.count - tail) * s.width, tail, s.width);
+  }
+  return out;
 }
 
 int64_t TokenStream::num_windows(int64_t len) const {
@@ -267,6 +278,16 @@ Corpus load_corpus(const DataOptions& options) {
   corpus.description = to_string(corpus.format) + " " + options.path + ": " +
                        std::to_string(corpus.train.num_tokens()) + " train / " +
                        std::to_string(corpus.val.num_tokens()) + " val tokens";
+  if (options.tune_fraction > 0.0) {
+    Cli::require(options.tune_fraction < 1.0, "tune-fraction",
+                 "must be in [0, 1), got " + fogo::trainer::flag_text(options.tune_fraction));
+    auto [train, tune] = corpus.train.split(options.tune_fraction);
+    corpus.train = std::move(train);
+    corpus.val = std::move(tune);
+    corpus.description += "; tuning split: the last " +
+                          fogo::trainer::flag_text(options.tune_fraction) +
+                          " of every training span replaces the validation split";
+  }
   return corpus;
 }
 

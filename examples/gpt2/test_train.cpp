@@ -126,6 +126,46 @@ TEST_F(Training, ValidationSetDoesNotDependOnTheBatchSize) {
   EXPECT_TRUE(torch::equal(val.eval_batch(1, 2, 8).first, whole.slice(0, 8, 16)));
 }
 
+TEST_F(Training, LrSweepTunesOnHeldOutTrainingDataAndComparesSeeds) {
+  // The tuning split: the tail of every training span, disjoint from what is trained on, and
+  // not the validation split.
+  TrainConfig base = config("adamw", "sweep");
+  const Corpus plain = load_corpus(base.data);
+  base.data.tune_fraction = 0.2;
+  const Corpus tuned = load_corpus(base.data);
+  EXPECT_EQ(tuned.train.num_tokens() + tuned.val.num_tokens(), plain.train.num_tokens());
+  EXPECT_NEAR(static_cast<double>(tuned.val.num_tokens()),
+              0.2 * static_cast<double>(plain.train.num_tokens()),
+              static_cast<double>(plain.train.num_spans()));
+  EXPECT_EQ(tuned.train.num_spans(), plain.train.num_spans());
+
+  TrainConfig c = config("adamw", "sweep");
+  c.max_steps = 10;
+  c.eval_every = 10;
+  SweepOptions sweep{{"adamw", "muon"}, {0.5, 2.0}, {1, 2, 3}, 0.1, false};
+  const SweepOutcome s = lr_sweep(c, sweep, log_);
+  ASSERT_EQ(s.points.size(), 4u);
+  for (const char* opt : {"adamw", "muon"}) {
+    double best = std::numeric_limits<double>::infinity(), factor = 0;
+    for (const auto& p : s.points) {
+      if (p.optimizer == opt && p.tune_loss < best) best = p.tune_loss, factor = p.factor;
+    }
+    EXPECT_EQ(s.chosen.at(opt), factor) << opt;
+    ASSERT_EQ(s.finals.at(opt).size(), 3u);
+    EXPECT_TRUE(fs::exists(dir_ / "sweep" / (std::string(opt) + "-seed3") / "metrics.jsonl"));
+    EXPECT_TRUE(
+        fs::exists(dir_ / "sweep" / "sweep" / (std::string(opt) + "-x2") / "metrics.jsonl"));
+  }
+  EXPECT_EQ(s.points[1].lr, 2.0 * 3e-3);
+  std::ifstream md(dir_ / "sweep" / "sweep.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_NE(text.str().find("Welch"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("| adamw | muon |"), std::string::npos) << text.str();
+  sweep.seeds = {1, 2};
+  test::expect_error([&] { lr_sweep(c, sweep, log_); }, {"--seeds", ">= 3"});
+}
+
 void expect_same_run(const RunResult& a, const RunResult& b) {
   auto pa = a.trained->named_parameters(), pb = b.trained->named_parameters();
   ASSERT_EQ(pa.size(), pb.size());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -72,6 +73,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
              "without the llm.c magic, llmc otherwise)");
   cli.flag("val-fraction", &c.data.val_fraction, "text: fraction of chunks held out");
   cli.flag("chunk-bytes", &c.data.chunk_bytes, "text: size of the train/val split chunks");
+  cli.flag("tune-fraction", &c.data.tune_fraction,
+           "> 0: validate on a tuning split, the last fraction of every training span (held out "
+           "from training), instead of the validation split (what compare --lr-sweep uses)");
   cli.flag("data-seed", &c.data_seed, "seed of the batch order");
 
   cli.section("Optimization");
@@ -203,6 +207,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("format", to_string(corpus.format))
       .add("val-fraction", cfg.data.val_fraction)
       .add("chunk-bytes", cfg.data.chunk_bytes)
+      .add("tune-fraction", cfg.data.tune_fraction)
       .add("data-seed", cfg.data_seed)
       .add("optimizer", o.name)
       .add("lr", o.lr)
@@ -724,6 +729,123 @@ std::string sample(const SampleConfig& config) {
   std::ostringstream s;
   for (size_t i = 0; i < out.size(); ++i) s << (i ? " " : "") << out[i];
   return s.str();
+}
+
+namespace {
+
+std::string p_text(double p) {
+  if (!std::isfinite(p)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, p < 1e-3 ? "%.1e" : "%.3f", p);
+  return buf;
+}
+
+}  // namespace
+
+SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std::ostream& log) {
+  tr::Cli::require(!sweep.optimizers.empty(), "optimizers", "no optimizer given");
+  tr::Cli::require(
+      sweep.seeds.size() >= 3, "seeds",
+      "--lr-sweep re-runs the chosen lr on >= 3 seeds; got " + std::to_string(sweep.seeds.size()));
+  tr::Cli::require(
+      sweep.tune_fraction > 0.0 && sweep.tune_fraction < 0.5, "tune-fraction",
+      "--lr-sweep needs a tuning split in (0, 0.5), got " + tr::flag_text(sweep.tune_fraction));
+  for (const double f : sweep.factors) {
+    tr::Cli::require(f > 0 && std::isfinite(f), "lr-sweep",
+                     "factors must be > 0, got " + tr::flag_text(f));
+  }
+  const std::filesystem::path out(config.out_dir);
+  // A run of `name` with every lr of the config scaled by `factor`.
+  auto scaled = [&](const std::string& name, double factor) {
+    TrainConfig c = config;
+    c.optimizer.name = name;
+    c.optimizer.lr = config.optimizer.lr * factor;
+    if (config.optimizer.matrix_lr) c.optimizer.matrix_lr = *config.optimizer.matrix_lr * factor;
+    return c;
+  };
+  SweepOutcome s;
+  for (const auto& name : sweep.optimizers) {
+    for (const double f : sweep.factors) {
+      TrainConfig c = scaled(name, f);
+      c.data.tune_fraction = sweep.tune_fraction;  // never the validation split
+      c.out_dir = (out / "sweep" / (name + "-x" + tr::flag_text(f))).string();
+      RunResult r = train(c, log);
+      s.points.push_back({name, f, c.optimizer.lr, r.val_loss.back().value});
+    }
+  }
+  for (const auto& name : sweep.optimizers) {
+    double best = std::numeric_limits<double>::infinity(), chosen = 0;
+    for (const auto& p : s.points) {
+      if (p.optimizer == name && std::isfinite(p.tune_loss) && p.tune_loss < best) {
+        best = p.tune_loss;
+        chosen = p.factor;
+      }
+    }
+    TORCH_CHECK(chosen > 0, "--lr-sweep: no lr of ", name, " gave a finite loss");
+    s.chosen[name] = chosen;
+    for (const int64_t seed : sweep.seeds) {
+      TrainConfig c = scaled(name, chosen);
+      c.data.tune_fraction = 0.0;  // the validation split, as a plain compare
+      c.seed = seed;
+      c.data_seed = seed;
+      c.out_dir = (out / (name + "-seed" + std::to_string(seed))).string();
+      RunResult r = train(c, log);
+      r.trained = GPT(nullptr);  // keep one model in memory at a time
+      s.finals[name].push_back(r.val_loss.back().value);
+    }
+  }
+
+  tr::Table grid({"optimizer", "lr factor", "lr", "tuning loss", "chosen"});
+  for (const auto& p : s.points) {
+    grid.add_row({p.optimizer, tr::flag_text(p.factor), tr::flag_text(p.lr),
+                  format_double(p.tune_loss, 4), p.factor == s.chosen[p.optimizer] ? "yes" : ""});
+  }
+  tr::Table finals({"optimizer", "lr factor", "seeds", "final val loss"});
+  for (const auto& name : sweep.optimizers) {
+    finals.add_row({name, tr::flag_text(s.chosen[name]), std::to_string(sweep.seeds.size()),
+                    tr::format_mean_sd(tr::mean_sd(s.finals[name]), 4)});
+  }
+  tr::Table welch({"A", "B", "mean A - B", "t", "df", "p (two-sided)"});
+  for (size_t a = 0; a < sweep.optimizers.size(); ++a) {
+    for (size_t b = a + 1; b < sweep.optimizers.size(); ++b) {
+      const auto& va = s.finals[sweep.optimizers[a]];
+      const auto& vb = s.finals[sweep.optimizers[b]];
+      const auto w = tr::welch_t_test(va, vb);
+      welch.add_row({sweep.optimizers[a], sweep.optimizers[b],
+                     format_double(tr::mean_sd(va).mean - tr::mean_sd(vb).mean, 4),
+                     format_double(w.t, 2), format_double(w.df, 1), p_text(w.p)});
+    }
+  }
+  std::ostringstream md;
+  md << "Learning-rate sweep: factors";
+  for (const double f : sweep.factors) md << " " << tr::flag_text(f);
+  md << " of --lr (and --matrix-lr), each point on seed " << config.seed << " / data seed "
+     << config.data_seed << " (one batch order for all), scored by the final loss on a tuning "
+     << "split (the last " << tr::flag_text(sweep.tune_fraction)
+     << " of every training span, held out from training; the validation split is not used). "
+     << "The chosen factor re-run on " << sweep.seeds.size()
+     << " seeds (seed = data seed), final loss on the validation split.\n\n"
+     << grid.to_markdown() << "\n"
+     << finals.to_markdown() << "\nWelch's t-test on the final validation loss:\n\n"
+     << welch.to_markdown();
+  std::filesystem::create_directories(out);
+  {
+    std::ofstream f(out / "sweep.md");
+    TORCH_CHECK(f << md.str(), "lr sweep: cannot write ", (out / "sweep.md").string());
+  }
+  log << "\n" << grid.to_text() << "\n" << finals.to_text() << "\n" << welch.to_text();
+  tr::Panel panel{"Tuning loss by learning rate", "log10(lr factor)", "loss", {}};
+  for (const auto& name : sweep.optimizers) {
+    tr::Series series{name, {}, {}, {}};
+    for (const auto& p : s.points) {
+      if (p.optimizer != name || !std::isfinite(p.tune_loss)) continue;
+      series.x.push_back(std::log10(p.factor));
+      series.y.push_back(p.tune_loss);
+    }
+    panel.series.push_back(series);
+  }
+  if (sweep.plots) tr::plot_png((out / "sweep.png").string(), {panel}, 1, log);
+  return s;
 }
 
 }  // namespace gpt2
