@@ -263,11 +263,11 @@ train() {
   # the trainer's default (deterministic) mode, which must work too.
   for opt in adamw muon fogo; do
     "$bin/gpt2" train --model 124m --device cuda --optimizer "$opt" --data "$kjv" \
-      --no-deterministic --steps 40 --eval-every 1000000 --eval-batches 1 --out "$logs/gpt2-$opt" \
+      --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-$opt" \
       >"$logs/gpt2-$opt.log" 2>&1 || rc=1
   done
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
-    --steps 8 --eval-every 1000000 --eval-batches 1 --out "$logs/gpt2-fogo-deterministic" \
+    --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-deterministic" \
     >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1
   "$python" bench/gpt2_eager.py --device cuda --steps 40 --warmup 5 >"$logs/gpt2-eager.log" 2>&1 ||
     rc=1

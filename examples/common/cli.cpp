@@ -116,6 +116,10 @@ void Cli::flag(const std::string& n, std::vector<int64_t>* t, std::string h) {
 void Cli::flag(const std::string& n, std::vector<double>* t, std::string h) {
   add(n, t, std::move(h));
 }
+void Cli::repeated(const std::string& n, std::vector<std::string>* t, std::string h) {
+  add(n, t, std::move(h) + " (repeatable)");
+  flags_.back().repeat = true;
+}
 void Cli::choice(const std::string& name, std::string* target, std::vector<std::string> choices,
                  std::string help) {
   add(name, target, std::move(help), std::move(choices));
@@ -192,7 +196,12 @@ void Cli::assign(Flag& flag, const std::string& text) {
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
           *p = parse_double(n, text);
         } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-          *p = split_commas(text);
+          if (flag.repeat) {
+            if (!flag.given) p->clear();
+            p->push_back(text);
+          } else {
+            *p = split_commas(text);
+          }
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           p->clear();
           for (const auto& item : split_commas(text)) p->push_back(parse_int(n, item));

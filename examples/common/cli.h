@@ -55,6 +55,9 @@ class Cli {
   void flag(const std::string& name, std::vector<std::string>* target, std::string help);
   void flag(const std::string& name, std::vector<int64_t>* target, std::string help);
   void flag(const std::string& name, std::vector<double>* target, std::string help);
+  /// A flag that may be given many times: each occurrence appends its whole value (commas
+  /// included) to *target; the first one replaces the default.
+  void repeated(const std::string& name, std::vector<std::string>* target, std::string help);
   /// A string flag restricted to `choices`.
   void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
               std::string help);
@@ -89,6 +92,7 @@ class Cli {
     Target target;
     std::vector<std::string> choices;
     bool given = false;
+    bool repeat = false;  ///< repeated(): append each occurrence
   };
   void add(const std::string& name, Target target, std::string help,
            std::vector<std::string> choices = {});

@@ -3,8 +3,10 @@
 // fields of a metrics record, under one set of names.
 
 #include <c10/core/ScalarType.h>
+#include <torch/optim/optimizer.h>
 
 #include <string>
+#include <vector>
 
 namespace fogo {
 class HybridOptimizer;
@@ -31,5 +33,23 @@ c10::ScalarType parse_ns_dtype(const std::string& value);
 /// the hybrid has no matrix side; throws (HybridOptimizer::matrix<fogo::FOGO>()) when its
 /// matrix side is not a fogo::FOGO, so call it for FOGO runs only.
 void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid);
+
+/// The update a step actually applies, per param group, whatever the rule (lr, schedule, RMS
+/// scaling, weight decay and clipping included): snapshot() the parameters before the step,
+/// measure() after it. update RMS of a group = sqrt(sum over its parameters of
+/// |p_after - p_before|_F^2 / (their total element count)).
+class UpdateRms {
+ public:
+  void snapshot(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  /// One value per group of the snapshot; empty when there was none. Clears the snapshot.
+  std::vector<double> measure(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
+ private:
+  std::vector<std::vector<torch::Tensor>> before_;
+};
+
+/// Sets "update_rms/<names[g]>" = rms[g] on `record` (nothing when rms is empty).
+void add_update_rms(Record& record, const std::vector<std::string>& names,
+                    const std::vector<double>& rms);
 
 }  // namespace fogo::trainer

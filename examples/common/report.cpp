@@ -71,6 +71,72 @@ std::string format_mean_sd(const MeanSd& m, int precision) {
   return buf;
 }
 
+namespace {
+
+// Continued fraction of the incomplete beta function (modified Lentz).
+double beta_continued_fraction(double a, double b, double x) {
+  constexpr double kTiny = 1e-300, kEps = 1e-15;
+  const double qab = a + b, qap = a + 1, qam = a - 1;
+  double c = 1, d = 1 - qab * x / qap;
+  if (std::fabs(d) < kTiny) d = kTiny;
+  d = 1 / d;
+  double h = d;
+  for (int m = 1; m <= 500; ++m) {
+    const int m2 = 2 * m;
+    double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+    d = 1 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1 / d;
+    h *= d * c;
+    aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+    d = 1 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::fabs(del - 1) < kEps) break;
+  }
+  return h;
+}
+
+// The regularized incomplete beta function I_x(a, b).
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                a * std::log(x) + b * std::log1p(-x));
+  if (x < (a + 1) / (a + b + 2)) return front * beta_continued_fraction(a, b, x) / a;
+  return 1 - front * beta_continued_fraction(b, a, 1 - x) / b;
+}
+
+}  // namespace
+
+double student_t_two_sided_p(double t, double df) {
+  if (!std::isfinite(t) || !(df > 0)) return std::numeric_limits<double>::quiet_NaN();
+  return incomplete_beta(df / 2, 0.5, df / (df + t * t));
+}
+
+WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const MeanSd x = mean_sd(a), y = mean_sd(b);
+  if (x.n < 2 || y.n < 2 || !std::isfinite(x.mean) || !std::isfinite(y.mean)) {
+    return {nan, nan, nan};
+  }
+  const double va = x.sd * x.sd / static_cast<double>(x.n);
+  const double vb = y.sd * y.sd / static_cast<double>(y.n);
+  if (!(va + vb > 0)) return {nan, nan, nan};
+  WelchT w;
+  w.t = (x.mean - y.mean) / std::sqrt(va + vb);
+  w.df = (va + vb) * (va + vb) /
+         (va * va / static_cast<double>(x.n - 1) + vb * vb / static_cast<double>(y.n - 1));
+  w.p = student_t_two_sided_p(w.t, w.df);
+  return w;
+}
+
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}
 
 void Table::add_row(std::vector<std::string> cells) {

@@ -26,6 +26,17 @@ MeanSd mean_sd(const std::vector<double>& values);
 /// "87.31 ± 1.20" (or "87.31" when n == 1, "n/a" when NaN).
 std::string format_mean_sd(const MeanSd& m, int precision = 2);
 
+/// Welch's unequal-variances t-test of mean(a) against mean(b): t, the Welch–Satterthwaite
+/// degrees of freedom and the two-sided p-value. All NaN when a sample has fewer than 2 values,
+/// holds a NaN, or both have zero variance.
+struct WelchT {
+  double t = 0, df = 0, p = 0;
+};
+WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b);
+/// P(|T| >= |t|) for Student's t with `df` (> 0, not necessarily whole) degrees of freedom:
+/// the regularized incomplete beta I_{df/(df+t^2)}(df/2, 1/2).
+double student_t_two_sided_p(double t, double df);
+
 class Table {
  public:
   explicit Table(std::vector<std::string> header);

@@ -1,6 +1,7 @@
 #pragma once
 // Run-time set-up shared by the trainers: device choice, determinism, CPU threads.
 
+#include <ATen/autocast_mode.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -19,6 +20,33 @@ void make_deterministic(int64_t seed);
 
 /// Sets torch's intra-op threads (0 leaves torch's default).
 void set_threads(int64_t threads);
+
+/// bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType type, bool enabled) : type_(type), enabled_(enabled) {
+    if (!enabled_) return;
+    previous_ = at::autocast::is_autocast_enabled(type_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    // The cast-weight cache lives for the outermost autocast region, as in Python.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(type_, previous_);
+    at::autocast::set_autocast_dtype(type_, previous_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool enabled_, previous_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
+};
 
 /// The torch build, device and thread count in one line, for logs and result files.
 std::string describe_runtime(const torch::Device& device);

@@ -13,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/fogo_flags.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
 #include "common/progress.h"
@@ -452,4 +453,190 @@ TEST(Optimizers, FogoTelemetryFieldsPerGroupUnderTheHybridsGroupNames) {
                              nullptr);
   EXPECT_THROW(add_fogo_telemetry(none, muon), c10::Error);
   EXPECT_TRUE(none.fields().empty());
+}
+
+namespace {
+
+std::string fogo_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CliError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(FogoFlags, EveryOptionOfTheTablesIsSettableByItsName) {
+  // The names come from the X-macro tables; the library's own Markdown table of the options
+  // (options_markdown, docs/algorithm.md) is the independent list they must match.
+  const auto names = fogo_option_names();
+  const std::string table = fogo::options_markdown();
+  size_t rows = 0;
+  for (size_t at = table.find("\n| `"); at != std::string::npos; at = table.find("\n| `", at + 1))
+    ++rows;
+  EXPECT_EQ(names.size(), rows);
+  for (const auto& n : names) EXPECT_NE(table.find("| `" + n + "` |"), std::string::npos) << n;
+
+  fogo::FOGOOptions o;
+  for (const char* a :
+       {"xi=0.5", "codebook_size=7", "reseed_every=0", "gamma_st_max=0.7", "spectral_scaling=false",
+        "reinit_codebook_on_task=on", "ns_coefficients=cubic", "ns_dtype=fp32", "ns_form=gram",
+        "projection_scale=jl", "nonfinite=skip", "seed=-3", "lr=2e-3"}) {
+    apply_fogo_assignment(o, a);
+  }
+  EXPECT_EQ(o.xi(), 0.5);
+  EXPECT_EQ(o.codebook_size(), 7);
+  EXPECT_EQ(o.reseed_every(), 0);
+  EXPECT_EQ(o.gamma_st_max(), 0.7);
+  EXPECT_FALSE(o.spectral_scaling());
+  EXPECT_TRUE(o.reinit_codebook_on_task());
+  EXPECT_EQ(o.ns_coefficients(), fogo::kCubic);
+  EXPECT_EQ(o.ns_dtype(), c10::kFloat);
+  EXPECT_EQ(o.ns_form(), fogo::NSForm::Gram);
+  EXPECT_EQ(o.projection_scale(), fogo::ProjectionScale::JL);
+  EXPECT_EQ(o.nonfinite(), fogo::NonFinitePolicy::Skip);
+  EXPECT_EQ(o.seed(), -3);
+  EXPECT_EQ(o.lr(), 2e-3);
+  apply_fogo_assignment(o, "ns_coefficients=1.5,-0.5,0.25");
+  EXPECT_EQ(o.ns_coefficients(), std::make_tuple(1.5, -0.5, 0.25));
+  // Every other option keeps its default.
+  EXPECT_EQ(o.mu_s(), fogo::FOGOOptions().mu_s());
+}
+
+TEST(FogoFlags, BadKeysAndValuesNameTheFlagAndTheKey) {
+  fogo::FOGOOptions o;
+  const auto err = [&](const std::string& a) {
+    return fogo_error([&] { apply_fogo_flags(o, "full", {a}); });
+  };
+  EXPECT_EQ(err("bogus=1").rfind("--fogo: unknown option 'bogus' (FOGOOptions has lr, ", 0), 0u)
+      << err("bogus=1");
+  EXPECT_EQ(err("xi"), "--fogo: expected key=value (a FOGOOptions field), got 'xi'");
+  EXPECT_EQ(err("xi=abc"), "--fogo: xi: expected a number, got 'abc'");
+  EXPECT_EQ(err("codebook_size=2.5"), "--fogo: codebook_size: expected an integer, got '2.5'");
+  EXPECT_EQ(err("spectral_scaling=maybe"),
+            "--fogo: spectral_scaling: expected true or false, got 'maybe'");
+  EXPECT_EQ(err("ns_dtype=fp16"), "--fogo: ns_dtype: expected bf16, fp32 or fp64, got 'fp16'");
+  EXPECT_EQ(err("ns_coefficients=1,2"),
+            "--fogo: ns_coefficients: expected quintic, cubic or a,b,c, got '1,2'");
+  // Out of its range: FOGOOptions::validate names the option.
+  const std::string range = err("xi=2");
+  EXPECT_EQ(range.rfind("--fogo: ", 0), 0u) << range;
+  EXPECT_NE(range.find("xi"), std::string::npos) << range;
+  EXPECT_EQ(fogo_error([&] {
+              apply_fogo_flags(o, "half", {});
+            }).rfind("--ablation: unknown ablation 'half' (full, no-slerp, ", 0),
+            0u);
+}
+
+TEST(FogoFlags, RepeatableFlagKeepsCommasAndAblationsSetTheirFields) {
+  Cli cli("prog", "test");
+  std::vector<std::string> assignments{"stale=1"};
+  std::string ablation = "full";
+  add_fogo_flags(cli, &assignments, &ablation);
+  ASSERT_TRUE(parse(
+      cli, {"--fogo", "xi=0.1", "--fogo=ns_coefficients=1,2,3", "--ablation", "short-term-only"}));
+  EXPECT_EQ(assignments, (std::vector<std::string>{"xi=0.1", "ns_coefficients=1,2,3"}));
+  EXPECT_EQ(ablation, "short-term-only");
+
+  const fogo::FOGOOptions d;
+  auto with = [](const std::string& name) {
+    fogo::FOGOOptions o;
+    apply_ablation(o, name);
+    return o;
+  };
+  EXPECT_TRUE(with("full") == d);
+  EXPECT_EQ(with("no-slerp").xi(), 0.0);
+  EXPECT_EQ(with("no-slerp").gamma_lt(), d.gamma_lt());
+  EXPECT_EQ(with("short-term-only").gamma_lt(), 0.0);
+  EXPECT_EQ(with("short-term-only").gamma_hi(), d.gamma_hi());
+  EXPECT_EQ(with("short-term-only").xi(), d.xi());
+  const auto lt = with("long-term-only");
+  EXPECT_EQ(lt.gamma_hi() + lt.gamma_st_min() + lt.gamma_st_max(), 0.0);
+  EXPECT_EQ(lt.gamma_lt(), d.gamma_lt());
+  const auto off = with("memory-off");
+  EXPECT_EQ(off.xi() + off.gamma_hi() + off.gamma_st_min() + off.gamma_st_max() + off.gamma_lt(),
+            0.0);
+  // The ablation first, then --fogo: an explicit value wins.
+  fogo::FOGOOptions o;
+  apply_fogo_flags(o, "no-slerp", {"xi=0.3"});
+  EXPECT_EQ(o.xi(), 0.3);
+}
+
+TEST(FogoFlags, MemoryOffIsSlowStreamMuonWithRmsScaling) {
+  // ALGORITHM.md's first check through the flag: with memory-off, FOGO's first step is
+  // -lr * sigma * sqrt(m n) * O / |O|_F, O the Newton–Schulz polar factor of the gradient
+  // (the first slow momentum is a multiple of it; X0 = B / (|B|_F + eps) makes scale moot).
+  torch::manual_seed(0);
+  const auto g = torch::randn({8, 16});
+  auto w = torch::zeros({8, 16}, torch::requires_grad());
+  fogo::FOGOOptions o(0.01);
+  apply_fogo_flags(o, "memory-off", {"ns_dtype=fp32", "proj_dim=4", "codebook_size=4"});
+  fogo::FOGO opt(std::vector<torch::Tensor>{w}, o);
+  w.mutable_grad() = g.clone();
+  opt.step();
+  const auto O = fogo::newton_schulz(g, fogo::ns_config(o, o.ns_steps_slow()));
+  const auto expected = -0.01 * o.sigma() * std::sqrt(8.0 * 16.0) * O / O.norm();
+  const double rel = ((w.detach() - expected).norm() / expected.norm()).item<double>();
+  EXPECT_LT(rel, 1e-5) << rel;
+  // With the memory on (the defaults) the first step is the same (nothing remembered yet), but
+  // after further steps with other gradients the two differ measurably.
+  auto w2 = torch::zeros({8, 16}, torch::requires_grad());
+  fogo::FOGOOptions full(0.01);
+  apply_fogo_flags(full, "full", {"ns_dtype=fp32", "proj_dim=4", "codebook_size=4"});
+  fogo::FOGO opt2(std::vector<torch::Tensor>{w2}, full);
+  w2.mutable_grad() = g.clone();
+  opt2.step();
+  for (int k = 0; k < 3; ++k) {
+    const auto gk = torch::randn({8, 16});
+    w.mutable_grad() = gk.clone();
+    w2.mutable_grad() = gk.clone();
+    opt.step();
+    opt2.step();
+  }
+  EXPECT_GT(((w2.detach() - w.detach()).norm() / w.detach().norm()).item<double>(), 1e-3);
+}
+
+TEST(Optimizers, UpdateRmsIsTheRmsOfTheAppliedChangePerGroup) {
+  // SGD with lr 0.1: the update of each group is exactly -0.1 * its gradients, so its RMS is
+  // 0.1 * sqrt(sum g^2 / count) over the group's tensors together.
+  auto a = torch::zeros({2, 3}, torch::requires_grad());
+  auto b = torch::zeros({4}, torch::requires_grad());
+  auto c = torch::zeros({5}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups{torch::optim::OptimizerParamGroup({a, b}),
+                                                        torch::optim::OptimizerParamGroup({c})};
+  torch::optim::SGD sgd(groups, torch::optim::SGDOptions(0.1));
+  a.mutable_grad() = torch::full({2, 3}, 2.0);
+  b.mutable_grad() = torch::full({4}, -1.0);
+  c.mutable_grad() = torch::arange(5, torch::kFloat);
+  UpdateRms rms;
+  EXPECT_TRUE(rms.measure(sgd.param_groups()).empty());  // no snapshot
+  rms.snapshot(sgd.param_groups());
+  sgd.step();
+  const auto v = rms.measure(sgd.param_groups());
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_NEAR(v[0], 0.1 * std::sqrt((6 * 4.0 + 4 * 1.0) / 10), 1e-7);
+  EXPECT_NEAR(v[1], 0.1 * std::sqrt((0 + 1 + 4 + 9 + 16) / 5.0), 1e-7);
+  Record r;
+  add_update_rms(r, {"matrices", "rest"}, v);
+  ASSERT_NE(r.get("update_rms/matrices"), nullptr);
+  EXPECT_EQ(std::get<double>(*r.get("update_rms/rest")), v[1]);
+}
+
+TEST(Report, WelchTTestAgainstClosedFormsAndAnIndependentIntegral) {
+  // Student's t with 1 and 2 degrees of freedom has closed-form tails.
+  for (const double t : {0.3, 1.0, 2.5, 12.706}) {
+    EXPECT_NEAR(student_t_two_sided_p(t, 1), 1 - 2 / M_PI * std::atan(t), 1e-10) << t;
+    EXPECT_NEAR(student_t_two_sided_p(-t, 2), 1 - t / std::sqrt(2 + t * t), 1e-10) << t;
+  }
+  EXPECT_NEAR(student_t_two_sided_p(2.0, 5), 0.10193947882994929, 1e-6);  // tables: 0.1019
+  EXPECT_NEAR(student_t_two_sided_p(0.0, 7), 1.0, 1e-12);
+  // {1,2,3} vs {4,5,6,7}: t and df by hand, p by numerical integration of the t density.
+  const WelchT w = welch_t_test({1, 2, 3}, {4, 5, 6, 7});
+  EXPECT_NEAR(w.t, -4.041451884327381, 1e-9);
+  EXPECT_NEAR(w.df, 4.959183673469387, 1e-9);
+  EXPECT_NEAR(w.p, 0.010076943347997983, 1e-6);
+  EXPECT_TRUE(std::isnan(welch_t_test({1}, {2, 3}).p));
+  EXPECT_TRUE(std::isnan(welch_t_test({1, 1}, {2, 2}).p));  // no variance: undefined
 }

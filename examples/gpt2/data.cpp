@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -99,6 +100,16 @@ void TokenStream::add(std::shared_ptr<const MappedFile> file, int64_t offset, in
   if (count == 0) return;
   spans_.push_back({std::move(file), offset, count, width});
   num_tokens_ += count;
+}
+
+std::pair<TokenStream, TokenStream> TokenStream::split(double fraction) const {
+  std::pair<TokenStream, TokenStream> out;
+  for (const auto& s : spans_) {
+    const auto tail = static_cast<int64_t>(std::floor(fraction * static_cast<double>(s.count)));
+    out.first.add(s.file, s.offset, s.count - tail, s.width);
+    out.second.add(s.file, s.offset + (s.count - tail) * s.width, tail, s.width);
+  }
+  return out;
 }
 
 int64_t TokenStream::num_windows(int64_t len) const {
@@ -267,6 +278,16 @@ Corpus load_corpus(const DataOptions& options) {
   corpus.description = to_string(corpus.format) + " " + options.path + ": " +
                        std::to_string(corpus.train.num_tokens()) + " train / " +
                        std::to_string(corpus.val.num_tokens()) + " val tokens";
+  if (options.tune_fraction > 0.0) {
+    Cli::require(options.tune_fraction < 1.0, "tune-fraction",
+                 "must be in [0, 1), got " + fogo::trainer::flag_text(options.tune_fraction));
+    auto [train, tune] = corpus.train.split(options.tune_fraction);
+    corpus.train = std::move(train);
+    corpus.val = std::move(tune);
+    corpus.description += "; tuning split: the last " +
+                          fogo::trainer::flag_text(options.tune_fraction) +
+                          " of every training span replaces the validation split";
+  }
   return corpus;
 }
 
@@ -311,11 +332,18 @@ std::pair<torch::Tensor, torch::Tensor> Batcher::train_batch(int64_t step, int64
 std::pair<torch::Tensor, torch::Tensor> Batcher::eval_batch(int64_t k, int64_t n,
                                                             int64_t batch_size) const {
   TORCH_CHECK(k >= 0 && k < n, "eval_batch: batch ", k, " of ", n);
-  std::vector<int64_t> windows(batch_size);
-  const double stride = static_cast<double>(windows_) / static_cast<double>(n * batch_size);
-  for (int64_t r = 0; r < batch_size; ++r) {
-    windows[r] = std::min<int64_t>(
-        windows_ - 1, static_cast<int64_t>(static_cast<double>(k * batch_size + r) * stride));
+  return eval_windows(k * batch_size, (k + 1) * batch_size, n * batch_size);
+}
+
+std::pair<torch::Tensor, torch::Tensor> Batcher::eval_windows(int64_t begin, int64_t end,
+                                                              int64_t total) const {
+  TORCH_CHECK(0 <= begin && begin < end && end <= total, "eval_windows: [", begin, ", ", end,
+              ") of ", total);
+  std::vector<int64_t> windows;
+  const double stride = static_cast<double>(windows_) / static_cast<double>(total);
+  for (int64_t i = begin; i < end; ++i) {
+    windows.push_back(
+        std::min<int64_t>(windows_ - 1, static_cast<int64_t>(static_cast<double>(i) * stride)));
   }
   return gather(windows);
 }

@@ -66,6 +66,9 @@ class TokenStream {
   /// Copies window `index` (in [0, num_windows(len))) into `out`; throws naming the file and
   /// token offset when a token is >= vocab_size.
   void copy_window(int64_t index, int64_t len, int64_t vocab_size, int64_t* out) const;
+  /// The stream cut in two: of every span, the last floor(fraction * count) tokens go to the
+  /// second stream, the rest to the first (no token in both; windows never cross a cut).
+  std::pair<TokenStream, TokenStream> split(double fraction) const;
 
  private:
   struct Span {
@@ -90,6 +93,10 @@ struct DataOptions {
   /// text: fraction of chunks held out for validation, spread evenly over the file.
   double val_fraction = 0.1;
   int64_t chunk_bytes = 32 * 1024;  ///< text: split granularity
+  /// > 0: a tuning split for learning-rate sweeps. The last tune_fraction of every span of the
+  /// training split becomes the corpus's validation split (`val`), the rest its training split;
+  /// the real validation split is then not used at all.
+  double tune_fraction = 0.0;
 };
 
 /// Opens and validates the corpus (headers, sizes). Throws a fogo::trainer::CliError naming the
@@ -111,6 +118,11 @@ class Batcher {
   /// the evaluation set is fixed and covers the whole split.
   std::pair<torch::Tensor, torch::Tensor> eval_batch(int64_t k, int64_t n,
                                                      int64_t batch_size) const;
+  /// Windows [begin, end) of the fixed evaluation set of `total` windows spread evenly over the
+  /// stream (window i starts at floor(i * windows / total)): the set depends on `total` alone,
+  /// not on how it is cut into batches.
+  std::pair<torch::Tensor, torch::Tensor> eval_windows(int64_t begin, int64_t end,
+                                                       int64_t total) const;
 
  private:
   std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& windows) const;

@@ -48,8 +48,15 @@ int run(int argc, const char* const* argv) {
                              : "Trains GPT-2 with each optimizer on the same data order and "
                                "token budget; writes <out>/compare.md and <out>/loss.png.");
     gpt2::add_train_flags(cli, config, format);
+    gpt2::SweepOptions sweep;
+    std::vector<int64_t> seeds{1337, 1338, 1339};
     if (command == "compare") {
       cli.flag("optimizers", &optimizers, "optimizers to compare, in order");
+      cli.flag("lr-sweep", &sweep.factors,
+               "learning-rate sweep: factors of --lr (and --matrix-lr), each scored on a tuning "
+               "split of the training data; the best re-run on --seeds, compared on the "
+               "validation split with Welch's t-test; writes <out>/sweep.md, sweep.png");
+      cli.flag("seeds", &seeds, "--lr-sweep: seeds (= data seeds) of the re-runs, >= 3");
     }
     if (!cli.parse(argc - 1, argv + 1)) return 0;
     config.data.format = gpt2::parse_data_format(format);
@@ -59,7 +66,14 @@ int run(int argc, const char* const* argv) {
                 << result.tokens_per_second << " tokens/s\n"
                 << gpt2::step_time_summary(result) << "\n";
     } else {
-      gpt2::compare(config, optimizers, std::cerr);
+      if (sweep.factors.empty()) {
+        gpt2::compare(config, optimizers, std::cerr);
+      } else {
+        sweep.optimizers = optimizers;
+        sweep.seeds = seeds;
+        if (config.data.tune_fraction > 0) sweep.tune_fraction = config.data.tune_fraction;
+        gpt2::lr_sweep(config, sweep, std::cerr);
+      }
     }
     return 0;
   }

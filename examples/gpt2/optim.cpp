@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/cli.h"
+#include "common/fogo_flags.h"
 #include "common/optimizers.h"
 
 namespace gpt2 {
@@ -28,6 +29,16 @@ void validate(const OptimizerConfig& c) {
   tr::Cli::require(c.muon_adjust == "match_rms" || c.muon_adjust == "original", "muon-adjust",
                    "expected one of match_rms,original, got '" + c.muon_adjust + "'");
   tr::parse_ns_dtype(c.ns_dtype);
+  fogo_options(c);  // a bad --fogo or --ablation fails before the run, for every optimizer
+}
+
+fogo::FOGOOptions fogo_options(const OptimizerConfig& c) {
+  auto options = fogo::presets::gpt2()
+                     .lr(c.matrix_lr.value_or(c.lr))
+                     .weight_decay(c.weight_decay)
+                     .ns_dtype(fogo::trainer::parse_ns_dtype(c.ns_dtype));
+  fogo::trainer::apply_fogo_flags(options, c.ablation, c.fogo_options);
+  return options;
 }
 
 namespace {
@@ -97,9 +108,7 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
     matrix = std::make_unique<fogo::Muon>(split.matrix.params, options);
     names = {"matrices"};
   } else {
-    auto options =
-        fogo::presets::gpt2().lr(matrix_lr).weight_decay(c.weight_decay).ns_dtype(ns_dtype);
-    matrix = std::make_unique<fogo::FOGO>(groups.groups, options);
+    matrix = std::make_unique<fogo::FOGO>(groups.groups, fogo_options(c));
   }
   return {fogo::HybridOptimizer(std::move(matrix), adamw(split.rest.params, c), std::move(names))};
 }

@@ -9,6 +9,7 @@
 //          shape (c_attn, attn c_proj, c_fc, mlp c_proj), AdamW on the rest
 // Muon and FOGO run their Newton–Schulz iterations in OptimizerConfig::ns_dtype.
 
+#include <fogo/fogo_options.h>
 #include <fogo/hybrid.h>
 
 #include <optional>
@@ -29,7 +30,15 @@ struct OptimizerConfig {
   std::string muon_adjust = "match_rms";
   /// Newton–Schulz compute dtype of Muon and FOGO: "bf16" (the library default) or "fp32".
   std::string ns_dtype = "bf16";
+  /// fogo: --fogo key=value (any FOGOOptions field) and --ablation (common/fogo_flags.h),
+  /// applied after presets::gpt2() and the flags above.
+  std::vector<std::string> fogo_options;
+  std::string ablation = "full";
 };
+
+/// The FOGOOptions of a fogo run: presets::gpt2() with the matrix lr, weight decay and
+/// --ns-dtype, then --ablation and --fogo. Throws a CliError naming --fogo or --ablation.
+fogo::FOGOOptions fogo_options(const OptimizerConfig& config);
 
 /// Throws a fogo::trainer::CliError naming the offending flag.
 void validate(const OptimizerConfig& config);

@@ -45,7 +45,7 @@ class Training : public ::testing::Test {
     c.max_steps = 30;
     c.batch_size = 8;
     c.eval_every = 10;
-    c.eval_batches = 2;
+    c.eval_sequences = 16;
     c.log_every = 5;
     c.device = "cpu";
     c.threads = 1;  // a fixed thread count keeps CPU reductions bitwise reproducible
@@ -77,7 +77,10 @@ TEST_F(Training, SmokeRunLossFalls) {
     std::string first;
     std::getline(jsonl, first);
     EXPECT_NE(first.find("\"train_loss\""), std::string::npos) << first;
+    // The applied update's RMS for every param group (AdamW's "rest.0" in every optimizer).
+    EXPECT_NE(first.find("\"update_rms/rest.0\":"), std::string::npos) << first;
     if (std::string(optimizer) == "fogo") {  // telemetry of each codebook, named by module
+      EXPECT_NE(first.find("\"update_rms/attn.c_attn\":"), std::string::npos) << first;
       for (const char* key : {"fogo/attn.c_attn/rbar", "fogo/attn.c_proj/gamma_st",
                               "fogo/mlp.c_fc/codebook_entropy", "fogo/mlp.c_proj/frozen"}) {
         EXPECT_NE(first.find(key), std::string::npos) << key << " not in " << first;
@@ -95,6 +98,72 @@ TEST_F(Training, Bf16AutocastPathTrains) {
   const RunResult r = train(c, log_);
   EXPECT_LT(r.val_loss.back().value, r.val_loss.front().value - 0.5);
   EXPECT_NE(r.device.find("bf16 autocast"), std::string::npos) << r.device;
+}
+
+TEST_F(Training, ValidationSetDoesNotDependOnTheBatchSize) {
+  // The step-0 validation loss is a function of the initial weights and the validation set
+  // alone: with the same seed it must not move when only --batch-size does (16 windows in
+  // chunks of 8, or of 5, 5, 5, 1).
+  std::vector<double> first;
+  for (const int64_t batch : {8, 5}) {
+    TrainConfig c = config("adamw", "batch" + std::to_string(batch));
+    c.batch_size = batch;
+    c.max_steps = 1;
+    const RunResult r = train(c, log_);
+    ASSERT_FALSE(r.val_loss.empty());
+    EXPECT_EQ(r.val_loss.front().step, 0);
+    first.push_back(r.val_loss.front().value);
+  }
+  EXPECT_NEAR(first[0], first[1], 1e-5);
+  // The windows themselves: one set of 16, however it is cut.
+  const Corpus corpus = load_corpus(config("adamw", "x").data);
+  Batcher val(corpus.val, "val", 32, 256, 0);
+  const auto whole = val.eval_windows(0, 16, 16).first;
+  const auto parts =
+      torch::cat({val.eval_windows(0, 5, 16).first, val.eval_windows(5, 15, 16).first,
+                  val.eval_windows(15, 16, 16).first});
+  EXPECT_TRUE(torch::equal(whole, parts));
+  EXPECT_TRUE(torch::equal(val.eval_batch(1, 2, 8).first, whole.slice(0, 8, 16)));
+}
+
+TEST_F(Training, LrSweepTunesOnHeldOutTrainingDataAndComparesSeeds) {
+  // The tuning split: the tail of every training span, disjoint from what is trained on, and
+  // not the validation split.
+  TrainConfig base = config("adamw", "sweep");
+  const Corpus plain = load_corpus(base.data);
+  base.data.tune_fraction = 0.2;
+  const Corpus tuned = load_corpus(base.data);
+  EXPECT_EQ(tuned.train.num_tokens() + tuned.val.num_tokens(), plain.train.num_tokens());
+  EXPECT_NEAR(static_cast<double>(tuned.val.num_tokens()),
+              0.2 * static_cast<double>(plain.train.num_tokens()),
+              static_cast<double>(plain.train.num_spans()));
+  EXPECT_EQ(tuned.train.num_spans(), plain.train.num_spans());
+
+  TrainConfig c = config("adamw", "sweep");
+  c.max_steps = 10;
+  c.eval_every = 10;
+  SweepOptions sweep{{"adamw", "muon"}, {0.5, 2.0}, {1, 2, 3}, 0.1, false};
+  const SweepOutcome s = lr_sweep(c, sweep, log_);
+  ASSERT_EQ(s.points.size(), 4u);
+  for (const char* opt : {"adamw", "muon"}) {
+    double best = std::numeric_limits<double>::infinity(), factor = 0;
+    for (const auto& p : s.points) {
+      if (p.optimizer == opt && p.tune_loss < best) best = p.tune_loss, factor = p.factor;
+    }
+    EXPECT_EQ(s.chosen.at(opt), factor) << opt;
+    ASSERT_EQ(s.finals.at(opt).size(), 3u);
+    EXPECT_TRUE(fs::exists(dir_ / "sweep" / (std::string(opt) + "-seed3") / "metrics.jsonl"));
+    EXPECT_TRUE(
+        fs::exists(dir_ / "sweep" / "sweep" / (std::string(opt) + "-x2") / "metrics.jsonl"));
+  }
+  EXPECT_EQ(s.points[1].lr, 2.0 * 3e-3);
+  std::ifstream md(dir_ / "sweep" / "sweep.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_NE(text.str().find("Welch"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("| adamw | muon |"), std::string::npos) << text.str();
+  sweep.seeds = {1, 2};
+  test::expect_error([&] { lr_sweep(c, sweep, log_); }, {"--seeds", ">= 3"});
 }
 
 void expect_same_run(const RunResult& a, const RunResult& b) {
@@ -433,12 +502,21 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("train --lr -1"), "gpt2: error: --lr: must be > 0, got -1\n");
   EXPECT_EQ(usage("train --data /nonexistent/corpus.txt"),
             "gpt2: error: --data: /nonexistent/corpus.txt does not exist\n");
+  // Every FOGOOptions field by name; an unknown key or a bad value names --fogo and the key.
+  EXPECT_EQ(usage("train --fogo bogus=1").rfind("gpt2: error: --fogo: unknown option 'bogus'", 0),
+            0u);
+  EXPECT_EQ(usage("train --fogo xi=high"),
+            "gpt2: error: --fogo: xi: expected a number, got 'high'\n");
+  EXPECT_EQ(usage("train --ablation half").rfind("gpt2: error: --ablation: ", 0), 0u);
+  EXPECT_EQ(usage("train --eval-batches 2"),
+            "gpt2: error: --eval-batches: now called --eval-sequences\n");
   EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
   const auto help = run_command(GPT2_BINARY, "train --help");
   EXPECT_EQ(help.status, 0);
   // The flags both trainers share, under the same names.
-  for (const char* flag : {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every",
-                           "--resume", "--eval-every", "--log-every", "--device", "--threads"}) {
+  for (const char* flag :
+       {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every", "--resume",
+        "--eval-every", "--log-every", "--device", "--threads", "--fogo", "--ablation"}) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
   }
 

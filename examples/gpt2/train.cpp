@@ -1,11 +1,11 @@
 #include "train.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -14,6 +14,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/fogo_flags.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
 #include "common/progress.h"
@@ -72,6 +73,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
              "without the llm.c magic, llmc otherwise)");
   cli.flag("val-fraction", &c.data.val_fraction, "text: fraction of chunks held out");
   cli.flag("chunk-bytes", &c.data.chunk_bytes, "text: size of the train/val split chunks");
+  cli.flag("tune-fraction", &c.data.tune_fraction,
+           "> 0: validate on a tuning split, the last fraction of every training span (held out "
+           "from training), instead of the validation split (what compare --lr-sweep uses)");
   cli.flag("data-seed", &c.data_seed, "seed of the batch order");
 
   cli.section("Optimization");
@@ -84,6 +88,7 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
              "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
   tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
+  tr::add_fogo_flags(cli, &c.optimizer.fogo_options, &c.optimizer.ablation);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
   cli.flag("tokens", &c.tokens, "training token budget when --steps is 0");
   cli.flag("batch-size", &c.batch_size, "sequences per micro-batch");
@@ -95,7 +100,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
 
   cli.section("Evaluation and output");
   cli.flag("eval-every", &c.eval_every, "steps between validations");
-  cli.flag("eval-batches", &c.eval_batches, "fixed validation batches");
+  cli.flag("eval-sequences", &c.eval_sequences,
+           "validation windows (a fixed set, the same for every --batch-size)");
+  cli.renamed("eval-batches", "eval-sequences");
   cli.flag("log-every", &c.log_every, "steps between metrics records");
   cli.flag("out", &c.out_dir,
            "output directory (metrics.jsonl, metrics.csv, checkpoint.pt, best.pt)");
@@ -146,7 +153,7 @@ void validate(const TrainConfig& c) {
                    "must be in [0, 1]" + got(c.min_lr_factor));
   tr::Cli::require(c.grad_clip >= 0.0, "grad-clip", "must be >= 0" + got(c.grad_clip));
   tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
-  tr::Cli::require(c.eval_batches >= 1, "eval-batches", "must be >= 1" + got(c.eval_batches));
+  tr::Cli::require(c.eval_sequences >= 1, "eval-sequences", "must be >= 1" + got(c.eval_sequences));
   tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
   tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
   tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
@@ -154,33 +161,6 @@ void validate(const TrainConfig& c) {
                    "expected one of auto,bf16,off, got '" + c.autocast + "'");
   tr::Cli::require(!c.out_dir.empty(), "out", "no directory given");
 }
-
-// bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
-class AutocastGuard {
- public:
-  AutocastGuard(c10::DeviceType type, bool enabled) : type_(type), enabled_(enabled) {
-    if (!enabled_) return;
-    previous_ = at::autocast::is_autocast_enabled(type_);
-    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
-    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (!enabled_) return;
-    // The cast-weight cache lives for the outermost autocast region, as in Python.
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, previous_);
-    at::autocast::set_autocast_dtype(type_, previous_dtype_);
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  c10::DeviceType type_;
-  bool enabled_, previous_ = false;
-  at::ScalarType previous_dtype_ = at::kBFloat16;
-};
 
 // A loss curve as checkpoint history rows (step, tokens, value), and back.
 tr::History to_rows(const std::vector<Point>& points) {
@@ -200,11 +180,17 @@ std::vector<Point> from_rows(const tr::History& rows) {
 }
 
 // The flags that decide a run's trajectory, "auto" resolved: a checkpoint must agree on every
-// one with the command that resumes it. --eval-every and --eval-batches leave the weights alone
+// one with the command that resumes it. --eval-every and --eval-sequences leave the weights alone
 // but define the validation curve of the run's history. Left out, as they change neither:
 // --out, --log-every, --ckpt-every, --stop-at-step, --resume, --quiet, --peak-tflops; and
 // --device, --threads, --deterministic, which change the arithmetic only in its rounding (a
 // checkpoint may move between machines).
+static std::string fogo_text(const std::vector<std::string>& assignments) {
+  std::string out;
+  for (const auto& a : assignments) out += (out.empty() ? "" : " ") + a;
+  return out.empty() ? "-" : out;
+}
+
 tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
                                int64_t steps, int64_t warmup, bool autocast) {
   const auto& o = cfg.optimizer;
@@ -221,6 +207,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("format", to_string(corpus.format))
       .add("val-fraction", cfg.data.val_fraction)
       .add("chunk-bytes", cfg.data.chunk_bytes)
+      .add("tune-fraction", cfg.data.tune_fraction)
       .add("data-seed", cfg.data_seed)
       .add("optimizer", o.name)
       .add("lr", o.lr)
@@ -230,6 +217,8 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("beta2", o.beta2)
       .add("muon-adjust", o.muon_adjust)
       .add("ns-dtype", o.ns_dtype)
+      .add("fogo", fogo_text(o.fogo_options))
+      .add("ablation", o.ablation)
       .add("steps", steps)
       .add("batch-size", cfg.batch_size)
       .add("grad-accum", cfg.grad_accum)
@@ -238,7 +227,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("min-lr-factor", cfg.min_lr_factor)
       .add("grad-clip", cfg.grad_clip)
       .add("eval-every", cfg.eval_every)
-      .add("eval-batches", cfg.eval_batches)
+      .add("eval-sequences", cfg.eval_sequences)
       .add("autocast", autocast ? "bf16" : "off")
       .add("seed", cfg.seed);
   return s;
@@ -326,6 +315,7 @@ class Trainer::Impl {
  private:
   struct StepStats {
     double train_loss = 0, grad_norm = 0, lr_factor = 0;
+    std::vector<double> update_rms;  ///< per param group, on recorded steps
   };
 
   void resume(tr::CheckpointReader& in);
@@ -348,6 +338,7 @@ class Trainer::Impl {
   const Batcher train_data_, val_data_;
   GPT model_;
   Optimizer opt_;
+  tr::UpdateRms update_rms_;
   const std::vector<torch::Tensor> params_;
   const int64_t tokens_per_step_, steps_, warmup_, end_;
   const double peak_tflops_, max_norm_;
@@ -466,7 +457,7 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
     auto [x, y] = train_data_.train_batch(step_, micro, cfg_.batch_size);
     torch::Tensor loss;
     {
-      AutocastGuard guard(device_.type(), autocast_);
+      tr::AutocastGuard guard(device_.type(), autocast_);
       loss = model_->loss(x.to(device_), y.to(device_));
     }
     (loss / static_cast<double>(cfg_.grad_accum)).backward();
@@ -480,29 +471,38 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
               "); no update was applied. Lower --lr or check the data");
   // The .item() reads above synchronised: what follows until the next synchronisation is the
   // optimizer's own time.
+  // The applied update's RMS per group, on the steps that write a record (outside the timing).
+  const int64_t next = step_ + 1;
+  const bool recorded = next % cfg_.log_every == 0 || next % cfg_.eval_every == 0 || next == steps_;
+  if (recorded) update_rms_.snapshot(opt_.hybrid.param_groups());
   const auto t_opt = std::chrono::steady_clock::now();
   opt_.hybrid.step();
   opt_.hybrid.zero_grad();
   if (device_.is_cuda()) torch::cuda::synchronize();
   const auto t1 = std::chrono::steady_clock::now();
+  if (recorded) stats.update_rms = update_rms_.measure(opt_.hybrid.param_groups());
   result_.step_seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
   result_.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
   result_.train_seconds += result_.step_seconds.back();
   return stats;
 }
 
-// Mean loss over the fixed validation batches.
+// Mean loss over the fixed validation windows (every window has block_size targets, so the
+// mean of the chunks' means weighted by their sizes).
 double Trainer::Impl::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0;
-  for (int64_t k = 0; k < cfg_.eval_batches; ++k) {
-    auto [x, y] = val_data_.eval_batch(k, cfg_.eval_batches, cfg_.batch_size);
-    AutocastGuard guard(device_.type(), autocast_);
-    sum += model_->loss(x.to(device_), y.to(device_)).item<double>();
+  const int64_t n = cfg_.eval_sequences;
+  for (int64_t begin = 0; begin < n; begin += cfg_.batch_size) {
+    const int64_t end = std::min(n, begin + cfg_.batch_size);
+    auto [x, y] = val_data_.eval_windows(begin, end, n);
+    tr::AutocastGuard guard(device_.type(), autocast_);
+    sum += model_->loss(x.to(device_), y.to(device_)).item<double>() *
+           static_cast<double>(end - begin);
   }
   model_->train();
-  return sum / static_cast<double>(cfg_.eval_batches);
+  return sum / static_cast<double>(n);
 }
 
 // A metrics record every --log-every steps and at each evaluation; the progress line.
@@ -526,6 +526,10 @@ void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_lo
         .set("tokens_per_s", tps)
         .set("mfu", mfu >= 0 ? mfu : std::numeric_limits<double>::quiet_NaN())
         .set("train_seconds", result_.train_seconds);
+    std::vector<std::string> names;
+    for (size_t g = 0; g < opt_.hybrid.param_groups().size(); ++g)
+      names.push_back(opt_.hybrid.group_name(g));
+    tr::add_update_rms(rec, names, stats.update_rms);
     if (cfg_.optimizer.name == "fogo") tr::add_fogo_telemetry(rec, opt_.hybrid);
     for (auto& m : metrics_) m.write(rec);
   }
@@ -725,6 +729,123 @@ std::string sample(const SampleConfig& config) {
   std::ostringstream s;
   for (size_t i = 0; i < out.size(); ++i) s << (i ? " " : "") << out[i];
   return s.str();
+}
+
+namespace {
+
+std::string p_text(double p) {
+  if (!std::isfinite(p)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, p < 1e-3 ? "%.1e" : "%.3f", p);
+  return buf;
+}
+
+}  // namespace
+
+SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std::ostream& log) {
+  tr::Cli::require(!sweep.optimizers.empty(), "optimizers", "no optimizer given");
+  tr::Cli::require(
+      sweep.seeds.size() >= 3, "seeds",
+      "--lr-sweep re-runs the chosen lr on >= 3 seeds; got " + std::to_string(sweep.seeds.size()));
+  tr::Cli::require(
+      sweep.tune_fraction > 0.0 && sweep.tune_fraction < 0.5, "tune-fraction",
+      "--lr-sweep needs a tuning split in (0, 0.5), got " + tr::flag_text(sweep.tune_fraction));
+  for (const double f : sweep.factors) {
+    tr::Cli::require(f > 0 && std::isfinite(f), "lr-sweep",
+                     "factors must be > 0, got " + tr::flag_text(f));
+  }
+  const std::filesystem::path out(config.out_dir);
+  // A run of `name` with every lr of the config scaled by `factor`.
+  auto scaled = [&](const std::string& name, double factor) {
+    TrainConfig c = config;
+    c.optimizer.name = name;
+    c.optimizer.lr = config.optimizer.lr * factor;
+    if (config.optimizer.matrix_lr) c.optimizer.matrix_lr = *config.optimizer.matrix_lr * factor;
+    return c;
+  };
+  SweepOutcome s;
+  for (const auto& name : sweep.optimizers) {
+    for (const double f : sweep.factors) {
+      TrainConfig c = scaled(name, f);
+      c.data.tune_fraction = sweep.tune_fraction;  // never the validation split
+      c.out_dir = (out / "sweep" / (name + "-x" + tr::flag_text(f))).string();
+      RunResult r = train(c, log);
+      s.points.push_back({name, f, c.optimizer.lr, r.val_loss.back().value});
+    }
+  }
+  for (const auto& name : sweep.optimizers) {
+    double best = std::numeric_limits<double>::infinity(), chosen = 0;
+    for (const auto& p : s.points) {
+      if (p.optimizer == name && std::isfinite(p.tune_loss) && p.tune_loss < best) {
+        best = p.tune_loss;
+        chosen = p.factor;
+      }
+    }
+    TORCH_CHECK(chosen > 0, "--lr-sweep: no lr of ", name, " gave a finite loss");
+    s.chosen[name] = chosen;
+    for (const int64_t seed : sweep.seeds) {
+      TrainConfig c = scaled(name, chosen);
+      c.data.tune_fraction = 0.0;  // the validation split, as a plain compare
+      c.seed = seed;
+      c.data_seed = seed;
+      c.out_dir = (out / (name + "-seed" + std::to_string(seed))).string();
+      RunResult r = train(c, log);
+      r.trained = GPT(nullptr);  // keep one model in memory at a time
+      s.finals[name].push_back(r.val_loss.back().value);
+    }
+  }
+
+  tr::Table grid({"optimizer", "lr factor", "lr", "tuning loss", "chosen"});
+  for (const auto& p : s.points) {
+    grid.add_row({p.optimizer, tr::flag_text(p.factor), tr::flag_text(p.lr),
+                  format_double(p.tune_loss, 4), p.factor == s.chosen[p.optimizer] ? "yes" : ""});
+  }
+  tr::Table finals({"optimizer", "lr factor", "seeds", "final val loss"});
+  for (const auto& name : sweep.optimizers) {
+    finals.add_row({name, tr::flag_text(s.chosen[name]), std::to_string(sweep.seeds.size()),
+                    tr::format_mean_sd(tr::mean_sd(s.finals[name]), 4)});
+  }
+  tr::Table welch({"A", "B", "mean A - B", "t", "df", "p (two-sided)"});
+  for (size_t a = 0; a < sweep.optimizers.size(); ++a) {
+    for (size_t b = a + 1; b < sweep.optimizers.size(); ++b) {
+      const auto& va = s.finals[sweep.optimizers[a]];
+      const auto& vb = s.finals[sweep.optimizers[b]];
+      const auto w = tr::welch_t_test(va, vb);
+      welch.add_row({sweep.optimizers[a], sweep.optimizers[b],
+                     format_double(tr::mean_sd(va).mean - tr::mean_sd(vb).mean, 4),
+                     format_double(w.t, 2), format_double(w.df, 1), p_text(w.p)});
+    }
+  }
+  std::ostringstream md;
+  md << "Learning-rate sweep: factors";
+  for (const double f : sweep.factors) md << " " << tr::flag_text(f);
+  md << " of --lr (and --matrix-lr), each point on seed " << config.seed << " / data seed "
+     << config.data_seed << " (one batch order for all), scored by the final loss on a tuning "
+     << "split (the last " << tr::flag_text(sweep.tune_fraction)
+     << " of every training span, held out from training; the validation split is not used). "
+     << "The chosen factor re-run on " << sweep.seeds.size()
+     << " seeds (seed = data seed), final loss on the validation split.\n\n"
+     << grid.to_markdown() << "\n"
+     << finals.to_markdown() << "\nWelch's t-test on the final validation loss:\n\n"
+     << welch.to_markdown();
+  std::filesystem::create_directories(out);
+  {
+    std::ofstream f(out / "sweep.md");
+    TORCH_CHECK(f << md.str(), "lr sweep: cannot write ", (out / "sweep.md").string());
+  }
+  log << "\n" << grid.to_text() << "\n" << finals.to_text() << "\n" << welch.to_text();
+  tr::Panel panel{"Tuning loss by learning rate", "log10(lr factor)", "loss", {}};
+  for (const auto& name : sweep.optimizers) {
+    tr::Series series{name, {}, {}, {}};
+    for (const auto& p : s.points) {
+      if (p.optimizer != name || !std::isfinite(p.tune_loss)) continue;
+      series.x.push_back(std::log10(p.factor));
+      series.y.push_back(p.tune_loss);
+    }
+    panel.series.push_back(series);
+  }
+  if (sweep.plots) tr::plot_png((out / "sweep.png").string(), {panel}, 1, log);
+  return s;
 }
 
 }  // namespace gpt2

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,8 +44,10 @@ struct TrainConfig {
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
 
   int64_t eval_every = 100;  ///< steps between validations (the last step is always evaluated)
-  int64_t eval_batches = 8;  ///< fixed validation batches of batch_size sequences
-  int64_t log_every = 10;    ///< steps between metrics records
+  /// The fixed validation set: this many windows spread evenly over the validation split,
+  /// evaluated in chunks of batch_size (the set does not depend on batch_size).
+  int64_t eval_sequences = 128;
+  int64_t log_every = 10;  ///< steps between metrics records
 
   std::string out_dir = "runs/gpt2";
   int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)
@@ -130,6 +133,31 @@ std::string step_time_summary(const RunResult& result);
 /// out_dir/loss.png (train and val loss vs tokens). Returns the runs.
 std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std::string>& names,
                                std::ostream& log);
+
+/// compare --lr-sweep: for each optimizer, every factor scales --lr (and --matrix-lr) and is
+/// scored by its final loss on a tuning split carved from the training data
+/// (DataOptions::tune_fraction; the validation split is never used), all on config's seeds; the
+/// lowest-loss factor is re-run on every seed of `seeds` (>= 3; seed = data seed) and compared
+/// on the validation split, with Welch's t-test between every two optimizers. Writes
+/// out_dir/sweep.md, out_dir/sweep.png; runs in out_dir/sweep/<opt>-x<factor> and
+/// out_dir/<opt>-seed<seed>.
+struct SweepOptions {
+  std::vector<std::string> optimizers;
+  std::vector<double> factors;
+  std::vector<int64_t> seeds;
+  double tune_fraction = 0.1;
+  bool plots = true;
+};
+struct SweepPoint {
+  std::string optimizer;
+  double factor = 0, lr = 0, tune_loss = 0;
+};
+struct SweepOutcome {
+  std::vector<SweepPoint> points;
+  std::map<std::string, double> chosen;               ///< optimizer -> factor
+  std::map<std::string, std::vector<double>> finals;  ///< optimizer -> final val loss per seed
+};
+SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std::ostream& log);
 
 struct SampleConfig {
   std::string checkpoint;

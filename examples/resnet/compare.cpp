@@ -1,5 +1,6 @@
 // run_comparison(): every optimizer x seed of a config, then the mean ± sd table and the plots.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -22,6 +23,8 @@ std::string label(const std::string& metric) {
       {"nonrare_acc", "non-rare acc (%)"},
       {"rare_forgetting", "rare forgetting (%)"},
       {"mean_rare_forgetting", "mean rare forgetting (%)"},
+      {"rare_forget_rate", "rare forget rate (%)"},
+      {"AF_clip", "AF clipped (%)"},
       {"AP", "AP (%)"},
       {"AF", "AF (%)"},
       {"BWT", "BWT (%)"}};
@@ -41,6 +44,7 @@ trainer::Series series_of(const std::string& name, const std::vector<const RunRe
       if (r->x.size() == x.size()) ys.push_back(r->curve[i][curve]);
     }
     const trainer::MeanSd m = trainer::mean_sd(ys);
+    if (!std::isfinite(m.mean)) continue;  // undefined there (the first forget rate)
     s.x.push_back(x[i]);
     s.y.push_back(m.mean);
     s.sd.push_back(m.n > 1 ? m.sd : 0.0);
@@ -143,7 +147,9 @@ void plot_curves(const Config& config, const std::vector<RunResult>& results, st
         3, out);
     drawn = trainer::plot_png(
                 config.out + "/forgetting.png",
-                {panel("rare_forgetting", "Rare-class forgetting (best-so-far drop)")}, 1, out) &&
+                {panel("rare_forgetting", "Rare-class forgetting (best-so-far drop)"),
+                 panel("rare_forget_rate", "Rare-sample forgetting events (% of those correct)")},
+                2, out) &&
             drawn;
   } else {
     drawn = trainer::plot_png(config.out + "/accuracy.png",
@@ -184,6 +190,7 @@ void report_comparison(const Config& config, const std::string& data_name,
 }
 
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
+  if (!config.lr_sweep.empty()) return run_lr_sweep(config, out).finals;
   const std::vector<Config> runs = plan_runs(config);  // a bad flag fails before any training
   const DataSplit data = load_data(runs.front());
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()

@@ -1,11 +1,15 @@
 #include "config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numbers>
 #include <sstream>
 #include <stdexcept>
 
 #include "common/cli.h"
+#include "common/fogo_flags.h"
 #include "common/optimizers.h"
+#include "optimizers.h"
 
 namespace fogo::resnet {
 namespace {
@@ -23,6 +27,16 @@ std::string text(const std::vector<T>& v) {
   std::string out;
   for (size_t k = 0; k < v.size(); ++k) out += (k ? "," : "") + text(v[k]);
   return out;
+}
+
+// The --fogo assignments as one signature value ("-" for none).
+std::string fogo_text(const std::vector<std::string>& assignments) {
+  std::string out;
+  for (const auto& a : assignments) {
+    if (!out.empty()) out += ' ';
+    out += a;
+  }
+  return out.empty() ? "-" : out;
 }
 
 }  // namespace
@@ -57,6 +71,16 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("replay-alpha", &c.replay_alpha,
            "weight of the replay term: ER cross-entropy (1.0), DER++ logit MSE (0.1)");
   cli.flag("der-beta", &c.der_beta, "DER++: weight of the replayed-label cross-entropy");
+  cli.choice("eval-split", &c.eval_split, {"test", "val"},
+             "evaluate on the test set, or on a validation split held out from the training "
+             "images (--val-fraction per class, the same for every seed)");
+  cli.flag("val-fraction", &c.val_fraction,
+           "fraction of each class's training images held out "
+           "for --eval-split val and --lr-sweep");
+  cli.flag("lr-sweep", &c.lr_sweep,
+           "learning-rate sweep: factors of each optimizer's default --lr (e.g. 0.25,0.5,1,2,4); "
+           "each grid point runs on the first seed and is scored on the validation split, the "
+           "best lr is re-run on every seed (>= 3) on the test set; sweep.md, sweep.png");
   cli.flag("augment", &c.augment, "random crop and horizontal flip of training batches");
   cli.flag("crop-pad", &c.crop_pad, "padding of the random crop (cifar10 4, fashion-mnist 2)");
 
@@ -84,9 +108,17 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "clip the global gradient norm to this (class-il 2.0, else off: 0)");
   cli.renamed("clip", "grad-clip");
   trainer::add_ns_dtype_flag(cli, &c.ns_dtype);
+  trainer::add_fogo_flags(cli, &c.fogo_options, &c.ablation);
   cli.flag("epochs", &c.epochs,
            "epochs (per task in class-il/domain-il; class-imbalanced 50, class-il 20, "
            "domain-il 15)");
+  cli.choice("lr-schedule", &c.lr_schedule, {"auto", "cosine", "constant"},
+             "learning-rate schedule per task: cosine = linear warmup, then cosine decay to "
+             "--min-lr-factor * lr; auto = cosine at --width >= 64, constant below");
+  cli.flag("warmup-frac", &c.warmup_frac, "cosine: fraction of each task's steps spent warming up");
+  cli.flag("min-lr-factor", &c.min_lr_factor, "cosine: final lr as a fraction of the peak");
+  cli.choice("autocast", &c.autocast, {"auto", "bf16", "off"},
+             "bf16 autocast of forward passes, CUDA only (auto: on CUDA, off on the CPU)");
   cli.flag("batch-size", &c.batch_size, "training batch size");
   cli.flag("eval-batch-size", &c.eval_batch_size, "evaluation batch size");
 
@@ -107,6 +139,19 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "CPU threads for torch (0 = torch's default; 1 is much faster on a machine whose "
            "cores are busy with other work)");
   cli.flag("plots", &c.plots, "write PNG plots with gnuplot");
+}
+
+double cosine_factor(int64_t step, int64_t steps, int64_t warmup, double min_factor) {
+  if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, steps - warmup));
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
+  return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+Augmentation augmentation(const Config& c) {
+  if (!c.augment) return {};
+  if (c.scenario != "domain-il") return {c.crop_pad.value_or(0), true};
+  return {c.domains == "permute" ? 0 : c.crop_pad.value_or(0), false};
 }
 
 Config resolve(const Config& config, const std::string& optimizer, int64_t seed) {
@@ -135,9 +180,16 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
   if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;
   if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
+  if (c.lr_schedule == "auto") c.lr_schedule = c.width >= 64 ? "cosine" : "constant";
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
 
   if (c.train_per_class < 0) throw trainer::Cli::error("train-per-class", "must be >= 0");
+  if (c.eval_split != "test" && c.eval_split != "val") {
+    throw trainer::Cli::error("eval-split", "expected test or val, got '" + c.eval_split + "'");
+  }
+  if (!(c.val_fraction > 0 && c.val_fraction <= 0.5)) {
+    throw trainer::Cli::error("val-fraction", "must be in (0, 0.5], got " + text(c.val_fraction));
+  }
   if (c.test_per_class < 0) throw trainer::Cli::error("test-per-class", "must be >= 0");
   if (!(c.rare_fraction > 0 && c.rare_fraction <= 1)) {
     throw trainer::Cli::error("rare-fraction", "must be in (0, 1], got " + text(c.rare_fraction));
@@ -187,6 +239,27 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
     throw trainer::Cli::error("weight-decay", "must be in [0, 1)");
   if (*c.grad_clip < 0) throw trainer::Cli::error("grad-clip", "must be >= 0 (0 = off)");
   trainer::parse_ns_dtype(c.ns_dtype);
+  if (c.lr_schedule != "cosine" && c.lr_schedule != "constant") {
+    throw trainer::Cli::error("lr-schedule",
+                              "expected auto, cosine or constant, got '" + c.lr_schedule + "'");
+  }
+  if (!(c.warmup_frac >= 0 && c.warmup_frac < 1))
+    throw trainer::Cli::error("warmup-frac", "must be in [0, 1), got " + text(c.warmup_frac));
+  if (!(c.min_lr_factor >= 0 && c.min_lr_factor <= 1))
+    throw trainer::Cli::error("min-lr-factor", "must be in [0, 1], got " + text(c.min_lr_factor));
+  if (c.autocast != "auto" && c.autocast != "bf16" && c.autocast != "off") {
+    throw trainer::Cli::error("autocast", "expected auto, bf16 or off, got '" + c.autocast + "'");
+  }
+  if (optimizer == "fogo") {
+    // Every stage's options as the run will build them: a bad --fogo or --ablation fails here,
+    // before any training.
+    for (const char* stage : {"stem", "layer1", "layer2", "layer3", "layer4", "head_fc", "fc"}) {
+      fogo_group_options(c, stage);
+    }
+  } else {
+    fogo::FOGOOptions unused;  // the flags are checked even where they do not apply
+    trainer::apply_fogo_flags(unused, c.ablation, c.fogo_options);
+  }
   if (*c.epochs < 1) throw trainer::Cli::error("epochs", "must be >= 1");
   if (c.batch_size < 2)
     throw trainer::Cli::error("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
@@ -206,6 +279,8 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("dataset", c.dataset)
       .add("train-per-class", c.train_per_class)
       .add("test-per-class", c.test_per_class)
+      .add("eval-split", c.eval_split)
+      .add("val-fraction", c.eval_split == "val" ? c.val_fraction : 0.0)
       .add("rare-classes", c.rare_classes)
       .add("rare-fraction", c.rare_fraction)
       .add("task-order", c.task_order)
@@ -230,7 +305,13 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("weight-decay", *c.weight_decay)
       .add("grad-clip", *c.grad_clip)
       .add("ns-dtype", c.ns_dtype)
+      .add("fogo", fogo_text(c.fogo_options))
+      .add("ablation", c.ablation)
       .add("epochs", *c.epochs)
+      .add("lr-schedule", c.lr_schedule)
+      .add("warmup-frac", c.lr_schedule == "cosine" ? c.warmup_frac : 0.0)
+      .add("min-lr-factor", c.lr_schedule == "cosine" ? c.min_lr_factor : 1.0)
+      .add("autocast", c.autocast)
       .add("batch-size", c.batch_size)
       .add("eval-every", c.eval_every);
   return s;

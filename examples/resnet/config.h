@@ -39,6 +39,13 @@ struct Config {
   bool augment = true;
   std::optional<int64_t> crop_pad;  ///< CIFAR 4, Fashion-MNIST 2
 
+  /// Where a run is evaluated: test (the test set) | val (a split of --val-fraction of the
+  /// training images per class, fixed across seeds, held out from training).
+  std::string eval_split = "test";
+  double val_fraction = 0.1;
+  /// --lr-sweep: factors of each optimizer's default --lr (empty: no sweep; see sweep.cpp).
+  std::vector<double> lr_sweep;
+
   // Model.
   int64_t width = 64;
   std::optional<int64_t> head_fc;  ///< class-il: 8 * width (the paper's head FC), else 0
@@ -49,8 +56,18 @@ struct Config {
   std::string optimizer = "adam";  ///< of one run (set by resolve)
   int64_t seed = 0;                ///< of one run (set by resolve)
   std::optional<double> lr, adamw_lr, head_lr, weight_decay, grad_clip;
-  std::string ns_dtype = "bf16";  ///< muon/fogo Newton–Schulz compute dtype: bf16 | fp32
-  std::optional<int64_t> epochs;  ///< per task in the continual scenarios
+  std::string ns_dtype = "bf16";
+  std::vector<std::string> fogo_options;  ///< --fogo key=value, applied to every FOGO group
+  std::string ablation = "full";          ///< --ablation (common/fogo_flags.h)  ///< muon/fogo
+                                          ///< Newton–Schulz compute dtype: bf16 | fp32
+  std::optional<int64_t> epochs;          ///< per task in the continual scenarios
+  /// auto (cosine at --width >= 64, the paper-sized model; constant below) | cosine | constant.
+  /// cosine: linear warmup over warmup_frac of each task's steps, then cosine decay to
+  /// min_lr_factor * lr at the task's end (restarting at every task of the continual scenarios).
+  std::string lr_schedule = "auto";
+  double warmup_frac = 0.05;
+  double min_lr_factor = 0.0;
+  std::string autocast = "auto";  ///< auto (bf16 on CUDA, off on CPU) | bf16 (CUDA only) | off
   int64_t batch_size = 128;
   int64_t eval_batch_size = 1000;
 
@@ -77,6 +94,21 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
 /// The flags that define a run's trajectory, with the values of a resolved config: stored in
 /// checkpoints so that --resume refuses to continue a run under different settings.
 trainer::RunSignature run_signature(const Config& resolved);
+
+/// The learning-rate factor of the cosine schedule at `step` (0-based) of a task of `steps`
+/// steps: (step + 1) / warmup over the first `warmup` steps, then
+/// min + (1 - min) * (1 + cos(pi * (step - warmup) / (steps - warmup))) / 2.
+double cosine_factor(int64_t step, int64_t steps, int64_t warmup, double min_factor);
+
+/// The training-batch augmentation of a resolved config. None without --augment. Class
+/// scenarios: random crop (--crop-pad, black borders) and horizontal flip. Domain-IL never
+/// augments across domains: no flip (a mirrored 45-degree image is a -45-degree one), and with
+/// --domains permute no crop either (a shift after the pixel shuffle breaks the permutation).
+struct Augmentation {
+  int64_t crop_pad = 0;
+  bool flip = false;
+};
+Augmentation augmentation(const Config& resolved);
 
 /// The folder of one run: <out>/<optimizer>-seed<seed>.
 std::string run_dir(const Config& resolved);

@@ -43,6 +43,32 @@ double average_forgetting(const AccuracyMatrix& R, size_t t) {
   return sum / static_cast<double>(t);
 }
 
+double average_forgetting_clipped(const AccuracyMatrix& R, size_t t) {
+  check_rows(R, t);
+  if (t == 0) return 0.0;
+  double sum = 0;
+  for (size_t j = 0; j < t; ++j) {
+    double best = -std::numeric_limits<double>::infinity();
+    for (size_t l = j; l < t; ++l) best = std::max(best, R[l][j]);
+    sum += std::max(0.0, best - R[t][j]);
+  }
+  return sum / static_cast<double>(t);
+}
+
+double ForgettingEvents::rate() const {
+  return previously_correct > 0
+             ? 100.0 * static_cast<double>(events) / static_cast<double>(previously_correct)
+             : std::numeric_limits<double>::quiet_NaN();
+}
+
+ForgettingEvents forgetting_events(const torch::Tensor& before, const torch::Tensor& after) {
+  TORCH_CHECK(before.sizes() == after.sizes() && before.dim() == 1,
+              "forgetting_events: per-sample correctness of one test set, got ", before.sizes(),
+              " and ", after.sizes());
+  const auto b = before.to(torch::kCPU, torch::kBool), a = after.to(torch::kCPU, torch::kBool);
+  return {(b & ~a).sum().item<int64_t>(), b.sum().item<int64_t>()};
+}
+
 double backward_transfer(const AccuracyMatrix& R, size_t t) {
   check_rows(R, t);
   if (t == 0) return 0.0;

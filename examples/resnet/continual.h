@@ -7,7 +7,11 @@
 //   AP_t  = 1/(t+1) * sum_{j<=t} R[t][j]
 //   AF_t  = 1/t * sum_{j<t} ( max_{l in [j, t-1]} R[l][j] - R[t][j] )      (AF_0 = 0)
 //   BWT_t = 1/t * sum_{j<t} ( R[t][j] - R[j][j] )                          (BWT_0 = 0)
-// The reported AP, AF and BWT are those at t = T - 1.
+// The reported AP, AF and BWT are those at t = T - 1. AF as defined can be negative (a task
+// better now than at any earlier point); DER++'s code (mammoth's forgetting()) takes the maximum
+// over every row including the last, which clips each task's term at 0:
+//   AF_clip_t = 1/t * sum_{j<t} max(0, max_{l in [j, t-1]} R[l][j] - R[t][j])
+// Both are reported; they differ exactly when some task improved after it was learned.
 
 #include <ATen/core/Generator.h>
 #include <torch/types.h>
@@ -27,7 +31,21 @@ using AccuracyMatrix = std::vector<std::vector<double>>;
 
 double average_performance(const AccuracyMatrix& R, size_t t);
 double average_forgetting(const AccuracyMatrix& R, size_t t);
+double average_forgetting_clipped(const AccuracyMatrix& R, size_t t);
 double backward_transfer(const AccuracyMatrix& R, size_t t);
+
+/// Sample-level forgetting events between two evaluations of one test set (Toneva et al.,
+/// 2019): samples classified correctly before and wrongly after. Unlike a drop from the best
+/// score so far, the rate is conditioned on what had been learned, so a model that learns
+/// slowly is not credited with "no forgetting" for having had little to forget.
+struct ForgettingEvents {
+  int64_t events = 0;              ///< correct before, wrong after
+  int64_t previously_correct = 0;  ///< correct before
+  /// events / previously_correct in percent; NaN when nothing was correct before.
+  double rate() const;
+};
+/// `before` and `after`: bool [N], per-sample correctness on the same samples in one order.
+ForgettingEvents forgetting_events(const torch::Tensor& before, const torch::Tensor& after);
 
 /// Class groups of the class-incremental tasks. `spec` is a preset or an explicit order:
 ///   "paper"  {0,1},{2,3},{4,5},{6,7},{8,9}      (the paper's main order)

@@ -262,6 +262,27 @@ torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<i
   return torch::tensor(keep, torch::kLong);
 }
 
+torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, int64_t num_classes,
+                                uint64_t seed) {
+  const auto cpu = labels.to(torch::kCPU);
+  const auto counts = torch::bincount(cpu, {}, num_classes);
+  std::vector<int64_t> quota(static_cast<size_t>(num_classes));
+  for (int64_t c = 0; c < num_classes; ++c) {
+    quota[c] =
+        static_cast<int64_t>(std::ceil(fraction * static_cast<double>(counts[c].item<int64_t>())));
+  }
+  auto gen = derived_generator({seed, 0x5A1});
+  const auto order = torch::randperm(cpu.size(0), gen, torch::kLong);
+  std::vector<int64_t> taken(static_cast<size_t>(num_classes), 0), keep;
+  const auto* o = order.data_ptr<int64_t>();
+  const auto* l = cpu.data_ptr<int64_t>();
+  for (int64_t k = 0; k < cpu.size(0); ++k) {
+    if (taken[l[o[k]]]++ < quota[l[o[k]]]) keep.push_back(o[k]);
+  }
+  std::sort(keep.begin(), keep.end());
+  return torch::tensor(keep, torch::kLong);
+}
+
 torch::Tensor class_subset(const torch::Tensor& labels, const std::vector<int64_t>& classes) {
   auto mask = torch::zeros_like(labels, torch::kBool);
   for (const int64_t c : classes) mask |= labels == c;
@@ -308,15 +329,20 @@ torch::Tensor Normalizer::operator()(const torch::Tensor& images_u8) const {
   return (images_u8.to(torch::kFloat).div_(255.0) - mean_) * inv_std_;
 }
 
-torch::Tensor augment(const torch::Tensor& images, int64_t pad, at::Generator& generator) {
+torch::Tensor augment(const torch::Tensor& images, int64_t pad, bool flip,
+                      at::Generator& generator) {
   const int64_t n = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
   const auto device = images.device();
-  auto flip = torch::randint(0, 2, {n}, generator, torch::kLong).to(device).to(torch::kBool);
-  auto x = torch::where(flip.view({n, 1, 1, 1}), images.flip(3), images);
+  auto x = images;
+  if (flip) {
+    auto mirror = torch::randint(0, 2, {n}, generator, torch::kLong).to(device).to(torch::kBool);
+    x = torch::where(mirror.view({n, 1, 1, 1}), images.flip(3), images);
+  }
   if (pad <= 0) return x;
   const auto opts = torch::TensorOptions().dtype(torch::kLong);
   auto dy = torch::randint(0, 2 * pad + 1, {n}, generator, opts).to(device);
   auto dx = torch::randint(0, 2 * pad + 1, {n}, generator, opts).to(device);
+  // Black borders (pixel value 0), as torchvision's RandomCrop(padding) before Normalize.
   auto padded = torch::constant_pad_nd(x, {pad, pad, pad, pad}, 0);
   // Per-sample crop as two gathers: rows dy..dy+h, then columns dx..dx+w.
   auto rows = (dy.view({n, 1}) + torch::arange(h, opts.device(device))).view({n, 1, h, 1});

@@ -55,6 +55,10 @@ torch::Tensor per_class_subset(const torch::Tensor& labels, int64_t per_class, i
 /// `rare`, ceil(fraction * its count) samples chosen at random (seeded). Dataset order is kept.
 torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<int64_t>& rare,
                                 double fraction, int64_t num_classes, uint64_t seed);
+/// The validation split: ceil(fraction * its count) samples of every class, chosen at random
+/// (seeded), in dataset order. The rest is what a run trains on.
+torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, int64_t num_classes,
+                                uint64_t seed);
 /// Indices of the samples whose label is one of `classes`, in dataset order.
 torch::Tensor class_subset(const torch::Tensor& labels, const std::vector<int64_t>& classes);
 
@@ -76,10 +80,12 @@ class Normalizer {
   torch::Tensor mean_, inv_std_;  ///< [1, C, 1, 1]
 };
 
-/// Batch-level augmentation of normalised images: a random crop after zero-padding by `pad`
-/// pixels and a random horizontal flip, both drawn per sample from `generator` (CPU), so the
-/// batch is the same on every device for one generator state.
-torch::Tensor augment(const torch::Tensor& images, int64_t pad, at::Generator& generator);
+/// Batch-level augmentation of raw (uint8, not yet normalised) images: a random crop after
+/// padding by `pad` pixels of value 0 (black, as torchvision's RandomCrop before Normalize) and,
+/// with `flip`, a random horizontal flip, both drawn per sample from `generator` (CPU), so the
+/// batch is the same on every device for one generator state. Keeps the dtype.
+torch::Tensor augment(const torch::Tensor& images, int64_t pad, bool flip,
+                      at::Generator& generator);
 
 /// A CPU generator seeded from several numbers (run seed, step, purpose, ...): every random
 /// choice of a run derives from its position in the run, so a resumed run repeats it exactly.

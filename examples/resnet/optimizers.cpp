@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/checkpoint.h"
+#include "common/fogo_flags.h"
 #include "common/optimizers.h"
 
 namespace fogo::resnet {
@@ -35,6 +36,16 @@ std::string lr_text(double lr) {
 
 }  // namespace
 
+fogo::FOGOOptions fogo_group_options(const Config& c, const std::string& stage) {
+  auto options = preset(c.scenario, stage);
+  options.lr(is_head(stage) ? *c.head_lr : *c.lr)
+      .weight_decay(*c.weight_decay)
+      .seed(c.seed)
+      .ns_dtype(trainer::parse_ns_dtype(c.ns_dtype));
+  trainer::apply_fogo_flags(options, c.ablation, c.fogo_options);
+  return options;
+}
+
 TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optimizer) {
   const double lr = *c.lr, wd = *c.weight_decay;
   const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
@@ -46,6 +57,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
       single_ = std::make_unique<torch::optim::AdamW>(
           model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(wd));
     }
+    for (const auto& g : single_->param_groups()) base_lrs_.push_back(g.options().get_lr());
     description_ = c.optimizer + " lr " + lr_text(lr) + " on all " +
                    std::to_string(model->parameters().size()) + " tensors";
     return;
@@ -73,16 +85,15 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
     desc << "fogo, NS " << c.ns_dtype << ":";
     for (size_t g = 0; g < stages.groups.size(); ++g) {
       const std::string& s = stages.names[g];
-      const double group_lr = is_head(s) ? *c.head_lr : lr;
-      auto options = preset(c.scenario, s);
-      options.lr(group_lr).weight_decay(wd).seed(c.seed).ns_dtype(ns);
-      options.validate();
+      const auto options = fogo_group_options(c, s);
+      const double group_lr = options.lr();
       stages.groups[g].set_options(std::make_unique<fogo::FOGOOptions>(options));
       desc << (g ? ", " : " ") << s << " (" << stages.groups[g].params().size() << ", C "
            << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
     }
-    matrix =
-        std::make_unique<fogo::FOGO>(stages.groups, preset(c.scenario, "stem").lr(lr).ns_dtype(ns));
+    matrix = std::make_unique<fogo::FOGO>(stages.groups, fogo_group_options(c, "stem"));
+    if (c.ablation != "full") desc << "; ablation " << c.ablation;
+    for (const auto& a : c.fogo_options) desc << "; " << a;
     group_names = std::move(stages.names);
   } else {
     throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
@@ -99,6 +110,26 @@ TrainOptimizer::~TrainOptimizer() = default;
 
 torch::optim::Optimizer* TrainOptimizer::matrix_optimizer() {
   return hybrid_ ? hybrid_->matrix() : nullptr;
+}
+
+void TrainOptimizer::set_lr_factor(double factor) {
+  if (hybrid_) hybrid_->set_lr_factor(factor);
+  if (single_) {
+    auto& groups = single_->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(base_lrs_[g] * factor);
+  }
+}
+
+const std::vector<torch::optim::OptimizerParamGroup>& TrainOptimizer::param_groups() {
+  return single_ ? single_->param_groups() : hybrid_->param_groups();
+}
+
+std::vector<std::string> TrainOptimizer::group_names() const {
+  if (single_) return std::vector<std::string>(single_->param_groups().size(), "all");
+  std::vector<std::string> names;
+  for (size_t g = 0; g < hybrid_->param_groups().size(); ++g)
+    names.push_back(hybrid_->group_name(g));
+  return names;
 }
 
 void TrainOptimizer::zero_grad() {

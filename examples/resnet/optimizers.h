@@ -12,6 +12,7 @@
 //                   domain-il         backbone: domain_il_backbone; head_fc, fc: domain_il_head
 // Muon and FOGO run their Newton–Schulz iterations in --ns-dtype (bf16 or fp32).
 
+#include <fogo/fogo_options.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -32,12 +33,20 @@ class Record;
 
 namespace fogo::resnet {
 
+/// The FOGOOptions of the codebook group of network stage `stage` (stem, layer1..4, head_fc, fc)
+/// in a fogo run of `resolved`: the paper's preset for the scenario and stage, the trainer's
+/// lr (--head-lr for the heads), weight decay, seed and --ns-dtype, then --ablation and every
+/// --fogo key=value. Throws a trainer::CliError naming --fogo or --ablation when they are bad.
+fogo::FOGOOptions fogo_group_options(const Config& resolved, const std::string& stage);
+
 class TrainOptimizer {
  public:
   /// Builds the optimizer a resolved config asks for over `model`'s parameters.
   TrainOptimizer(const Config& config, ResNet18& model);
   ~TrainOptimizer();
 
+  /// Sets every param group's lr to its initial lr * factor (the schedule's handle).
+  void set_lr_factor(double factor);
   void zero_grad();
   void step();
   /// End of a task in the continual scenarios: FOGO consolidates its codebooks and starts the
@@ -51,6 +60,10 @@ class TrainOptimizer {
   fogo::HybridOptimizer* hybrid() { return hybrid_.get(); }
   /// The matrix side of muon and fogo (fogo::Muon, fogo::FOGO); null for adam and adamw.
   torch::optim::Optimizer* matrix_optimizer();
+  /// Every param group of the rule (adam/adamw: one; muon/fogo: the hybrid's, matrix groups
+  /// first) and their names ("all"; the hybrid's group_name()).
+  const std::vector<torch::optim::OptimizerParamGroup>& param_groups();
+  std::vector<std::string> group_names() const;
   /// One line: the rule, its parameter groups and learning rates.
   const std::string& description() const { return description_; }
 
@@ -62,6 +75,7 @@ class TrainOptimizer {
   std::unique_ptr<torch::optim::Optimizer> single_;
   std::unique_ptr<fogo::HybridOptimizer> hybrid_;
   std::string description_;
+  std::vector<double> base_lrs_;  ///< of single_'s groups
 };
 
 }  // namespace fogo::resnet

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -16,6 +17,7 @@
 #include "data.h"
 #include "optimizers.h"
 #include "resnet.h"
+#include "trainer.h"
 
 namespace fs = std::filesystem;
 using namespace fogo::resnet;
@@ -210,17 +212,103 @@ TEST(Selection, TaskOrdersAndDomains) {
 }
 
 TEST(Augment, IsDeterministicAndKeepsShapes) {
-  const auto x = torch::randn({8, 3, 6, 6});
+  const auto x = torch::randint(0, 256, {8, 3, 6, 6}, torch::kLong).to(torch::kUInt8);
   auto g1 = derived_generator({1, 2}), g2 = derived_generator({1, 2});
-  const auto a = augment(x, 2, g1), b = augment(x, 2, g2);
+  const auto a = augment(x, 2, true, g1), b = augment(x, 2, true, g2);
   EXPECT_EQ(a.sizes(), x.sizes());
+  EXPECT_EQ(a.scalar_type(), torch::kUInt8);
   EXPECT_TRUE(torch::equal(a, b));
   auto g3 = derived_generator({1, 2});
-  // With no padding only flips happen: every image is itself or its mirror.
-  const auto f = augment(x, 0, g3);
+  // With no padding only flips happen: every image is itself or its mirror, and some are
+  // mirrored.
+  const auto f = augment(x, 0, true, g3);
+  int64_t mirrored = 0;
   for (int64_t i = 0; i < 8; ++i) {
     EXPECT_TRUE(torch::equal(f[i], x[i]) || torch::equal(f[i], x[i].flip(2)));
+    mirrored += !torch::equal(f[i], x[i]);
   }
+  EXPECT_GT(mirrored, 0);
+  // Without flip and padding nothing changes.
+  auto g4 = derived_generator({1, 2});
+  EXPECT_TRUE(torch::equal(augment(x, 0, false, g4), x));
+}
+
+TEST(Augment, CropPadsWithBlackPixelsBeforeNormalising) {
+  // Every output must be one of the (2p+1)^2 crops of the image padded with 0 (black), as
+  // torchvision's RandomCrop(padding=p) before Normalize; with flip off, never a mirror.
+  const int64_t p = 2;
+  const auto x = torch::randint(1, 256, {16, 1, 5, 5}, torch::kLong).to(torch::kUInt8);
+  auto gen = derived_generator({7});
+  const auto y = augment(x, p, false, gen);
+  const auto padded = torch::zeros({16, 1, 5 + 2 * p, 5 + 2 * p}, torch::kUInt8);
+  padded.slice(2, p, p + 5).slice(3, p, p + 5).copy_(x);
+  int64_t shifted = 0;
+  for (int64_t i = 0; i < 16; ++i) {
+    bool found = false;
+    for (int64_t dy = 0; dy <= 2 * p && !found; ++dy) {
+      for (int64_t dx = 0; dx <= 2 * p && !found; ++dx) {
+        found = torch::equal(y[i], padded[i].slice(1, dy, dy + 5).slice(2, dx, dx + 5));
+      }
+    }
+    EXPECT_TRUE(found) << "sample " << i << " is no black-padded crop";
+    shifted += (y[i] == 0).any().item<bool>();
+  }
+  EXPECT_GT(shifted, 0);  // some crops show the border
+  // Normalised afterwards, the border is black's value (-mean/std), not 0 (the mean).
+  const Dataset d{x, torch::zeros({16}, torch::kLong)};
+  const Normalizer normalize(d);
+  const auto z = normalize(y);
+  const float black = normalize(torch::zeros({1, 1, 1, 1}, torch::kUInt8)).item<float>();
+  EXPECT_LT(black, -1.0f);
+  EXPECT_TRUE(
+      torch::equal(z.masked_select(y == 0), torch::full({(y == 0).sum().item<int64_t>()}, black)));
+}
+
+TEST(Augment, DomainIlNeverMixesDomains) {
+  Config c;
+  c.crop_pad = 2;
+  c.scenario = "class-imbalanced";
+  EXPECT_EQ(augmentation(c).crop_pad, 2);
+  EXPECT_TRUE(augmentation(c).flip);
+  c.scenario = "class-il";
+  EXPECT_TRUE(augmentation(c).flip);
+  // Rotated domains: a mirrored 45-degree image is a -45-degree one; shifts keep the angle.
+  c.scenario = "domain-il";
+  c.domains = "rotate";
+  EXPECT_EQ(augmentation(c).crop_pad, 2);
+  EXPECT_FALSE(augmentation(c).flip);
+  // Permuted domains: any spatial change after the shuffle breaks the permutation.
+  c.domains = "permute";
+  EXPECT_EQ(augmentation(c).crop_pad, 0);
+  EXPECT_FALSE(augmentation(c).flip);
+  c.scenario = "class-imbalanced";
+  c.augment = false;
+  EXPECT_EQ(augmentation(c).crop_pad, 0);
+  EXPECT_FALSE(augmentation(c).flip);
+}
+
+TEST(Selection, ValidationSplitIsPerClassAndFixed) {
+  const auto labels = torch::arange(1000, torch::kLong) % 10;
+  const auto val = validation_subset(labels, 0.1, 10, kValidationSeed);
+  EXPECT_TRUE(torch::equal(torch::bincount(labels.index_select(0, val), {}, 10),
+                           torch::full({10}, 10, torch::kLong)));
+  EXPECT_TRUE(torch::equal(val, validation_subset(labels, 0.1, 10, kValidationSeed)));
+  EXPECT_FALSE(torch::equal(val, validation_subset(labels, 0.1, 10, kValidationSeed + 1)));
+  EXPECT_TRUE(torch::equal(std::get<0>(val.sort()), val));  // dataset order
+}
+
+TEST(Selection, TestSetIsTheSameForEverySeed) {
+  const auto labels = torch::arange(600, torch::kLong) % 10;
+  Config c;
+  c.test_per_class = 7;
+  const auto a = test_selection(resolve(c, "adam", 0), labels, 10);
+  const auto b = test_selection(resolve(c, "muon", 5), labels, 10);
+  EXPECT_EQ(a.numel(), 70);
+  EXPECT_TRUE(torch::equal(a, b));
+  // Still a seeded subset, not simply the first images.
+  EXPECT_FALSE(torch::equal(a, torch::arange(70, torch::kLong)));
+  EXPECT_TRUE(torch::equal(torch::bincount(labels.index_select(0, a), {}, 10),
+                           torch::full({10}, 7, torch::kLong)));
 }
 
 TEST(Metrics, ApAfBwtOnAHandMadeMatrix) {
@@ -239,6 +327,61 @@ TEST(Metrics, ApAfBwtOnAHandMadeMatrix) {
   EXPECT_DOUBLE_EQ(average_forgetting(G, 2), (10.0 + 0) / 2);
   EXPECT_DOUBLE_EQ(backward_transfer(G, 2), (10.0 + 0) / 2);
   EXPECT_THROW(average_performance(R, 3), std::out_of_range);
+}
+
+TEST(Schedule, CosineWithLinearWarmup) {
+  // 10 steps, 2 of warmup: 0.5, 1 (peak), then the cosine over the remaining 8 steps.
+  EXPECT_DOUBLE_EQ(cosine_factor(0, 10, 2, 0.0), 0.5);
+  EXPECT_DOUBLE_EQ(cosine_factor(1, 10, 2, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(cosine_factor(2, 10, 2, 0.0), 1.0);
+  EXPECT_NEAR(cosine_factor(6, 10, 2, 0.0), 0.5, 1e-12);  // half way: cos(pi/2) = 0
+  EXPECT_NEAR(cosine_factor(4, 10, 2, 0.0), 0.5 * (1 + std::sqrt(0.5)), 1e-12);
+  EXPECT_NEAR(cosine_factor(9, 10, 2, 0.1), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 7 / 8)), 1e-12);
+  EXPECT_DOUBLE_EQ(cosine_factor(0, 10, 0, 0.0), 1.0);
+  // Resolved: cosine for the paper-sized width, constant for the small CPU widths.
+  Config c;
+  EXPECT_EQ(resolve(c, "adam", 0).lr_schedule, "cosine");
+  c.width = 8;
+  EXPECT_EQ(resolve(c, "adam", 0).lr_schedule, "constant");
+  c.lr_schedule = "cosine";
+  EXPECT_EQ(resolve(c, "adam", 0).lr_schedule, "cosine");
+  c.warmup_frac = 1.0;
+  EXPECT_THROW(
+      {
+        try {
+          resolve(c, "adam", 0);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("--warmup-frac"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+}
+
+TEST(Metrics, ClippedForgettingIsDerppsConvention) {
+  // Task 0 improves after it was learned (50 -> 70): Chaudhry's AF term is -20, DER++'s code
+  // (max over every row, the last included) counts 0.
+  const AccuracyMatrix G{{50, 0, 0}, {40, 80, 0}, {70, 75, 85}};
+  EXPECT_DOUBLE_EQ(average_forgetting(G, 2), ((50.0 - 70) + (80.0 - 75)) / 2);
+  EXPECT_DOUBLE_EQ(average_forgetting_clipped(G, 2), (0.0 + 5) / 2);
+  // Where nothing improved the two agree.
+  const AccuracyMatrix R{{90, 0, 0}, {60, 80, 0}, {50, 70, 85}};
+  EXPECT_DOUBLE_EQ(average_forgetting_clipped(R, 2), average_forgetting(R, 2));
+  EXPECT_DOUBLE_EQ(average_forgetting_clipped(R, 0), 0);
+}
+
+TEST(Metrics, SampleForgettingEventsAreConditionedOnWhatWasLearned) {
+  const auto before = torch::tensor({1, 1, 1, 1, 0, 0, 0, 0}, torch::kLong).to(torch::kBool);
+  const auto after = torch::tensor({1, 0, 0, 1, 1, 1, 1, 0}, torch::kLong).to(torch::kBool);
+  const ForgettingEvents e = forgetting_events(before, after);
+  EXPECT_EQ(e.events, 2);
+  EXPECT_EQ(e.previously_correct, 4);
+  EXPECT_DOUBLE_EQ(e.rate(), 50.0);
+  // Accuracy rose from 50% to 62.5%, so a best-so-far drop reads 0, yet half of what was
+  // known was forgotten. A model that knew nothing has nothing to forget: undefined, not 0.
+  EXPECT_TRUE(std::isnan(
+      forgetting_events(torch::zeros({3}, torch::kBool), torch::ones({3}, torch::kBool)).rate()));
+  EXPECT_THROW(forgetting_events(before, after.slice(0, 0, 4)), c10::Error);
 }
 
 TEST(Replay, ReservoirKeepsCapacityAndCheckpointsTheSeenCount) {
@@ -295,6 +438,43 @@ TEST(Config, ResolveFillsPaperDefaultsAndNamesBadFlags) {
 }
 
 // --ns-dtype: parsed, checked by resolve(), applied to every param group of Muon and FOGO.
+TEST(Config, FogoFlagsReachEveryFogoGroupOverThePresets) {
+  fogo::trainer::Cli cli("resnet_train", "");
+  Config c;
+  add_flags(cli, c);
+  std::vector<const char*> args{"x",       "--fogo",     "codebook_size=5", "--fogo",
+                                "lr=0.02", "--ablation", "short-term-only", "--width",
+                                "4",       "--scenario", "domain-il"};
+  ASSERT_TRUE(cli.parse(static_cast<int>(args.size()), args.data()));
+  const Config r = resolve(c, "fogo", 0);
+  ResNet18 model(ResNetOptions{1, 10, 4, *r.head_fc});
+  TrainOptimizer opt(r, model);
+  const auto& groups = opt.matrix_optimizer()->param_groups();
+  ASSERT_EQ(groups.size(), 6u);
+  for (const auto& group : groups) {
+    const auto& o = static_cast<const fogo::FOGOOptions&>(group.options());
+    EXPECT_EQ(o.codebook_size(), 5);
+    EXPECT_EQ(o.lr(), 0.02);
+    EXPECT_EQ(o.gamma_lt(), 0.0);  // the ablation
+    // The rest is still the domain-IL preset (not the library defaults).
+    const int64_t k = o.freeze_per_task();
+    EXPECT_TRUE(k == fogo::presets::domain_il_backbone().freeze_per_task() ||
+                k == fogo::presets::domain_il_head().freeze_per_task())
+        << k;
+    EXPECT_NE(k, fogo::FOGOOptions().freeze_per_task());
+    EXPECT_GT(o.gamma_hi(), 0.0);
+  }
+  // A combination the options refuse fails at resolve, naming --fogo.
+  Config bad = c;
+  bad.fogo_options = {"gamma_st_min=0.9", "gamma_st_max=0.1"};
+  try {
+    resolve(bad, "fogo", 0);
+    FAIL() << "gamma_st_max < gamma_st_min accepted";
+  } catch (const fogo::trainer::CliError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--fogo: ", 0), 0u) << e.what();
+  }
+}
+
 TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   auto parse = [](std::vector<const char*> args) {
     fogo::trainer::Cli cli("resnet_train", "");

@@ -9,7 +9,9 @@
 #include <sstream>
 
 #include "common/checkpoint.h"
+#include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/runtime.h"
 #include "common/signature.h"
@@ -32,14 +34,30 @@ struct Plan {
   int64_t in_channels = 1, num_classes = 10;
 };
 
+}  // namespace
+
+torch::Tensor test_selection(const Config& c, const torch::Tensor& labels, int64_t num_classes) {
+  return per_class_subset(labels, c.test_per_class, num_classes, kTestSelectionSeed);
+}
+
+namespace {
+
 Plan make_plan(const Config& c, const DataSplit& data, const torch::Device& device) {
   Plan plan;
   plan.num_classes = data.num_classes;
   plan.in_channels = data.train.images.size(1);
-  const Dataset train = data.train.select(
+  Dataset train = data.train.select(
       per_class_subset(data.train.labels, c.train_per_class, data.num_classes, c.seed));
-  const Dataset test = data.test.select(
-      per_class_subset(data.test.labels, c.test_per_class, data.num_classes, c.seed + 1));
+  Dataset test = data.test.select(test_selection(c, data.test.labels, data.num_classes));
+  if (c.eval_split == "val") {
+    // Held out from the training images by a fixed seed: the test set is never looked at.
+    const auto val =
+        validation_subset(train.labels, c.val_fraction, data.num_classes, kValidationSeed);
+    auto rest = torch::ones({train.size()}, torch::kBool);
+    rest.index_fill_(0, val, false);
+    test = train.select(val);
+    train = train.select(rest.nonzero().flatten());
+  }
   plan.normalize = Normalizer(train.to(device));
   if (c.scenario == "class-imbalanced") {
     plan.task_names = {"all"};
@@ -84,23 +102,29 @@ Plan make_plan(const Config& c, const DataSplit& data, const torch::Device& devi
   return plan;
 }
 
-// Per-class correct and total counts of `model` on `data` ([num_classes] each, CPU int64).
-std::pair<torch::Tensor, torch::Tensor> class_counts(ResNet18& model, const Dataset& data,
-                                                     const Normalizer& normalize,
-                                                     int64_t batch_size, int64_t num_classes) {
+// Per-class correct and total counts of `model` on `data` ([num_classes] each, CPU int64), and
+// the per-sample correctness (bool [N], CPU).
+struct Counts {
+  torch::Tensor correct, total, hit;
+};
+Counts class_counts(ResNet18& model, const Dataset& data, const Normalizer& normalize,
+                    int64_t batch_size, int64_t num_classes, bool autocast) {
   torch::NoGradGuard no_grad;
+  trainer::AutocastGuard guard(data.labels.device().type(), autocast);
   model->eval();
   auto correct = torch::zeros({num_classes}, torch::kLong).to(data.labels.device());
   auto total = torch::zeros_like(correct);
+  std::vector<torch::Tensor> hits;
   for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const int64_t end = std::min(begin + batch_size, data.size());
     const auto y = data.labels.slice(0, begin, end);
     const auto pred = model->forward(normalize(data.images.slice(0, begin, end))).argmax(1);
+    hits.push_back(pred == y);
     correct += torch::bincount(y.masked_select(pred == y), {}, num_classes);
     total += torch::bincount(y, {}, num_classes);
   }
   model->train();
-  return {correct.cpu(), total.cpu()};
+  return {correct.cpu(), total.cpu(), torch::cat(hits).cpu()};
 }
 
 double percent(const torch::Tensor& correct, const torch::Tensor& total) {
@@ -119,6 +143,11 @@ class Run {
         dir_(run_dir(c)),
         ckpt_path_(dir_ + "/" + trainer::kCheckpointFile) {
     trainer::set_threads(c.threads);
+    if (c.autocast == "bf16" && !device_.is_cuda()) {
+      throw trainer::Cli::error("autocast", "bf16 autocast is for CUDA devices only (device " +
+                                                device_.str() + "); use auto or off");
+    }
+    autocast_ = device_.is_cuda() && c.autocast != "off";
     trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
     plan_ = make_plan(c, data, device_);
     build_model_and_optimizer();
@@ -160,13 +189,18 @@ class Run {
     imbalanced_ = c_.scenario == "class-imbalanced";
     if (imbalanced_) {
       result_.x_name = "epoch";
-      result_.curve_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting"};
-      result_.summary_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting",
-                               "mean_rare_forgetting"};
+      result_.curve_names = {"acc", "rare_acc", "nonrare_acc", "rare_forgetting",
+                             "rare_forget_rate"};
+      result_.summary_names = {"acc",
+                               "rare_acc",
+                               "nonrare_acc",
+                               "rare_forgetting",
+                               "mean_rare_forgetting",
+                               "rare_forget_rate"};
     } else {
       result_.x_name = "tasks learned";
       result_.curve_names = {"AP", "AF", "BWT"};
-      result_.summary_names = {"AP", "AF", "BWT"};
+      result_.summary_names = {"AP", "AF", "AF_clip", "BWT"};
     }
   }
 
@@ -224,6 +258,7 @@ class Run {
     const int64_t spe = steps_per_epoch_[t];
     const torch::Tensor order = epoch_order(t, e);
     for (int64_t b = step_ - epoch_begin; b < spe && step_ < last_; ++b) {
+      schedule_lr(t, e * spe + b);
       const auto [loss, acc] =
           train_step(t, order.slice(0, b * c_.batch_size, (b + 1) * c_.batch_size));
       ++step_;
@@ -235,6 +270,19 @@ class Run {
     }
   }
 
+  // The learning rate of step `step` (0-based) of task t: a function of the position alone, so a
+  // resumed run repeats it.
+  void schedule_lr(int64_t t, int64_t step) {
+    lr_factor_ = 1.0;
+    if (c_.lr_schedule == "cosine") {
+      const int64_t steps = steps_per_epoch_[t] * *c_.epochs;
+      const auto warmup =
+          static_cast<int64_t>(std::round(c_.warmup_frac * static_cast<double>(steps)));
+      lr_factor_ = cosine_factor(step, steps, warmup, c_.min_lr_factor);
+    }
+    optimizer_->set_lr_factor(lr_factor_);
+  }
+
   // The order of task t's training images in epoch e: a function of (seed, t, e) alone.
   torch::Tensor epoch_order(int64_t t, int64_t e) const {
     auto gen = derived_generator({static_cast<uint64_t>(c_.seed), kOrder, static_cast<uint64_t>(t),
@@ -243,8 +291,9 @@ class Run {
   }
 
   torch::Tensor prepare(const torch::Tensor& images_u8, at::Generator& gen) const {
-    auto x = plan_.normalize(images_u8);
-    return c_.augment ? augment(x, *c_.crop_pad, gen) : x;
+    const Augmentation a = augmentation(c_);
+    if (a.crop_pad == 0 && !a.flip) return plan_.normalize(images_u8);
+    return plan_.normalize(augment(images_u8, a.crop_pad, a.flip, gen));
   }
 
   // One optimizer step on the batch `index` of task t; returns (loss, batch accuracy %).
@@ -255,9 +304,13 @@ class Run {
     auto gen =
         derived_generator({static_cast<uint64_t>(c_.seed), kStep, static_cast<uint64_t>(step_)});
     model_->train();
-    const auto logits = model_->forward(prepare(images, gen));
-    auto loss = torch::cross_entropy_loss(logits, labels);
-    if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
+    torch::Tensor logits, loss;
+    {
+      trainer::AutocastGuard autocast(device_.type(), autocast_);
+      logits = model_->forward(prepare(images, gen)).to(torch::kFloat);
+      loss = torch::cross_entropy_loss(logits, labels);
+      if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
+    }
     const double loss_value = loss.item<double>();
     if (!std::isfinite(loss_value)) {
       throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
@@ -276,13 +329,15 @@ class Run {
   torch::Tensor replay_loss(at::Generator& gen) {
     const double alpha = *c_.replay_alpha;
     const auto i = buffer_->sample(c_.replay_batch, gen);
-    const auto out = model_->forward(prepare(buffer_->images().index_select(0, i), gen));
+    const auto out =
+        model_->forward(prepare(buffer_->images().index_select(0, i), gen)).to(torch::kFloat);
     if (c_.replay == "er") {
       return alpha * torch::cross_entropy_loss(out, buffer_->labels().index_select(0, i));
     }
     auto loss = alpha * torch::mse_loss(out, buffer_->logits().index_select(0, i));
     const auto j = buffer_->sample(c_.replay_batch, gen);
-    const auto out2 = model_->forward(prepare(buffer_->images().index_select(0, j), gen));
+    const auto out2 =
+        model_->forward(prepare(buffer_->images().index_select(0, j), gen)).to(torch::kFloat);
     return loss +
            c_.der_beta * torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, j));
   }
@@ -297,7 +352,10 @@ class Run {
       grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(),
                                                      std::numeric_limits<double>::infinity());
     }
+    const bool logged = (step_ + 1) % c_.log_every == 0;
+    if (logged) update_rms_.snapshot(optimizer_->param_groups());
     optimizer_->step();
+    if (logged) last_update_rms_ = update_rms_.measure(optimizer_->param_groups());
   }
 
   void show_progress(int64_t t, int64_t e, double loss, double acc, trainer::Progress& progress) {
@@ -329,8 +387,9 @@ class Run {
         .set("loss", loss)
         .set("acc", acc)
         .set("grad_norm", grad_norm_)
-        .set("lr", *c_.lr)
+        .set("lr", *c_.lr * lr_factor_)
         .set("time_s", seconds_);
+    trainer::add_update_rms(r, optimizer_->group_names(), last_update_rms_);
     optimizer_->add_telemetry(r);
     train_log_->write(r);
   }
@@ -352,10 +411,16 @@ class Run {
   }
 
   void evaluate_imbalanced(trainer::Progress& progress) {
-    const auto [correct, total] =
-        class_counts(model_, plan_.test[0], plan_.normalize, c_.eval_batch_size, plan_.num_classes);
+    const auto [correct, total, hit] = class_counts(
+        model_, plan_.test[0], plan_.normalize, c_.eval_batch_size, plan_.num_classes, autocast_);
     auto rare = torch::zeros({plan_.num_classes}, torch::kBool);
     for (const int64_t k : c_.rare_classes) rare[k] = true;
+    // Sample-level forgetting events of the rare classes since the previous evaluation.
+    const auto rare_hit = hit.masked_select(rare.index_select(0, plan_.test[0].labels.cpu()));
+    ForgettingEvents events;
+    if (rare_correct_.defined()) events = forgetting_events(rare_correct_, rare_hit);
+    const double forget_rate = rare_correct_.defined() ? events.rate() : kNaN;
+    rare_correct_ = rare_hit;
     const double acc = percent(correct, total);
     const double rare_acc = percent(correct.masked_select(rare), total.masked_select(rare));
     const double nonrare_acc = percent(correct.masked_select(~rare), total.masked_select(~rare));
@@ -363,7 +428,7 @@ class Run {
     const double forgetting = best_rare_ - rare_acc;
     const double epoch = static_cast<double>(step_) / static_cast<double>(steps_per_epoch_[0]);
     result_.x.push_back(epoch);
-    result_.curve.push_back({acc, rare_acc, nonrare_acc, forgetting});
+    result_.curve.push_back({acc, rare_acc, nonrare_acc, forgetting, forget_rate});
     Record r;
     r.set("step", step_)
         .set("epoch", epoch)
@@ -371,7 +436,9 @@ class Run {
         .set("rare_acc", rare_acc)
         .set("nonrare_acc", nonrare_acc)
         .set("best_rare_acc", best_rare_)
-        .set("rare_forgetting", forgetting);
+        .set("rare_forgetting", forgetting)
+        .set("rare_forget_events", events.events)
+        .set("rare_forget_rate", forget_rate);
     for (int64_t k = 0; k < plan_.num_classes; ++k) {
       r.set("acc_class" + std::to_string(k),
             percent(correct.slice(0, k, k + 1), total.slice(0, k, k + 1)));
@@ -392,23 +459,24 @@ class Run {
     r.set("step", step_).set("task", t).set("kind", task_end ? "task_end" : "periodic");
     double seen = 0;
     for (int64_t j = 0; j < T; ++j) {
-      const auto [correct, total] = class_counts(model_, plan_.test[j], plan_.normalize,
-                                                 c_.eval_batch_size, plan_.num_classes);
+      const auto [correct, total, hit] = class_counts(
+          model_, plan_.test[j], plan_.normalize, c_.eval_batch_size, plan_.num_classes, autocast_);
       accs.push_back(percent(correct, total));
       r.set("acc_task" + std::to_string(j), accs.back());
       if (j <= t) seen += accs.back() / static_cast<double>(t + 1);
     }
     r.set("acc_seen", seen);
-    double ap = kNaN, af = kNaN, bwt = kNaN;
+    double ap = kNaN, af = kNaN, af_clip = kNaN, bwt = kNaN;
     if (task_end) {
       R_[t] = accs;
       ap = average_performance(R_, t);
       af = average_forgetting(R_, t);
+      af_clip = average_forgetting_clipped(R_, t);
       bwt = backward_transfer(R_, t);
       result_.x.push_back(static_cast<double>(t + 1));
       result_.curve.push_back({ap, af, bwt});
     }
-    r.set("AP", ap).set("AF", af).set("BWT", bwt);
+    r.set("AP", ap).set("AF", af).set("AF_clip", af_clip).set("BWT", bwt);
     eval_log_->write(r);
     std::ostringstream line;
     line.precision(4);
@@ -427,6 +495,7 @@ class Run {
     w.put("step", step_);
     w.put("seconds", seconds_);
     w.put("best_rare", best_rare_);
+    if (rare_correct_.defined()) w.put_tensor("rare_correct", rare_correct_);
     w.put_module("model", *model_);
     optimizer_->save(w, "optimizer");
     if (buffer_) buffer_->save(w, "replay");
@@ -444,6 +513,8 @@ class Run {
     }
     seconds_ = in.get_double("seconds");
     best_rare_ = in.get_double("best_rare");
+    rare_correct_ = in.has("rare_correct") ? in.get_tensor("rare_correct").cpu().to(torch::kBool)
+                                           : torch::Tensor();
     in.load_module("model", *model_);
     optimizer_->load(in, "optimizer");
     if (buffer_) buffer_->load(in, "replay", device_);
@@ -473,14 +544,19 @@ class Run {
     const RunResult& res = result_;
     if (imbalanced_ && !res.curve.empty()) {
       const auto& lastp = res.curve.back();
-      double mean_forgetting = 0;
-      for (const auto& p : res.curve)
+      double mean_forgetting = 0, rate_sum = 0;
+      int64_t rates = 0;
+      for (const auto& p : res.curve) {
         mean_forgetting += p[3] / static_cast<double>(res.curve.size());
-      return {lastp[0], lastp[1], lastp[2], lastp[3], mean_forgetting};
+        if (std::isfinite(p[4])) rate_sum += p[4], ++rates;
+      }
+      return {lastp[0], lastp[1],        lastp[2],
+              lastp[3], mean_forgetting, rates > 0 ? rate_sum / static_cast<double>(rates) : kNaN};
     }
     if (!imbalanced_ && res.completed()) {
       const size_t t = R_.size() - 1;
-      return {average_performance(R_, t), average_forgetting(R_, t), backward_transfer(R_, t)};
+      return {average_performance(R_, t), average_forgetting(R_, t),
+              average_forgetting_clipped(R_, t), backward_transfer(R_, t)};
     }
     return std::vector<double>(res.summary_names.size(), kNaN);
   }
@@ -506,10 +582,15 @@ class Run {
   std::vector<int64_t> steps_per_epoch_;
   int64_t total_ = 0, step_ = 0;
   int64_t last_ = 0;  ///< the step this session stops after (--stop-at-step, or total_)
-  double seconds_ = 0, grad_norm_ = kNaN;
-  double seconds_before_ = 0;  ///< training time of the earlier sessions
+  double seconds_ = 0, grad_norm_ = kNaN, lr_factor_ = 1.0;
+  bool autocast_ = false;
+  trainer::UpdateRms update_rms_;
+  std::vector<double> last_update_rms_;  ///< of the last logged step, per param group  ///< bf16
+                                         ///< autocast of the forward passes (CUDA)
+  double seconds_before_ = 0;            ///< training time of the earlier sessions
   std::chrono::steady_clock::time_point session_start_;
   double best_rare_ = -std::numeric_limits<double>::infinity();
+  torch::Tensor rare_correct_;  ///< per rare test sample: correct at the last evaluation
   bool imbalanced_ = true;
   AccuracyMatrix R_;
   RunResult result_;

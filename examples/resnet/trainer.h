@@ -11,7 +11,9 @@
 // Every random choice derives from (seed, position in the run), so --resume continues a run
 // bit for bit on the same device and thread count.
 
+#include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,13 @@ struct RunResult {
 /// it uses to its device.
 RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log);
 
+/// The test images a run evaluates on (--test-per-class of every class): one fixed choice,
+/// the same for every seed and optimizer, so that runs of a comparison share one test set.
+constexpr uint64_t kTestSelectionSeed = 0x7E57;
+constexpr uint64_t kValidationSeed = 0x7A11;
+torch::Tensor test_selection(const Config& config, const torch::Tensor& labels,
+                             int64_t num_classes);
+
 /// Reads the dataset `config` names (resolved or not) and checks it.
 DataSplit load_data(const Config& config);
 
@@ -63,5 +72,28 @@ std::vector<Config> plan_runs(const Config& config);
 /// names the dataset in the table's heading.
 void report_comparison(const Config& config, const std::string& data_name,
                        const std::vector<RunResult>& results, std::ostream& out);
+
+/// One grid point of --lr-sweep: its resolved config (eval-split val, the first seed, lr = factor
+/// x the optimizer's default) and its score, the run's first summary metric (class-imbalanced
+/// acc, continual AP) on the validation split.
+struct SweepPoint {
+  Config config;
+  double score = 0;
+};
+struct SweepOutcome {
+  std::string metric;                    ///< the score's name
+  std::vector<SweepPoint> points;        ///< optimizer-major, in grid order
+  std::map<std::string, double> chosen;  ///< optimizer -> its lr with the best score
+  std::vector<RunResult> finals;         ///< the chosen lr on every seed, on the test set
+};
+/// The grid runs of `config` (checked: >= 3 seeds, factors > 0), scores unset.
+std::vector<SweepPoint> plan_sweep(const Config& config);
+/// The lr of `optimizer`'s best-scoring point (ties: the smaller lr).
+double choose_lr(const std::vector<SweepPoint>& points, const std::string& optimizer);
+/// --lr-sweep: the grid on the validation split, then the chosen lrs on every seed on the test
+/// set; writes the comparison's usual outputs (of the final runs) and sweep.md (the grid, the
+/// chosen lrs and Welch's t-test between every two optimizers), sweep.png (score by lr).
+SweepOutcome run_lr_sweep(const Config& config, std::ostream& out);
+void report_sweep(const Config& config, const SweepOutcome& outcome, std::ostream& out);
 
 }  // namespace fogo::resnet
