@@ -459,26 +459,30 @@ TYPED_TEST(LibTorchSuite, Hybrid_XORConvergence) {
 
 // OptimTest.ZeroGrad, with both of LibTorch's zero_grad modes: set_to_none (the default) drops
 // the gradients, set_to_none=false keeps zero-filled ones.
+// zero_grad() sets every gradient to none, zero_grad(false) to zeros.
+template <class Optimizer, class Module>
+void expect_zero_grad_both_ways(Optimizer& optimizer, Module& model, const torch::Tensor& x) {
+  torch::Tensor(model->forward(x)).sum().backward();
+  for (const torch::Tensor& parameter : model->parameters())
+    ASSERT_TRUE(parameter.grad().defined());
+  optimizer.zero_grad();
+  for (const torch::Tensor& parameter : model->parameters())
+    EXPECT_FALSE(parameter.grad().defined());
+
+  torch::Tensor(model->forward(x)).sum().backward();
+  optimizer.zero_grad(/*set_to_none=*/false);
+  for (const torch::Tensor& parameter : model->parameters()) {
+    ASSERT_TRUE(parameter.grad().defined());
+    EXPECT_EQ(parameter.grad().abs().sum().item<float>(), 0);
+  }
+}
+
 TYPED_TEST(LibTorchSuite, ZeroGrad) {
   torch::manual_seed(0);
   torch::nn::Linear model(torch::nn::LinearOptions(2, 8).bias(false));
   typename TypeParam::Optimizer optimizer(model->parameters(), TypeParam::options(0.1));
   for (const auto& parameter : model->parameters()) ASSERT_FALSE(parameter.grad().defined());
-
-  model->forward(torch::ones({5, 2})).sum().backward();
-  for (const auto& parameter : model->parameters()) {
-    ASSERT_TRUE(parameter.grad().defined());
-    ASSERT_GT(parameter.grad().sum().item<float>(), 0);
-  }
-  optimizer.zero_grad();
-  for (const auto& parameter : model->parameters()) EXPECT_FALSE(parameter.grad().defined());
-
-  model->forward(torch::ones({5, 2})).sum().backward();
-  optimizer.zero_grad(/*set_to_none=*/false);
-  for (const auto& parameter : model->parameters()) {
-    ASSERT_TRUE(parameter.grad().defined());
-    EXPECT_EQ(parameter.grad().abs().sum().item<float>(), 0);
-  }
+  expect_zero_grad_both_ways(optimizer, model, torch::ones({5, 2}));
 }
 
 // OptimTest.ZeroGrad through the hybrid: both sides' gradients, in both modes.
@@ -486,17 +490,7 @@ TYPED_TEST(LibTorchSuite, Hybrid_ZeroGrad) {
   torch::manual_seed(0);
   Layers model;
   auto optimizer = hybrid_for<TypeParam>(*model, TypeParam::options());
-  model->forward(torch::ones({5, 5})).sum().backward();
-  for (const auto& parameter : model->parameters()) ASSERT_TRUE(parameter.grad().defined());
-  optimizer.zero_grad();
-  for (const auto& parameter : model->parameters()) EXPECT_FALSE(parameter.grad().defined());
-
-  model->forward(torch::ones({5, 5})).sum().backward();
-  optimizer.zero_grad(/*set_to_none=*/false);
-  for (const auto& parameter : model->parameters()) {
-    ASSERT_TRUE(parameter.grad().defined());
-    EXPECT_EQ(parameter.grad().abs().sum().item<float>(), 0);
-  }
+  expect_zero_grad_both_ways(optimizer, model, torch::ones({5, 5}));
 }
 
 // OptimTest.ExternalVectorOfParameters: parameters from a plain vector, all-ones gradients, one
@@ -550,16 +544,17 @@ TYPED_TEST(LibTorchSuite, AddParameter) {
 // it with autograd on): the closure runs with grad mode enabled even when the caller holds a
 // NoGradGuard, its loss is what step() returns, grad mode is off again afterwards, and step()
 // without a closure returns an undefined tensor.
-TYPED_TEST(LibTorchSuite, StepWithClosureUnderNoGrad) {
-  torch::manual_seed(0);
-  Matrices model;
-  typename TypeParam::Optimizer optimizer(model->parameters(), TypeParam::options());
-  const auto x = fixed_input();
+// One step(closure) under a NoGradGuard; returns the parameters from before it.
+template <class Optimizer, class Module>
+std::vector<torch::Tensor> expect_closure_step_with_grad_mode(Optimizer& optimizer, Module& model,
+                                                              const torch::Tensor& x) {
   const auto before = clone_all(model->parameters());
+  const auto loss_of = [&]() -> torch::Tensor { return model->forward(x).pow(2).sum(); };
   double expected_loss;
   {
     torch::NoGradGuard no_grad;
-    expected_loss = model->forward(x).pow(2).sum().item<double>();
+    const torch::Tensor l = loss_of();
+    expected_loss = l.item<double>();
   }
   torch::NoGradGuard no_grad;
   bool grad_mode_in_closure = false;
@@ -568,20 +563,27 @@ TYPED_TEST(LibTorchSuite, StepWithClosureUnderNoGrad) {
     ++calls;
     grad_mode_in_closure = torch::GradMode::is_enabled();
     optimizer.zero_grad();
-    auto l = model->forward(x).pow(2).sum();
+    torch::Tensor l = loss_of();
     l.backward();
     return l;
   });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(grad_mode_in_closure);
   EXPECT_FALSE(torch::GradMode::is_enabled());
-  ASSERT_TRUE(loss.defined());
-  EXPECT_EQ(loss.item<double>(), expected_loss);
+  EXPECT_TRUE(loss.defined() && loss.item<double>() == expected_loss);
+  EXPECT_FALSE(optimizer.step().defined());  // without a closure no loss is returned
+  return before;
+}
+
+TYPED_TEST(LibTorchSuite, StepWithClosureUnderNoGrad) {
+  torch::manual_seed(0);
+  Matrices model;
+  typename TypeParam::Optimizer optimizer(model->parameters(), TypeParam::options());
+  const auto before = expect_closure_step_with_grad_mode(optimizer, model, fixed_input());
   const auto after = model->parameters();
   EXPECT_FALSE(torch::equal(after[0], before[0]));  // stepped with the closure's gradients
   EXPECT_FALSE(torch::equal(after[1], before[1]));
   EXPECT_TRUE(torch::equal(after[2], before[2]));  // no gradient, no step
-  EXPECT_FALSE(optimizer.step().defined());
 }
 
 // The same closure contract through the hybrid.
@@ -589,34 +591,11 @@ TYPED_TEST(LibTorchSuite, Hybrid_StepWithClosureUnderNoGrad) {
   torch::manual_seed(0);
   Layers model;
   auto optimizer = hybrid_for<TypeParam>(*model, TypeParam::options());
-  const auto x = fixed_input();
-  const auto before = clone_all(model->parameters());
-  double expected_loss;
-  {
-    torch::NoGradGuard no_grad;
-    expected_loss = model->forward(x).pow(2).sum().item<double>();
-  }
-  torch::NoGradGuard no_grad;
-  bool grad_mode_in_closure = false;
-  int calls = 0;
-  const torch::Tensor loss = optimizer.step([&] {
-    ++calls;
-    grad_mode_in_closure = torch::GradMode::is_enabled();
-    optimizer.zero_grad();
-    auto l = model->forward(x).pow(2).sum();
-    l.backward();
-    return l;
-  });
-  EXPECT_EQ(calls, 1);
-  EXPECT_TRUE(grad_mode_in_closure);
-  EXPECT_FALSE(torch::GradMode::is_enabled());
-  ASSERT_TRUE(loss.defined());
-  EXPECT_EQ(loss.item<double>(), expected_loss);
+  const auto before = expect_closure_step_with_grad_mode(optimizer, model, fixed_input());
   const auto after = model->parameters();
   for (size_t k = 0; k < after.size(); ++k) {  // weights (matrix side) and biases (AdamW)
     EXPECT_FALSE(torch::equal(after[k], before[k])) << model->named_parameters().keys()[k];
   }
-  EXPECT_FALSE(optimizer.step().defined());
 }
 
 // Upstream's check_lr_change: the lr of group 0 at given epochs while a scheduler steps.
@@ -953,81 +932,66 @@ TYPED_TEST(LibTorchSuite, Hybrid_ErrorOnMissingKey) {
 // exactly that, with no state for `b` (as torch.optim's load_state_dict replaces the state),
 // not keep `b`'s newer momentum next to the checkpoint's. The rolled-back optimizer then steps
 // exactly as a fresh one loaded from the same checkpoint.
-TYPED_TEST(LibTorchSuite, SerializeOptim_LoadIntoLiveOptimizerReplacesState) {
-  using Optimizer = typename TypeParam::Optimizer;
-  torch::manual_seed(0);
-  Matrices model, fresh_model;
-  Optimizer live(model->parameters(), TypeParam::options());
-  const auto grads = [&](Matrices& m, bool only_a, int seed) {
-    torch::manual_seed(seed);
-    m->a.mutable_grad() = torch::randn({2, 5});
-    m->b.mutable_grad() = only_a ? torch::Tensor() : torch::randn({3, 5});
-  };
-  grads(model, /*only_a=*/true, 1);
+// Rolls `live` back to a checkpoint taken after step 1 (when `grads(m, true, seed)` gave only
+// part of the model gradients) after a second step with all of them, and checks it then steps
+// exactly as a fresh optimizer loaded from that checkpoint (state kept from after the checkpoint,
+// such as the second parameter's momentum, would make it step differently).
+template <class Model, class Make, class Grads>
+void expect_rollback_steps_as_fresh(const Make& make, const Grads& grads) {
+  Model model, fresh_model;
+  auto live = make(*model);
+  grads(model, /*partial=*/true, 1);
   live.step();
   std::stringstream model_checkpoint, checkpoint;
   torch::save(model, model_checkpoint);
   torch::save(live, checkpoint);
   const std::string model_bytes = model_checkpoint.str(), bytes = checkpoint.str();
 
-  grads(model, /*only_a=*/false, 2);
-  live.step();  // now `b` has state too
-  ASSERT_EQ(live.state().size(), 2u);
+  grads(model, /*partial=*/false, 2);
+  live.step();  // now every parameter has state
 
   std::istringstream model_in(model_bytes), in(bytes), fresh_model_in(model_bytes), fresh_in(bytes);
   torch::load(model, model_in);
   torch::load(live, in);
   torch::load(fresh_model, fresh_model_in);
-  Optimizer fresh(fresh_model->parameters(), TypeParam::options());
+  auto fresh = make(*fresh_model);
   torch::load(fresh, fresh_in);
-  EXPECT_EQ(live.state().size(), 1u) << "the rolled-back optimizer kept state from after the "
-                                        "checkpoint";
-  expect_same_optimizer_state<TypeParam>(live, model->parameters(), fresh,
-                                         fresh_model->parameters());
-  grads(model, /*only_a=*/false, 3);
-  grads(fresh_model, /*only_a=*/false, 3);
+  grads(model, /*partial=*/false, 3);
+  grads(fresh_model, /*partial=*/false, 3);
   live.step();
   fresh.step();
-  EXPECT_TRUE(all_bitwise_equal(model->parameters(), fresh_model->parameters()));
+  const auto names = model->named_parameters().keys();
+  const auto p = model->parameters(), q = fresh_model->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], q[k])) << names[k];
+}
+
+TYPED_TEST(LibTorchSuite, SerializeOptim_LoadIntoLiveOptimizerReplacesState) {
+  torch::manual_seed(0);
+  expect_rollback_steps_as_fresh<Matrices>(
+      [](torch::nn::Module& m) {
+        return typename TypeParam::Optimizer(m.parameters(), TypeParam::options());
+      },
+      [](Matrices& m, bool only_a, int seed) {
+        torch::manual_seed(seed);
+        m->a.mutable_grad() = torch::randn({2, 5});
+        m->b.mutable_grad() = only_a ? torch::Tensor() : torch::randn({3, 5});
+      });
 }
 
 // The same roll-back through the hybrid: a checkpoint taken when only fc1 had gradients, loaded
 // into the live hybrid after fc2 has stepped too, must step as a fresh hybrid loaded from it.
 TYPED_TEST(LibTorchSuite, Hybrid_LoadIntoLiveOptimizerReplacesState) {
   torch::manual_seed(0);
-  Layers model, fresh_model;
-  auto live = hybrid_for<TypeParam>(*model, TypeParam::options());
-  const auto grads = [&](Layers& m, bool only_fc1, int seed) {
-    torch::manual_seed(seed);
-    for (auto& item : m->named_parameters()) {
-      const bool fc1 = item.key().rfind("fc1.", 0) == 0;
-      item.value().mutable_grad() =
-          only_fc1 && !fc1 ? torch::Tensor() : torch::randn(item.value().sizes());
-    }
-  };
-  grads(model, /*only_fc1=*/true, 1);
-  live.step();
-  std::stringstream model_checkpoint, checkpoint;
-  torch::save(model, model_checkpoint);
-  torch::save(live, checkpoint);
-  const std::string model_bytes = model_checkpoint.str(), bytes = checkpoint.str();
-
-  grads(model, /*only_fc1=*/false, 2);
-  live.step();
-
-  std::istringstream model_in(model_bytes), in(bytes), fresh_model_in(model_bytes), fresh_in(bytes);
-  torch::load(model, model_in);
-  torch::load(live, in);
-  torch::load(fresh_model, fresh_model_in);
-  auto fresh = hybrid_for<TypeParam>(*fresh_model, TypeParam::options());
-  torch::load(fresh, fresh_in);
-  grads(model, /*only_fc1=*/false, 3);
-  grads(fresh_model, /*only_fc1=*/false, 3);
-  live.step();
-  fresh.step();
-  const auto names = model->named_parameters().keys();
-  const auto p = model->parameters(), q = fresh_model->parameters();
-  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(bitwise_equal(p[k], q[k])) << names[k];
+  expect_rollback_steps_as_fresh<Layers>(
+      [](torch::nn::Module& m) { return hybrid_for<TypeParam>(m, TypeParam::options()); },
+      [](Layers& m, bool only_fc1, int seed) {
+        torch::manual_seed(seed);
+        for (auto& item : m->named_parameters()) {
+          const bool fc1 = item.key().rfind("fc1.", 0) == 0;
+          item.value().mutable_grad() =
+              only_fc1 && !fc1 ? torch::Tensor() : torch::randn(item.value().sizes());
+        }
+      });
 }
 
 // SerializeTest.SerializationShouldPreserveIteration_SGD: FOGO counts its steps (per group);
