@@ -41,6 +41,13 @@ class _CppOptimizer(torch.optim.Optimizer):
     # -- param groups -------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # A misspelt option would otherwise sit in the group, unused, while the default applies.
+        unknown = sorted(set(param_group) - {"params", "param_names"} - set(self.defaults))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.add_param_group: unknown option(s) "
+                f"{', '.join(map(repr, unknown))}; options: {', '.join(self.defaults)}"
+            )
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
@@ -193,6 +200,12 @@ class Muon(_CppOptimizer):
         if "adjust_lr_fn" in options:  # torch.optim.Muon's name
             options["adjust_lr"] = options.pop("adjust_lr_fn")
         super().__init__(params, lr, **options)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if "adjust_lr_fn" in param_group:  # torch.optim.Muon's name
+            param_group = dict(param_group)
+            param_group["adjust_lr"] = param_group.pop("adjust_lr_fn")
+        super().add_param_group(param_group)
 
 
 for _cls in (FOGO, Muon):

@@ -74,7 +74,14 @@ def test_bad_group_option_is_rejected_and_not_added(gen):
     opt = fogo.FOGO([mat(gen, 4, 4)])
     with pytest.raises(RuntimeError, match="option 'xi' must be finite and in"):
         opt.add_param_group({"params": [mat(gen, 4, 4)], "xi": 2.0})
+    with pytest.raises(TypeError, match="add_param_group: unknown option\\(s\\) 'codebok_size'"):
+        opt.add_param_group({"params": [mat(gen, 4, 4)], "codebok_size": 8})
+    with pytest.raises(TypeError, match="unknown option\\(s\\) 'codebook_size'"):
+        fogo.Muon([{"params": [mat(gen, 4, 4)], "codebook_size": 8}])
     assert len(opt.param_groups) == 1
+    muon = fogo.Muon([mat(gen, 4, 4)])
+    muon.add_param_group({"params": [mat(gen, 4, 4)], "adjust_lr_fn": "match_rms_adamw"})
+    assert muon.param_groups[1]["adjust_lr"] == "match_rms_adamw"
     # An option made invalid later (by hand) is caught at the next step, before anything changes.
     opt.param_groups[0]["sigma"] = -0.5
     opt.param_groups[0]["params"][0].grad = torch.ones(4, 4)
