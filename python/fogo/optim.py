@@ -42,7 +42,10 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         # A misspelt option would otherwise sit in the group, unused, while the default applies.
-        unknown = sorted(set(param_group) - {"params", "param_names"} - set(self.defaults))
+        # Besides the options a group may carry its parameters' names and its own name (as
+        # hybrid_param_groups' groups do).
+        known = {"params", "param_names", "name"} | set(self.defaults)
+        unknown = sorted(set(param_group) - known)
         if unknown:
             raise TypeError(
                 f"{type(self).__name__}.add_param_group: unknown option(s) "
