@@ -227,6 +227,9 @@ TEST_F(DataParallel, BadLaunchesAreClearErrors) {
     EXPECT_NE(rank.log.find("gpt2: error: fogo::dist: WORLD_SIZE mismatch"), std::string::npos)
         << run.logs();
   }
+  EXPECT_NE(run.ranks[1].log.find("RANK=1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"),
+            std::string::npos)
+      << run.logs();
 
   // A checkpoint of 2 ranks x 4 resumed with another global batch (1 x 4): refused, naming
   // --batch-size with the global batch sizes.

@@ -362,6 +362,7 @@ class Trainer::Impl {
   tr::UpdateRms update_rms_;
   const std::vector<torch::Tensor> params_;
   const int64_t tokens_per_step_, steps_, warmup_, end_;
+  /// The job's peak: --peak-tflops (per device) x ranks, since tokens/s counts every rank's.
   const double peak_tflops_, max_norm_;
   const tr::RunSignature signature_;
   const std::string ckpt_path_, best_path_;
@@ -392,7 +393,8 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       steps_(total_steps(cfg, tokens_per_step_)),
       warmup_(warmup_steps(cfg, steps_)),
       end_(cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps_) : steps_),
-      peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
+      peak_tflops_((cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)) *
+                   static_cast<double>(dp_.world_size())),
       max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
       signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_, dp_.world_size())),
       ckpt_path_((std::filesystem::path(cfg.out_dir) / tr::kCheckpointFile).string()),
