@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-extern char** environ;
+#include "rank_launcher.h"
 
 namespace {
 
@@ -594,29 +594,10 @@ int rank_main(const std::string& scenario) {
 // =============================================================================================
 // Launcher side
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("free_port: no loopback port");
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using fogo::testing::free_port;
+using fogo::testing::RankResult;
 
 std::string self_path() { return fs::read_symlink("/proc/self/exe").string(); }
-
-struct RankResult {
-  bool exited = false;
-  int code = -1;
-  int signal = 0;
-  std::string log;
-};
 
 struct Job {
   std::vector<RankResult> ranks;
@@ -649,103 +630,42 @@ struct Job {
   }
 
   std::string logs() const {
-    std::ostringstream out;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      out << "---- rank " << r << " (exit " << ranks[r].code << ", signal " << ranks[r].signal
-          << ")\n"
-          << ranks[r].log;
-    }
-    return out.str();
+    fogo::testing::RankRun run;
+    run.ranks = ranks;
+    return run.logs();
   }
 };
 
-using Env = std::map<std::string, std::string>;
+using Env = fogo::testing::Env;
 
-/// Starts `nprocs` ranks of `scenario`, rank r with the torchrun variables for a world of
-/// `nprocs` on a free loopback port, then `extra(r)` on top. Waits at most `deadline_s`.
+/// Starts `nprocs` ranks of `scenario` (this binary with --rank-scenario), rank r with the
+/// torchrun variables for a world of `nprocs` on a free loopback port, then `extra(r)` on top.
+/// Waits at most `deadline_s`.
 Job launch(const std::string& scenario, int nprocs, const std::function<Env(int)>& extra = {},
            double deadline_s = 120) {
   Job job;
   job.dir = fs::temp_directory_path() /
             ("fogo_dist_" + std::to_string(getpid()) + "_" + std::to_string(free_port()));
   fs::create_directories(job.dir);
-  const auto port = free_port();
-  const auto exe = self_path();
-  const auto arg = "--rank-scenario=" + scenario;
-  std::vector<pid_t> pids;
-  const auto start = Clock::now();
-  for (int r = 0; r < nprocs; ++r) {
-    Env env;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv(*e);
-      const auto eq = kv.find('=');
-      env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    env.erase("TORCHELASTIC_USE_AGENT_STORE");
-    env["RANK"] = std::to_string(r);
-    env["LOCAL_RANK"] = std::to_string(r);
-    env["WORLD_SIZE"] = std::to_string(nprocs);
-    env["MASTER_ADDR"] = "127.0.0.1";
-    env["MASTER_PORT"] = std::to_string(port);
-    env["OMP_NUM_THREADS"] = "1";
-    env["FOGO_DIST_OUT"] = job.dir.string();
-    if (extra) {
-      for (const auto& [k, v] : extra(r)) {
-        env[k] = v;
-      }
-    }
-    std::vector<std::string> kvs;
-    for (const auto& [k, v] : env) {
-      kvs.push_back(k + "=" + v);
-    }
-    std::vector<char*> envp;
-    for (auto& kv : kvs) {
-      envp.push_back(kv.data());
-    }
-    envp.push_back(nullptr);
-    const auto log = (job.dir / ("rank" + std::to_string(r) + ".log")).string();
-    std::vector<char*> argv{const_cast<char*>(exe.c_str()), const_cast<char*>(arg.c_str()),
-                            nullptr};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      FILE* f = std::fopen(log.c_str(), "w");
-      if (f) {
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-      }
-      execve(exe.c_str(), argv.data(), envp.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  job.ranks.resize(nprocs);
-  std::vector<bool> done(nprocs, false);
-  for (int left = nprocs; left > 0;) {
-    for (int r = 0; r < nprocs; ++r) {
-      int status = 0;
-      if (!done[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        done[r] = true;
-        --left;
-        job.ranks[r].exited = WIFEXITED(status);
-        job.ranks[r].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        job.ranks[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      }
-    }
-    if (left > 0 && std::chrono::duration<double>(Clock::now() - start).count() > deadline_s) {
-      job.killed = true;
-      for (int r = 0; r < nprocs; ++r) {
-        if (!done[r]) {
-          kill(pids[r], SIGKILL);
-        }
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  job.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  for (int r = 0; r < nprocs; ++r) {
-    std::ifstream in(job.dir / ("rank" + std::to_string(r) + ".log"));
-    job.ranks[r].log.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const auto dir = job.dir.string();
+  auto run = fogo::testing::launch_ranks({.exe = self_path(),
+                                          .args = {"--rank-scenario=" + scenario},
+                                          .nprocs = nprocs,
+                                          .extra =
+                                              [&](int r) {
+                                                Env env{{"FOGO_DIST_OUT", dir}};
+                                                if (extra) {
+                                                  for (const auto& [k, v] : extra(r)) {
+                                                    env[k] = v;
+                                                  }
+                                                }
+                                                return env;
+                                              },
+                                          .log_dir = job.dir,
+                                          .deadline_s = deadline_s});
+  job.ranks = std::move(run.ranks);
+  job.seconds = run.seconds;
+  job.killed = run.killed;
   return job;
 }
 

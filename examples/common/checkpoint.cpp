@@ -102,6 +102,17 @@ CheckpointReader::CheckpointReader(const std::string& path, c10::optional<torch:
   }
 }
 
+CheckpointReader::CheckpointReader(const std::string& path, const std::string& bytes,
+                                   c10::optional<torch::Device> device)
+    : path_(path) {
+  try {
+    archive_.load_from(bytes.data(), bytes.size(), device);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint '" + path + "': not a readable LibTorch archive (" +
+                             std::string(e.what()).substr(0, 200) + ")");
+  }
+}
+
 std::string CheckpointReader::where(const std::string& key) const {
   return "checkpoint '" + path_ + "', key '" + key + "'";
 }

@@ -61,6 +61,10 @@ class CheckpointReader {
  public:
   /// Tensors are mapped onto `device` (a CUDA checkpoint can be resumed on the CPU and back).
   explicit CheckpointReader(const std::string& path, c10::optional<torch::Device> device = {});
+  /// A checkpoint's bytes already in memory (read by another process, say); `path` names it in
+  /// errors.
+  CheckpointReader(const std::string& path, const std::string& bytes,
+                   c10::optional<torch::Device> device = {});
 
   bool has(const std::string& key);
   c10::IValue get(const std::string& key);

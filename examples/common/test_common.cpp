@@ -13,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "common/fogo_flags.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
@@ -398,6 +399,62 @@ TEST(Checkpoint, HistoriesRoundTrip) {
   EXPECT_EQ(back[1][1], 20);
   EXPECT_TRUE(std::isnan(back[1][2]));
   EXPECT_TRUE(r.get_history("empty").empty());
+}
+
+TEST(Checkpoint, ReadsFromBytesInMemory) {
+  // What a rank other than 0 does with the checkpoint rank 0 read and sent.
+  const fs::path path = temp_dir("bytes") / "c.pt";
+  torch::manual_seed(0);
+  torch::nn::Linear a(4, 3), b(4, 3);
+  {
+    CheckpointWriter w;
+    w.put("step", int64_t{5});
+    w.put_module("model", *a);
+    w.commit(path.string());
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  CheckpointReader r("rank0:" + path.string(), bytes.str());
+  EXPECT_EQ(r.get_int("step"), 5);
+  r.load_module("model", *b);
+  EXPECT_TRUE(torch::equal(a->weight, b->weight));
+  try {
+    CheckpointReader bad("rank0:c.pt", "not an archive");
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint 'rank0:c.pt': not a readable LibTorch"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DataParallel, OneProcessIsAWorldOfOneWithoutCommunication) {
+  // Not started by torchrun (the test's environment has no WORLD_SIZE > 1).
+  ASSERT_TRUE(std::getenv("WORLD_SIZE") == nullptr ||
+              std::string(std::getenv("WORLD_SIZE")) == "1");
+  DataParallel& dp = DataParallel::process();
+  EXPECT_EQ(&dp, &DataParallel::process());  // one per process
+  EXPECT_EQ(dp.rank(), 0);
+  EXPECT_EQ(dp.world_size(), 1);
+  EXPECT_TRUE(dp.main());
+  EXPECT_FALSE(dp.distributed());
+  EXPECT_EQ(dp.sum(2.5), 2.5);
+  EXPECT_TRUE(torch::equal(dp.sum(torch::tensor({1.0, 2.0})), torch::tensor({1.0, 2.0})));
+  torch::nn::Linear model(2, 1);
+  dp.broadcast_module(*model);
+  dp.average_gradients_of(*model);
+  bool ran = false;
+  dp.accumulate_locally([&] { ran = true; });
+  EXPECT_TRUE(ran);
+  dp.finish_gradients();
+  dp.check_lockstep(*model);
+  dp.barrier();
+  const fs::path file = temp_dir("dp") / "f.bin";
+  EXPECT_FALSE(dp.read_on_main(file.string()).has_value());
+  std::ofstream(file, std::ios::binary) << std::string("a\0b", 3);
+  EXPECT_EQ(dp.read_on_main(file.string()), std::string("a\0b", 3));
+  DataParallel::shutdown_process();
 }
 
 TEST(Optimizers, NsDtypeFlagAndParsing) {

@@ -318,13 +318,15 @@ Batcher::Batcher(TokenStream stream, std::string name, int64_t block_size, int64
 }
 
 std::pair<torch::Tensor, torch::Tensor> Batcher::train_batch(int64_t step, int64_t micro,
-                                                             int64_t batch_size) const {
+                                                             int64_t batch_size,
+                                                             int64_t first_row) const {
+  TORCH_CHECK(first_row >= 0, "train_batch: first row ", first_row);
   std::vector<int64_t> windows(batch_size);
   const uint64_t key =
       mix(mix(mix(seed_) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(micro));
   for (int64_t r = 0; r < batch_size; ++r) {
-    windows[r] =
-        static_cast<int64_t>(mix(key ^ static_cast<uint64_t>(r)) % static_cast<uint64_t>(windows_));
+    windows[r] = static_cast<int64_t>(mix(key ^ static_cast<uint64_t>(first_row + r)) %
+                                      static_cast<uint64_t>(windows_));
   }
   return gather(windows);
 }

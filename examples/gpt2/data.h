@@ -112,8 +112,12 @@ class Batcher {
   Batcher(TokenStream stream, std::string name, int64_t block_size, int64_t vocab_size,
           uint64_t seed);
   /// Training batch for (step, micro): windows drawn uniformly, independently of any state.
+  /// Row r of (step, micro) is the same window whatever the batch size: rows [first_row,
+  /// first_row + batch_size) are one rank's shard of a global batch (first_row = rank x
+  /// batch_size), so that the ranks together read the single-process batch of world x batch_size.
   std::pair<torch::Tensor, torch::Tensor> train_batch(int64_t step, int64_t micro,
-                                                      int64_t batch_size) const;
+                                                      int64_t batch_size,
+                                                      int64_t first_row = 0) const;
   /// Evaluation batch k of n: the n * batch_size windows are spread evenly over the stream, so
   /// the evaluation set is fixed and covers the whole split.
   std::pair<torch::Tensor, torch::Tensor> eval_batch(int64_t k, int64_t n,

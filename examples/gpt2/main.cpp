@@ -5,6 +5,9 @@
 //   gpt2 compare [flags] --optimizers adamw,muon,fogo   same data order and token budget each
 //   gpt2 sample  --checkpoint runs/gpt2/checkpoint.pt   generate text from a checkpoint
 //
+// train and compare run data-parallel when launched by torchrun (WORLD_SIZE > 1):
+//   torchrun --standalone --nproc-per-node 4 --no-python gpt2 train [flags]
+//
 // `gpt2 <command> --help` lists a command's flags. docs/trainers.md (GPT-2) describes them.
 #include <cstring>
 #include <iostream>
@@ -13,6 +16,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "train.h"
 
 namespace {
@@ -62,6 +66,8 @@ int run(int argc, const char* const* argv) {
     config.data.format = gpt2::parse_data_format(format);
     if (command == "train") {
       const auto result = gpt2::train(config, std::cerr);
+      tr::DataParallel::shutdown_process();
+      if (result.rank != 0) return 0;  // rank 0 reports for the job
       std::cout << "final val loss " << result.val_loss.back().value << ", "
                 << result.tokens_per_second << " tokens/s\n"
                 << gpt2::step_time_summary(result) << "\n";
@@ -74,6 +80,7 @@ int run(int argc, const char* const* argv) {
         if (config.data.tune_fraction > 0) sweep.tune_fraction = config.data.tune_fraction;
         gpt2::lr_sweep(config, sweep, std::cerr);
       }
+      tr::DataParallel::shutdown_process();
     }
     return 0;
   }

@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include <fogo/fogo_optimizer.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "common/fogo_flags.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
@@ -191,8 +193,10 @@ static std::string fogo_text(const std::vector<std::string>& assignments) {
   return out.empty() ? "-" : out;
 }
 
+// --batch-size is recorded as the global micro-batch, per-rank batch x world size: a run may
+// continue on another number of ranks when the global batch stays the same.
 tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
-                               int64_t steps, int64_t warmup, bool autocast) {
+                               int64_t steps, int64_t warmup, bool autocast, int64_t world_size) {
   const auto& o = cfg.optimizer;
   tr::RunSignature s("gpt2");
   s.add("model", cfg.model)
@@ -220,7 +224,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("fogo", fogo_text(o.fogo_options))
       .add("ablation", o.ablation)
       .add("steps", steps)
-      .add("batch-size", cfg.batch_size)
+      .add("batch-size", cfg.batch_size * world_size)
       .add("grad-accum", cfg.grad_accum)
       .add("warmup-steps", warmup)
       .add("decay-frac", cfg.decay_frac)
@@ -265,12 +269,22 @@ std::string format_double(double v, int precision) {
   return s.str();
 }
 
+// Where ranks other than 0 send their log: nowhere.
+std::ostream& null_log() {
+  static std::ostream sink(nullptr);
+  return sink;
+}
+
 // Checks the settings and applies the process-wide ones (threads, determinism, TF32); returns
 // the device to train on.
-torch::Device set_up_runtime(const TrainConfig& cfg) {
+torch::Device set_up_runtime(const TrainConfig& cfg, const tr::DataParallel& dp) {
   validate(cfg);
   validate(cfg.optimizer);
-  const torch::Device device = tr::parse_device(cfg.device);
+  torch::Device device = tr::parse_device(cfg.device);
+  // One GPU per rank: --device cuda (or auto) means cuda:LOCAL_RANK under torchrun.
+  if (dp.distributed() && device.is_cuda() && !device.has_index()) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dp.local_rank()));
+  }
   tr::set_threads(cfg.threads);
   if (cfg.deterministic) tr::make_deterministic(cfg.seed);
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32
@@ -304,6 +318,12 @@ int64_t warmup_steps(const TrainConfig& cfg, int64_t steps) {
 // the record of a step (metrics files, progress line) and checkpointing. Everything a step
 // depends on is its index (batches, schedule, dropout seed) or state that the checkpoint holds
 // (weights, optimizer, history, the partial logging interval): hence an exact resume.
+//
+// Under torchrun (WORLD_SIZE > 1) the run is data-parallel with a replicated optimizer: each
+// rank reads rows [rank x b, (rank + 1) x b) of every global micro-batch of world x b rows (b =
+// --batch-size), the gradients are averaged during backward, and every rank steps its own copy
+// of the optimizer identically; the evaluation is split over the ranks and summed. Rank 0 alone
+// logs, writes the metrics and the checkpoints. Steps and tokens count the global batch.
 class Trainer::Impl {
  public:
   Impl(const TrainConfig& cfg, std::ostream& log);
@@ -330,7 +350,8 @@ class Trainer::Impl {
   void write_state(tr::CheckpointWriter& w) const;
 
   const TrainConfig cfg_;
-  std::ostream& log_;
+  tr::DataParallel& dp_;
+  std::ostream& log_;  ///< the given log on rank 0, a sink elsewhere
   const torch::Device device_;
   const bool autocast_;
   const Corpus corpus_;
@@ -341,6 +362,7 @@ class Trainer::Impl {
   tr::UpdateRms update_rms_;
   const std::vector<torch::Tensor> params_;
   const int64_t tokens_per_step_, steps_, warmup_, end_;
+  /// The job's peak: --peak-tflops (per device) x ranks, since tokens/s counts every rank's.
   const double peak_tflops_, max_norm_;
   const tr::RunSignature signature_;
   const std::string ckpt_path_, best_path_;
@@ -356,8 +378,9 @@ class Trainer::Impl {
 
 Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     : cfg_(cfg),
-      log_(log),
-      device_(set_up_runtime(cfg)),
+      dp_(tr::DataParallel::process()),
+      log_(dp_.main() ? log : null_log()),
+      device_(set_up_runtime(cfg, dp_)),
       autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),
       corpus_(load_corpus(cfg.data)),
       mc_(model_config(cfg, corpus_.vocab_size)),
@@ -366,13 +389,14 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       model_(make_model(mc_, cfg.seed, device_)),
       opt_(make_optimizer(cfg.optimizer, *model_)),
       params_(model_->parameters()),
-      tokens_per_step_(cfg.batch_size * cfg.grad_accum * mc_.block_size),
+      tokens_per_step_(cfg.batch_size * dp_.world_size() * cfg.grad_accum * mc_.block_size),
       steps_(total_steps(cfg, tokens_per_step_)),
       warmup_(warmup_steps(cfg, steps_)),
       end_(cfg.stop_at_step > 0 ? std::min(cfg.stop_at_step, steps_) : steps_),
-      peak_tflops_(cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)),
+      peak_tflops_((cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)) *
+                   static_cast<double>(dp_.world_size())),
       max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
-      signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_)),
+      signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_, dp_.world_size())),
       ckpt_path_((std::filesystem::path(cfg.out_dir) / tr::kCheckpointFile).string()),
       best_path_((std::filesystem::path(cfg.out_dir) / tr::kBestCheckpointFile).string()) {
   result_.optimizer = cfg.optimizer.name;
@@ -380,6 +404,13 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
   result_.steps = steps_;
   result_.tokens_per_step = tokens_per_step_;
   result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
+  result_.rank = dp_.rank();
+  result_.world_size = dp_.world_size();
+  if (dp_.distributed()) {
+    result_.device += ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)";
+    dp_.broadcast_module(*model_);
+    dp_.average_gradients_of(*model_);
+  }
   if (cfg_.resume) {
     // Checkpoints were ckpt.pt before both trainers named them alike: not a run to restart.
     const auto former = std::filesystem::path(cfg_.out_dir) / "ckpt.pt";
@@ -387,12 +418,19 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
                      "resume",
                      "found " + former.string() + ", the former name of " + tr::kCheckpointFile +
                          ": rename it to continue that run");
-    if (auto in = tr::open_for_resume(ckpt_path_, signature_, device_)) resume(*in);
+    if (!dp_.distributed()) {
+      if (auto in = tr::open_for_resume(ckpt_path_, signature_, device_)) resume(*in);
+    } else if (const auto bytes = dp_.read_on_main(ckpt_path_)) {
+      // Rank 0's checkpoint, on every rank: the file need not be visible to the other ranks.
+      tr::CheckpointReader in(ckpt_path_, *bytes, device_);
+      signature_.check(in);
+      resume(in);
+    }
   }
-  open_metrics();
+  if (dp_.main()) open_metrics();
   describe_run();
   if (step_ == 0) result_.val_loss.push_back({0, 0, evaluate()});
-  if (!cfg_.quiet) {
+  if (!cfg_.quiet && dp_.main()) {
     progress_ = std::make_unique<tr::Progress>(
         steps_, step_, tr::ProgressOptions{.label = cfg_.optimizer.name, .unit = "tokens"}, log_);
   }
@@ -425,6 +463,7 @@ void Trainer::Impl::describe_run() const {
        << "  model " << mc_.describe() << ", " << mc_.num_parameters() << " parameters\n"
        << "  data " << corpus_.description << "\n"
        << "  " << steps_ << " steps x " << tokens_per_step_ << " tokens (batch " << cfg_.batch_size
+       << (dp_.distributed() ? " x " + std::to_string(dp_.world_size()) + " ranks" : "")
        << " x accum " << cfg_.grad_accum << " x context " << mc_.block_size << "), warmup "
        << warmup_ << ", lr " << o.lr
        << (o.name == "adamw" ? "" : ", Newton-Schulz in " + o.ns_dtype) << "\n";
@@ -440,9 +479,15 @@ void Trainer::Impl::advance() {
   if (evaluated) {
     val_loss = evaluate();
     result_.val_loss.push_back({step_, step_ * tokens_per_step_, val_loss});
+    // Replicated ranks must hold bit-identical weights and FOGO memory (checksums, cheap).
+    dp_.check_lockstep(*model_, cfg_.optimizer.name == "fogo"
+                                    ? opt_.hybrid.matrix<fogo::FOGO>()
+                                    : static_cast<const fogo::FOGO*>(nullptr));
   }
-  record(stats, evaluated, val_loss);
-  checkpoint(evaluated, val_loss);
+  if (dp_.main()) {
+    record(stats, evaluated, val_loss);
+    checkpoint(evaluated, val_loss);
+  }
 }
 
 // Step step_ + 1: forward and backward over the micro-batches, clipping, the update; timed.
@@ -451,21 +496,35 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
   StepStats stats;
   stats.lr_factor = wsd_factor(step_, steps_, warmup_, cfg_.decay_frac, cfg_.min_lr_factor);
   opt_.hybrid.set_lr_factor(stats.lr_factor);
-  torch::manual_seed(static_cast<uint64_t>(cfg_.seed) + static_cast<uint64_t>(step_));  // dropout
+  // Dropout: rank 0 draws as a single process does; other ranks draw other masks (the run then
+  // equals the single-process one in distribution only; without dropout, exactly).
+  torch::manual_seed(static_cast<uint64_t>(cfg_.seed) + static_cast<uint64_t>(step_) +
+                     (static_cast<uint64_t>(dp_.rank()) << 32));
   auto loss_sum = torch::zeros({}, torch::TensorOptions(device_).dtype(torch::kFloat));
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
-    auto [x, y] = train_data_.train_batch(step_, micro, cfg_.batch_size);
+    // This rank's rows of the global micro-batch of world x batch_size rows.
+    auto [x, y] =
+        train_data_.train_batch(step_, micro, cfg_.batch_size, dp_.rank() * cfg_.batch_size);
     torch::Tensor loss;
     {
       tr::AutocastGuard guard(device_.type(), autocast_);
       loss = model_->loss(x.to(device_), y.to(device_));
     }
-    (loss / static_cast<double>(cfg_.grad_accum)).backward();
+    const auto backward = [&] { (loss / static_cast<double>(cfg_.grad_accum)).backward(); };
+    // Micro-batches before the last accumulate locally; the last one's backward averages the
+    // sums over the ranks as it goes.
+    if (micro + 1 < cfg_.grad_accum) {
+      dp_.accumulate_locally(backward);
+    } else {
+      backward();
+    }
     loss_sum += loss.detach();
   }
+  dp_.finish_gradients();  // every gradient = (sum over ranks) / world
   // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
   stats.grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
-  stats.train_loss = loss_sum.item<double>() / static_cast<double>(cfg_.grad_accum);
+  stats.train_loss = dp_.sum(loss_sum.to(torch::kDouble)).item<double>() /
+                     static_cast<double>(cfg_.grad_accum * dp_.world_size());
   TORCH_CHECK(std::isfinite(stats.grad_norm) && std::isfinite(stats.train_loss), "step ", step_ + 1,
               ": non-finite loss (", stats.train_loss, ") or gradient norm (", stats.grad_norm,
               "); no update was applied. Lower --lr or check the data");
@@ -493,16 +552,18 @@ double Trainer::Impl::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0;
-  const int64_t n = cfg_.eval_sequences;
-  for (int64_t begin = 0; begin < n; begin += cfg_.batch_size) {
-    const int64_t end = std::min(n, begin + cfg_.batch_size);
+  const int64_t n = cfg_.eval_sequences, b = cfg_.batch_size, global = b * dp_.world_size();
+  // Chunks of the global batch size; each rank evaluates its rows of each chunk.
+  for (int64_t chunk = 0; chunk < n; chunk += global) {
+    const int64_t begin = chunk + dp_.rank() * b, end = std::min({n, chunk + global, begin + b});
+    if (begin >= end) continue;
     auto [x, y] = val_data_.eval_windows(begin, end, n);
     tr::AutocastGuard guard(device_.type(), autocast_);
     sum += model_->loss(x.to(device_), y.to(device_)).item<double>() *
            static_cast<double>(end - begin);
   }
   model_->train();
-  return sum / static_cast<double>(n);
+  return dp_.sum(sum) / static_cast<double>(n);
 }
 
 // A metrics record every --log-every steps and at each evaluation; the progress line.
@@ -578,6 +639,7 @@ void Trainer::Impl::write_state(tr::CheckpointWriter& w) const {
   signature_.write(w);
   write_model_config(w, mc_);
   w.put("data_format", to_string(corpus_.format));
+  w.put("world_size", dp_.world_size());  // informative: the state is the whole replicated one
   w.put("step", step_);
   w.put("train_seconds", result_.train_seconds);
   w.put("interval_loss_sum", interval_sum_);
@@ -646,6 +708,7 @@ std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std:
     runs.push_back(train(c, log));
     runs.back().trained = GPT(nullptr);  // keep one model in memory at a time
   }
+  if (!tr::DataParallel::process().main()) return runs;  // rank 0 writes the report
 
   // Same schedule and eval cadence for every run, so the evaluated token counts coincide.
   std::vector<std::string> header{"tokens"};
@@ -828,6 +891,7 @@ SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std:
      << grid.to_markdown() << "\n"
      << finals.to_markdown() << "\nWelch's t-test on the final validation loss:\n\n"
      << welch.to_markdown();
+  if (!tr::DataParallel::process().main()) return s;  // rank 0 writes the report
   std::filesystem::create_directories(out);
   {
     std::ofstream f(out / "sweep.md");

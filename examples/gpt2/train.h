@@ -92,6 +92,9 @@ struct RunResult {
   /// zero_grad; timed between the synchronisations the loop makes anyway on CUDA).
   std::vector<double> step_seconds, optimizer_seconds;
   std::string device;
+  /// This process's rank and the number of ranks (1: not launched by torchrun). Only rank 0
+  /// logs and writes files.
+  int64_t rank = 0, world_size = 1;
   GPT trained{nullptr};  ///< the final model
 };
 

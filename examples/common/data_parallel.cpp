@@ -1,0 +1,187 @@
+#include "common/data_parallel.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#ifdef FOGO_WITH_DISTRIBUTED
+#include <fogo/distributed.h>
+#include <fogo/fogo_optimizer.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+namespace fogo::trainer {
+
+namespace {
+
+// WORLD_SIZE as torchrun sets it; 1 when unset. A malformed value is fogo::dist's to report.
+int64_t env_world_size() {
+  const char* v = std::getenv("WORLD_SIZE");
+  if (!v || std::string(v) == "1") return 1;
+  return 2;  // any other value: a job of several processes (fogo::dist checks it)
+}
+
+DataParallel* g_process = nullptr;
+
+}  // namespace
+
+#ifdef FOGO_WITH_DISTRIBUTED
+
+struct DataParallel::Impl {
+  explicit Impl(fogo::dist::ProcessGroup g) : group(std::move(g)) {}
+  fogo::dist::ProcessGroup group;
+  std::unique_ptr<fogo::dist::GradientAverager> averager;
+
+  torch::Tensor all_reduce_sum(torch::Tensor values) const {
+    std::vector<torch::Tensor> tensors{values};
+    auto work = group.c10d().allreduce(tensors);
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "data-parallel: summing a value over the ranks failed on rank ",
+                  group.rank(), " of ", group.world_size(),
+                  " (another rank exited, crashed or stalled?): ", e.what());
+    }
+    return values;
+  }
+};
+
+DataParallel& DataParallel::process() {
+  if (!g_process) {
+    auto* dp = new DataParallel();
+    if (env_world_size() > 1) {
+      auto group = fogo::dist::init_from_env();
+      dp->rank_ = group.rank();
+      dp->world_size_ = group.world_size();
+      dp->local_rank_ = group.local_rank();
+      dp->impl_ = std::make_shared<Impl>(std::move(group));
+    }
+    g_process = dp;  // kept to the end of the process: shutdown_process() releases the group
+  }
+  return *g_process;
+}
+
+void DataParallel::shutdown_process() {
+  if (g_process && g_process->impl_) {
+    g_process->impl_->averager.reset();
+    g_process->impl_->group.shutdown();
+  }
+}
+
+void DataParallel::barrier() const {
+  if (impl_) impl_->group.barrier();
+}
+
+void DataParallel::broadcast_module(const torch::nn::Module& module) const {
+  if (impl_) fogo::dist::broadcast_parameters(impl_->group, module);
+}
+
+void DataParallel::average_gradients_of(const torch::nn::Module& module) {
+  if (!impl_) return;
+  impl_->averager.reset();
+  impl_->averager = std::make_unique<fogo::dist::GradientAverager>(impl_->group, module);
+}
+
+void DataParallel::accumulate_locally(const std::function<void()>& backward) {
+  if (!impl_ || !impl_->averager) {
+    backward();
+    return;
+  }
+  auto no_sync = impl_->averager->no_sync();
+  backward();
+}
+
+void DataParallel::finish_gradients() {
+  if (impl_ && impl_->averager) impl_->averager->finish();
+}
+
+torch::Tensor DataParallel::sum(const torch::Tensor& values) const {
+  if (!impl_) return values;
+  return impl_->all_reduce_sum(values.to(torch::kCPU).clone().contiguous());
+}
+
+double DataParallel::sum(double value) const {
+  if (!impl_) return value;
+  return sum(torch::tensor({value}, torch::kDouble)).item<double>();
+}
+
+std::optional<std::string> DataParallel::read_on_main(const std::string& path) const {
+  const auto read = [&]() -> std::optional<std::string> {
+    if (!std::filesystem::is_regular_file(path)) return std::nullopt;
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    TORCH_CHECK(in.good() || in.eof(), "cannot read ", path);
+    return bytes.str();
+  };
+  if (!impl_) return read();
+  // Rank 0 reads; the size (-1: no file), then the bytes, go to every rank.
+  std::optional<std::string> contents;
+  if (main()) contents = read();
+  auto size = torch::tensor({contents ? static_cast<int64_t>(contents->size()) : int64_t{-1}},
+                            torch::kLong);
+  fogo::dist::broadcast_tensors(impl_->group, {size});
+  const int64_t n = size.item<int64_t>();
+  if (n < 0) return std::nullopt;
+  auto bytes = torch::empty({n}, torch::kUInt8);
+  if (main()) std::memcpy(bytes.data_ptr<uint8_t>(), contents->data(), static_cast<size_t>(n));
+  fogo::dist::broadcast_tensors(impl_->group, {bytes});
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
+}
+
+void DataParallel::check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo) const {
+  if (!impl_) return;
+  auto state = fogo::dist::module_state(module);
+  if (fogo) {
+    auto memory = fogo::dist::fogo_memory(*fogo);
+    state.insert(state.end(), memory.begin(), memory.end());
+  }
+  fogo::dist::check_lockstep(impl_->group, state);
+}
+
+#else  // !FOGO_WITH_DISTRIBUTED
+
+struct DataParallel::Impl {};
+
+DataParallel& DataParallel::process() {
+  if (!g_process) {
+    if (env_world_size() > 1) {
+      throw std::runtime_error(
+          "WORLD_SIZE=" + std::string(std::getenv("WORLD_SIZE")) +
+          ": this program was launched as one of several processes (torchrun), but fogo was built "
+          "without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing); "
+          "rebuild with libgloo-dev installed, or run it as a single process");
+    }
+    g_process = new DataParallel();
+  }
+  return *g_process;
+}
+
+void DataParallel::shutdown_process() {}
+void DataParallel::barrier() const {}
+void DataParallel::broadcast_module(const torch::nn::Module&) const {}
+void DataParallel::average_gradients_of(const torch::nn::Module&) {}
+void DataParallel::accumulate_locally(const std::function<void()>& backward) { backward(); }
+void DataParallel::finish_gradients() {}
+torch::Tensor DataParallel::sum(const torch::Tensor& values) const { return values; }
+double DataParallel::sum(double value) const { return value; }
+std::optional<std::string> DataParallel::read_on_main(const std::string& path) const {
+  if (!std::filesystem::is_regular_file(path)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*) const {}
+
+#endif
+
+DataParallel::DataParallel() = default;
+
+}  // namespace fogo::trainer

@@ -1,0 +1,86 @@
+#pragma once
+// Data-parallel training for the example trainers, on fogo::dist (docs/distributed.md): the
+// process's place in a torchrun job, gradient averaging, and the few collectives a trainer needs
+// (sums of losses, rank 0's checkpoint bytes, the lockstep check). A process that torchrun did not
+// start (WORLD_SIZE unset or 1) is a world of one: every call is then a no-op and the trainer
+// runs exactly as a single process.
+//
+//   auto& dp = DataParallel::process();          // once per process; collective when WORLD_SIZE >
+//   1 dp.broadcast_module(*model);                 // every rank starts from rank 0's weights
+//   dp.average_gradients_of(*model);
+//   for (...) {
+//     dp.accumulate_locally([&] { loss0.backward(); });   // no communication
+//     loss1.backward();                                    // buckets all-reduce during backward
+//     dp.finish_gradients();                              // grad = mean over ranks
+//     optimizer.step();                                   // replicated: the same on every rank
+//   }
+//   DataParallel::shutdown_process();            // at the end of main
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fogo {
+class FOGO;
+}
+
+namespace fogo::trainer {
+
+class DataParallel {
+ public:
+  /// This process's place, made on first call from the environment torchrun sets (RANK,
+  /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a process group (Gloo on the CPU, NCCL
+  /// too for CUDA tensors when fogo has it) when WORLD_SIZE > 1, else a world of one. Throws naming
+  /// the variable when the environment is malformed, and when WORLD_SIZE > 1 but fogo was built
+  /// without distributed support. The group lives until shutdown_process().
+  static DataParallel& process();
+  /// Shuts the process's group down (every rank waits for the others to arrive); idempotent.
+  static void shutdown_process();
+
+  /// A world of one (no communication).
+  DataParallel();
+
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_size_; }
+  int64_t local_rank() const { return local_rank_; }
+  bool distributed() const { return world_size_ > 1; }
+  /// Rank 0: the one that logs, writes metrics, plots and checkpoints.
+  bool main() const { return rank_ == 0; }
+
+  /// Returns once every rank has called it.
+  void barrier() const;
+  /// Every rank gets rank 0's parameters and buffers.
+  void broadcast_module(const torch::nn::Module& module) const;
+  /// Averages the gradients of `module`'s parameters over the ranks from now on (bucketed
+  /// all-reduce during backward); replaces any module given before.
+  void average_gradients_of(const torch::nn::Module& module);
+  /// Runs `backward` (one or more backward passes) without communicating: gradient accumulation
+  /// of every micro-batch but the last.
+  void accumulate_locally(const std::function<void()>& backward);
+  /// Completes the averaging: every gradient = (sum over ranks) / world_size.
+  void finish_gradients();
+  /// The sum over ranks of `values` (a CPU tensor), returned on every rank.
+  torch::Tensor sum(const torch::Tensor& values) const;
+  double sum(double value) const;
+  /// The contents of `path` as rank 0 sees it, on every rank (nullopt everywhere when it does not
+  /// exist on rank 0): checkpoints need to exist only where rank 0 runs.
+  std::optional<std::string> read_on_main(const std::string& path) const;
+  /// Throws on every rank naming the first tensor that differs between ranks (a replicated run
+  /// must keep its model and optimizer state bit-identical).
+  void check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo = nullptr) const;
+
+  struct Impl;
+
+ private:
+  int64_t rank_ = 0, world_size_ = 1, local_rank_ = 0;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace fogo::trainer
