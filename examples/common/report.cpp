@@ -120,6 +120,20 @@ double student_t_two_sided_p(double t, double df) {
   return incomplete_beta(df / 2, 0.5, df / (df + t * t));
 }
 
+std::vector<std::string> welch_cells(const std::vector<double>& a, const std::vector<double>& b,
+                                     int digits) {
+  const auto fixed = [](double v, int precision) -> std::string {
+    if (!std::isfinite(v)) return "n/a";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", precision, v);
+    return buf;
+  };
+  const WelchT w = welch_t_test(a, b);
+  char p[64] = "n/a";
+  if (std::isfinite(w.p)) std::snprintf(p, sizeof p, w.p < 1e-3 ? "%.1e" : "%.3f", w.p);
+  return {fixed(mean_sd(a).mean - mean_sd(b).mean, digits), fixed(w.t, 2), fixed(w.df, 1), p};
+}
+
 WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const MeanSd x = mean_sd(a), y = mean_sd(b);

@@ -33,6 +33,14 @@ struct WelchT {
   double t = 0, df = 0, p = 0;
 };
 WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b);
+/// The cells of one comparison row of a Welch table: mean(a) - mean(b) with `digits` decimals, t,
+/// df and the two-sided p ("n/a" where undefined); the header is welch_header().
+std::vector<std::string> welch_cells(const std::vector<double>& a, const std::vector<double>& b,
+                                     int digits);
+inline const std::vector<std::string>& welch_header() {
+  static const std::vector<std::string> header{"mean A - B", "t", "df", "p (two-sided)"};
+  return header;
+}
 /// P(|T| >= |t|) for Student's t with `df` (> 0, not necessarily whole) degrees of freedom:
 /// the regularized incomplete beta I_{df/(df+t^2)}(df/2, 1/2).
 double student_t_two_sided_p(double t, double df);

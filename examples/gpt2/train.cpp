@@ -794,16 +794,7 @@ std::string sample(const SampleConfig& config) {
   return s.str();
 }
 
-namespace {
-
-std::string p_text(double p) {
-  if (!std::isfinite(p)) return "n/a";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, p < 1e-3 ? "%.1e" : "%.3f", p);
-  return buf;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std::ostream& log) {
   tr::Cli::require(!sweep.optimizers.empty(), "optimizers", "no optimizer given");
@@ -868,15 +859,17 @@ SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std:
     finals.add_row({name, tr::flag_text(s.chosen[name]), std::to_string(sweep.seeds.size()),
                     tr::format_mean_sd(tr::mean_sd(s.finals[name]), 4)});
   }
-  tr::Table welch({"A", "B", "mean A - B", "t", "df", "p (two-sided)"});
+  std::vector<std::string> header{"A", "B"};
+  header.insert(header.end(), tr::welch_header().begin(), tr::welch_header().end());
+  tr::Table welch(header);
   for (size_t a = 0; a < sweep.optimizers.size(); ++a) {
     for (size_t b = a + 1; b < sweep.optimizers.size(); ++b) {
       const auto& va = s.finals[sweep.optimizers[a]];
       const auto& vb = s.finals[sweep.optimizers[b]];
-      const auto w = tr::welch_t_test(va, vb);
-      welch.add_row({sweep.optimizers[a], sweep.optimizers[b],
-                     format_double(tr::mean_sd(va).mean - tr::mean_sd(vb).mean, 4),
-                     format_double(w.t, 2), format_double(w.df, 1), p_text(w.p)});
+      std::vector<std::string> row{sweep.optimizers[a], sweep.optimizers[b]};
+      const auto cells = tr::welch_cells(va, vb, 4);
+      row.insert(row.end(), cells.begin(), cells.end());
+      welch.add_row(row);
     }
   }
   std::ostringstream md;

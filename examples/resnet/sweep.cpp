@@ -26,13 +26,6 @@ std::string number(double v, int precision) {
   return buf;
 }
 
-std::string p_text(double p) {
-  if (!std::isfinite(p)) return "n/a";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, p < 1e-3 ? "%.1e" : "%.3f", p);
-  return buf;
-}
-
 }  // namespace
 
 std::vector<SweepPoint> plan_sweep(const Config& config) {
@@ -115,17 +108,19 @@ void report_sweep(const Config& config, const SweepOutcome& s, std::ostream& out
   std::map<std::string, std::vector<const RunResult*>> by_opt;
   for (const auto& r : s.finals) by_opt[r.config.optimizer].push_back(&r);
   const auto& names = s.finals.front().summary_names;
-  trainer::Table welch({"metric", "A", "B", "mean A - B", "t", "df", "p (two-sided)"});
+  std::vector<std::string> header{"metric", "A", "B"};
+  header.insert(header.end(), trainer::welch_header().begin(), trainer::welch_header().end());
+  trainer::Table welch(header);
   for (size_t k = 0; k < names.size(); ++k) {
     for (size_t a = 0; a < config.optimizers.size(); ++a) {
       for (size_t b = a + 1; b < config.optimizers.size(); ++b) {
         std::vector<double> va, vb;
         for (const auto* r : by_opt[config.optimizers[a]]) va.push_back(r->summary[k]);
         for (const auto* r : by_opt[config.optimizers[b]]) vb.push_back(r->summary[k]);
-        const auto w = trainer::welch_t_test(va, vb);
-        welch.add_row({names[k], config.optimizers[a], config.optimizers[b],
-                       number(trainer::mean_sd(va).mean - trainer::mean_sd(vb).mean, 2),
-                       number(w.t, 2), number(w.df, 1), p_text(w.p)});
+        std::vector<std::string> row{names[k], config.optimizers[a], config.optimizers[b]};
+        const auto cells = trainer::welch_cells(va, vb, 2);
+        row.insert(row.end(), cells.begin(), cells.end());
+        welch.add_row(row);
       }
     }
   }
