@@ -222,21 +222,31 @@ DataSplit load_cifar10(const std::string& dir) {
   return split;
 }
 
+namespace {
+
+// Indices (ascending) of the first quota[c] examples of each class c in a random order drawn from
+// `gen`: a class-stratified random subset.
+torch::Tensor take_by_quota(const torch::Tensor& cpu_labels, const std::vector<int64_t>& quota,
+                            at::Generator gen) {
+  const auto order = torch::randperm(cpu_labels.size(0), gen, torch::kLong);
+  std::vector<int64_t> taken(quota.size(), 0), keep;
+  const auto* o = order.data_ptr<int64_t>();
+  const auto* l = cpu_labels.data_ptr<int64_t>();
+  for (int64_t k = 0; k < cpu_labels.size(0); ++k) {
+    if (taken[l[o[k]]]++ < quota[l[o[k]]]) keep.push_back(o[k]);
+  }
+  std::sort(keep.begin(), keep.end());
+  return torch::tensor(keep, torch::kLong);
+}
+
+}  // namespace
+
 torch::Tensor per_class_subset(const torch::Tensor& labels, int64_t per_class, int64_t num_classes,
                                uint64_t seed) {
   const auto cpu = labels.to(torch::kCPU);
   if (per_class <= 0) return torch::arange(cpu.size(0), torch::kLong);
-  auto gen = derived_generator({seed, 0x5B5E7});
-  const auto order = torch::randperm(cpu.size(0), gen, torch::kLong);
-  std::vector<int64_t> taken(static_cast<size_t>(num_classes), 0);
-  std::vector<int64_t> keep;
-  const auto* o = order.data_ptr<int64_t>();
-  const auto* l = cpu.data_ptr<int64_t>();
-  for (int64_t k = 0; k < cpu.size(0); ++k) {
-    if (taken[l[o[k]]]++ < per_class) keep.push_back(o[k]);
-  }
-  std::sort(keep.begin(), keep.end());
-  return torch::tensor(keep, torch::kLong);
+  return take_by_quota(cpu, std::vector<int64_t>(static_cast<size_t>(num_classes), per_class),
+                       derived_generator({seed, 0x5B5E7}));
 }
 
 torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<int64_t>& rare,
@@ -250,16 +260,7 @@ torch::Tensor imbalanced_subset(const torch::Tensor& labels, const std::vector<i
     const int64_t n = counts[c].item<int64_t>();
     quota[c] = is_rare[c] ? static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n))) : n;
   }
-  auto gen = derived_generator({seed, 0x1AB});
-  const auto order = torch::randperm(cpu.size(0), gen, torch::kLong);
-  std::vector<int64_t> taken(static_cast<size_t>(num_classes), 0), keep;
-  const auto* o = order.data_ptr<int64_t>();
-  const auto* l = cpu.data_ptr<int64_t>();
-  for (int64_t k = 0; k < cpu.size(0); ++k) {
-    if (taken[l[o[k]]]++ < quota[l[o[k]]]) keep.push_back(o[k]);
-  }
-  std::sort(keep.begin(), keep.end());
-  return torch::tensor(keep, torch::kLong);
+  return take_by_quota(cpu, quota, derived_generator({seed, 0x1AB}));
 }
 
 torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, int64_t num_classes,
@@ -271,16 +272,7 @@ torch::Tensor validation_subset(const torch::Tensor& labels, double fraction, in
     quota[c] =
         static_cast<int64_t>(std::ceil(fraction * static_cast<double>(counts[c].item<int64_t>())));
   }
-  auto gen = derived_generator({seed, 0x5A1});
-  const auto order = torch::randperm(cpu.size(0), gen, torch::kLong);
-  std::vector<int64_t> taken(static_cast<size_t>(num_classes), 0), keep;
-  const auto* o = order.data_ptr<int64_t>();
-  const auto* l = cpu.data_ptr<int64_t>();
-  for (int64_t k = 0; k < cpu.size(0); ++k) {
-    if (taken[l[o[k]]]++ < quota[l[o[k]]]) keep.push_back(o[k]);
-  }
-  std::sort(keep.begin(), keep.end());
-  return torch::tensor(keep, torch::kLong);
+  return take_by_quota(cpu, quota, derived_generator({seed, 0x5A1}));
 }
 
 torch::Tensor class_subset(const torch::Tensor& labels, const std::vector<int64_t>& classes) {
