@@ -31,28 +31,31 @@ double average_performance(const AccuracyMatrix& R, size_t t) {
   return sum / static_cast<double>(t + 1);
 }
 
-double average_forgetting(const AccuracyMatrix& R, size_t t) {
+namespace {
+
+// Mean over the earlier tasks j < t of (best accuracy on j before t) - (accuracy on j at t), each
+// term passed through `term` (identity: Chaudhry et al.; clipped at 0: DER++'s code).
+template <class Term>
+double forgetting(const AccuracyMatrix& R, size_t t, const Term& term) {
   check_rows(R, t);
   if (t == 0) return 0.0;
   double sum = 0;
   for (size_t j = 0; j < t; ++j) {
     double best = -std::numeric_limits<double>::infinity();
     for (size_t l = j; l < t; ++l) best = std::max(best, R[l][j]);
-    sum += best - R[t][j];
+    sum += term(best - R[t][j]);
   }
   return sum / static_cast<double>(t);
 }
 
+}  // namespace
+
+double average_forgetting(const AccuracyMatrix& R, size_t t) {
+  return forgetting(R, t, [](double drop) { return drop; });
+}
+
 double average_forgetting_clipped(const AccuracyMatrix& R, size_t t) {
-  check_rows(R, t);
-  if (t == 0) return 0.0;
-  double sum = 0;
-  for (size_t j = 0; j < t; ++j) {
-    double best = -std::numeric_limits<double>::infinity();
-    for (size_t l = j; l < t; ++l) best = std::max(best, R[l][j]);
-    sum += std::max(0.0, best - R[t][j]);
-  }
-  return sum / static_cast<double>(t);
+  return forgetting(R, t, [](double drop) { return std::max(0.0, drop); });
 }
 
 double ForgettingEvents::rate() const {
