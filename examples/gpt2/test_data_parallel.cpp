@@ -36,37 +36,16 @@ namespace tr = fogo::trainer;
 constexpr double kLossTol = 2e-5;
 constexpr double kWeightTol = 5e-5;
 
-class DataParallel : public ::testing::Test {
+class DataParallel : public test::CorpusTest {
  protected:
-  void SetUp() override {
-    temp_ = std::make_unique<test::TempDir>(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    dir_ = temp_->path();
-    std::ofstream f(dir_ / "corpus.txt");
-    for (int i = 0; i < 400; ++i) {
-      f << "Ge1:" << i % 31 << " And God said, Let there be light: and there was light.\n"
-        << "Ex2:" << i % 7 << " And the evening and the morning were the day " << i % 5 << ".\n";
-    }
-  }
-
   /// The single-process run (in this process) with `batch` sequences per micro-batch.
   TrainConfig config(const std::string& optimizer, int64_t batch, const std::string& out) const {
-    TrainConfig c;
-    c.model = "tiny";
-    c.data.path = (dir_ / "corpus.txt").string();
-    c.data.chunk_bytes = 2048;
-    c.optimizer.name = optimizer;
-    c.optimizer.lr = 3e-3;
+    TrainConfig c = tiny_config(optimizer, out);
     c.optimizer.ns_dtype = "fp32";
     c.max_steps = 6;
     c.batch_size = batch;
     c.eval_every = 3;
-    c.eval_sequences = 16;
     c.log_every = 1;
-    c.device = "cpu";
-    c.threads = 1;
-    c.quiet = true;
-    c.out_dir = (dir_ / out).string();
     return c;
   }
 
@@ -105,8 +84,6 @@ class DataParallel : public ::testing::Test {
                                         .deadline_s = 60});
   }
 
-  std::unique_ptr<test::TempDir> temp_;
-  fs::path dir_;
   std::ostringstream log_;
 };
 

@@ -21,41 +21,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A small, learnable corpus: a few verses repeated with variations.
-class Training : public ::testing::Test {
+// The tiny model on the small corpus, 30 steps of batch 8.
+class Training : public test::CorpusTest {
  protected:
-  void SetUp() override {
-    temp_ = std::make_unique<test::TempDir>(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    dir_ = temp_->path();
-    std::ofstream f(dir_ / "corpus.txt");
-    for (int i = 0; i < 400; ++i) {
-      f << "Ge1:" << i % 31 << " And God said, Let there be light: and there was light.\n"
-        << "Ex2:" << i % 7 << " And the evening and the morning were the day " << i % 5 << ".\n";
-    }
-  }
-
   TrainConfig config(const std::string& optimizer, const std::string& out) const {
-    TrainConfig c;
-    c.model = "tiny";
-    c.data.path = (dir_ / "corpus.txt").string();
-    c.data.chunk_bytes = 2048;
-    c.optimizer.name = optimizer;
-    c.optimizer.lr = 3e-3;
+    TrainConfig c = tiny_config(optimizer, out);
     c.max_steps = 30;
     c.batch_size = 8;
     c.eval_every = 10;
-    c.eval_sequences = 16;
     c.log_every = 5;
-    c.device = "cpu";
-    c.threads = 1;  // a fixed thread count keeps CPU reductions bitwise reproducible
-    c.quiet = true;
-    c.out_dir = (dir_ / out).string();
     return c;
   }
 
-  std::unique_ptr<test::TempDir> temp_;
-  fs::path dir_;
   std::ostringstream log_;
 };
 

@@ -6,9 +6,13 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <memory>
 #include <stdexcept>
 #include <string>
+
+#include "train.h"
 
 namespace gpt2::test {
 
@@ -68,5 +72,41 @@ class SingleThread : public ::testing::Environment {
 };
 inline ::testing::Environment* const kSingleThread =
     ::testing::AddGlobalTestEnvironment(new SingleThread);
+
+/// A temporary folder (named after the test) holding corpus.txt, a small learnable corpus (a few
+/// verses repeated with variations), and a tiny-model CPU training configuration over it.
+class CorpusTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    temp_ =
+        std::make_unique<TempDir>(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = temp_->path();
+    std::ofstream f(dir_ / "corpus.txt");
+    for (int i = 0; i < 400; ++i) {
+      f << "Ge1:" << i % 31 << " And God said, Let there be light: and there was light.\n"
+        << "Ex2:" << i % 7 << " And the evening and the morning were the day " << i % 5 << ".\n";
+    }
+  }
+
+  /// `optimizer` on the tiny model at lr 3e-3, 16 validation windows, output in <dir>/`out`; one
+  /// thread (a fixed thread count keeps CPU reductions bitwise reproducible), quiet.
+  TrainConfig tiny_config(const std::string& optimizer, const std::string& out) const {
+    TrainConfig c;
+    c.model = "tiny";
+    c.data.path = (dir_ / "corpus.txt").string();
+    c.data.chunk_bytes = 2048;
+    c.optimizer.name = optimizer;
+    c.optimizer.lr = 3e-3;
+    c.eval_sequences = 16;
+    c.device = "cpu";
+    c.threads = 1;
+    c.quiet = true;
+    c.out_dir = (dir_ / out).string();
+    return c;
+  }
+
+  std::unique_ptr<TempDir> temp_;
+  std::filesystem::path dir_;
+};
 
 }  // namespace gpt2::test
