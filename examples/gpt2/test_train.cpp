@@ -490,10 +490,7 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
   const auto help = run_command(GPT2_BINARY, "train --help");
   EXPECT_EQ(help.status, 0);
-  // The flags both trainers share, under the same names.
-  for (const char* flag :
-       {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every", "--resume",
-        "--eval-every", "--log-every", "--device", "--threads", "--fogo", "--ablation"}) {
+  for (const char* flag : fogo::trainer::testing::kSharedFlags) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
   }
 

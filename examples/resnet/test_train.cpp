@@ -366,10 +366,7 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("--data-dir /nonexistent").rfind("resnet_train: error: --data-dir: ", 0), 0u);
   const auto help = run_command(RESNET_TRAIN_BINARY, "--help");
   EXPECT_EQ(help.status, 0);
-  // The flags both trainers share, under the same names (gpt2's test lists the same).
-  for (const char* flag :
-       {"--out", "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every", "--resume",
-        "--eval-every", "--log-every", "--device", "--threads", "--fogo", "--ablation"}) {
+  for (const char* flag : fogo::trainer::testing::kSharedFlags) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
   }
 
