@@ -478,21 +478,24 @@ ProcessGroup init_from_env(ProcessGroupOptions options) {
 
 namespace {
 
+/// Every rank's `local` (same shape and dtype everywhere) stacked as [world, ...] on the CPU.
+at::Tensor all_gather(ProcessGroup::Impl& s, const at::Tensor& local, const std::string& what) {
+  std::vector<at::Tensor> input{local.to(s.control_device)};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int64_t r = 0; r < s.launch.world_size; ++r) {
+    output[0].push_back(torch::empty_like(input[0]));
+  }
+  TORCH_CHECK(s.pg, "fogo::dist: the process group was shut down");
+  s.wait(s.pg->allgather(output, input), what);
+  return torch::stack(output[0]).cpu();
+}
+
 /// Every rank's `table` [T, C] (int64) as [world, T, C] on the CPU. Ranks with another T are an
 /// error naming each rank's count.
 at::Tensor gather_table(ProcessGroup::Impl& s, const at::Tensor& table, const std::string& what) {
   const auto world = s.launch.world_size;
-  const auto gather = [&](const at::Tensor& local, const std::string& step) {
-    std::vector<at::Tensor> input{local.to(s.control_device)};
-    std::vector<std::vector<at::Tensor>> output(1);
-    for (int64_t r = 0; r < world; ++r) {
-      output[0].push_back(torch::empty_like(input[0]));
-    }
-    TORCH_CHECK(s.pg, "fogo::dist: the process group was shut down");
-    s.wait(s.pg->allgather(output, input), what + " (" + step + ")");
-    return torch::stack(output[0]).cpu();
-  };
-  const auto counts = gather(torch::tensor({table.size(0)}, torch::kInt64), "counts");
+  const auto counts =
+      all_gather(s, torch::tensor({table.size(0)}, torch::kInt64), what + " (counts)");
   const auto count = counts.accessor<int64_t, 2>();
   std::vector<int64_t> per_rank(static_cast<size_t>(world));
   bool same = true;
@@ -502,7 +505,24 @@ at::Tensor gather_table(ProcessGroup::Impl& s, const at::Tensor& table, const st
   }
   TORCH_CHECK(same, "fogo::dist::", what, ": the ranks passed different numbers of tensors (",
               "rank 0, 1, ...: ", join(per_rank), ")");
-  return gather(table, "values");
+  return all_gather(s, table, what + " (values)");
+}
+
+/// Every rank's byte string, in rank order (padded to the longest for one all-gather).
+std::vector<std::string> all_gather_bytes(ProcessGroup::Impl& s, const std::string& local,
+                                          const std::string& what) {
+  const auto sizes = all_gather(
+      s, torch::tensor({static_cast<int64_t>(local.size())}, torch::kInt64), what + " (sizes)");
+  const int64_t longest = sizes.max().item<int64_t>();
+  auto padded = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kUInt8);
+  std::copy(local.begin(), local.end(), padded.data_ptr<uint8_t>());
+  const auto all = all_gather(s, padded, what).contiguous();
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < s.launch.world_size; ++r) {
+    const auto* begin = all[r].data_ptr<uint8_t>();
+    out.emplace_back(begin, begin + sizes[r][0].item<int64_t>());
+  }
+  return out;
 }
 
 /// Ranks whose row `t` of the gathered table differs from rank 0's in columns [begin, end).
@@ -718,24 +738,30 @@ void broadcast_from_owners(ProcessGroup::Impl& s, const std::vector<at::Tensor>&
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params,
-                                   const Factory& make, const Cost& cost)
-    : group_(std::move(group)), params_(std::move(params)) {
+                                   Factory make, const Cost& cost)
+    : group_(std::move(group)), params_(std::move(params)), make_(std::move(make)) {
   for (size_t i = 0; i < params_.size(); ++i) {
     TORCH_CHECK(params_[i].defined(), "fogo::dist::ShardedOptimizer: parameter ", i,
                 " is undefined");
   }
+  TORCH_CHECK(make_, "fogo::dist::ShardedOptimizer: no factory");
   check_same_layout(impl(group_), numbered("parameter", params_), "ShardedOptimizer");
   owners_ = assign_owners(params_, group_.world_size(), cost);
+  const auto owned = owned_by(group_.rank());
+  if (!owned.empty()) {
+    local_ = make_(owned);
+    TORCH_CHECK(local_, "fogo::dist::ShardedOptimizer: the factory returned no optimizer");
+  }
+}
+
+std::vector<torch::Tensor> ShardedOptimizer::owned_by(int64_t rank) const {
   std::vector<torch::Tensor> owned;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owners_[i] == group_.rank()) {
+    if (owners_[i] == rank) {
       owned.push_back(params_[i]);
     }
   }
-  if (!owned.empty()) {
-    local_ = make(owned);
-    TORCH_CHECK(local_, "fogo::dist::ShardedOptimizer: the factory returned no optimizer");
-  }
+  return owned;
 }
 
 void ShardedOptimizer::step() {
@@ -745,15 +771,80 @@ void ShardedOptimizer::step() {
   broadcast_from_owners(impl(group_), params_, owners_, "ShardedOptimizer::step");
 }
 
-std::vector<int64_t> shard_newton_schulz(const ProcessGroup& group, fogo::FOGO& optimizer,
-                                         const ShardedOptimizer::Cost& cost) {
+namespace {
+
+/// Moves the state of `params` from `from` to `to` and copies `from`'s param-group options into
+/// `to` (group by group: the factory makes one layout).
+void move_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to,
+                const std::vector<torch::Tensor>& params, const std::string& what) {
+  TORCH_CHECK(from.param_groups().size() == to.param_groups().size(), "fogo::dist::", what,
+              ": the factory made ", from.param_groups().size(), " and ", to.param_groups().size(),
+              " param groups for two sets of parameters; it must make one layout");
+  for (size_t g = 0; g < to.param_groups().size(); ++g) {
+    to.param_groups()[g].set_options(from.param_groups()[g].options().clone());
+  }
+  for (const auto& p : params) {
+    auto it = from.state().find(p.unsafeGetTensorImpl());
+    if (it != from.state().end()) {
+      to.state()[p.unsafeGetTensorImpl()] = std::move(it->second);
+      from.state().erase(it);
+    }
+  }
+}
+
+}  // namespace
+
+void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  std::string blob;
+  if (local_) {
+    torch::serialize::OutputArchive mine;
+    local_->save(mine);
+    std::ostringstream out;
+    mine.save_to(out);
+    blob = out.str();
+  }
+  const auto blobs = all_gather_bytes(impl(group_), blob, "ShardedOptimizer::save");
+  auto whole = make_(params_);
+  TORCH_CHECK(whole, "fogo::dist::ShardedOptimizer: the factory returned no optimizer");
+  // From the highest rank down, so that the options that stay are the lowest owner's (every
+  // rank's are the same when the training loop sets them alike).
+  for (int64_t r = group_.world_size() - 1; r >= 0; --r) {
+    const auto owned = owned_by(r);
+    if (owned.empty()) {
+      continue;
+    }
+    auto shard = make_(owned);
+    torch::serialize::InputArchive in;
+    std::istringstream bytes(blobs[r]);
+    in.load_from(bytes);
+    shard->load(in);
+    move_state(*shard, *whole, owned, "ShardedOptimizer::save");
+  }
+  whole->save(archive);
+}
+
+void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
+  auto whole = make_(params_);
+  TORCH_CHECK(whole, "fogo::dist::ShardedOptimizer: the factory returned no optimizer");
+  whole->load(archive);  // throws before anything here changes
+  const auto owned = owned_by(group_.rank());
+  std::unique_ptr<torch::optim::Optimizer> local;
+  if (!owned.empty()) {
+    local = make_(owned);
+    move_state(*whole, *local, owned, "ShardedOptimizer::load");
+  }
+  local_ = std::move(local);
+}
+
+std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer,
+                                const ShardedOptimizer::Cost& cost) {
   std::vector<at::Tensor> params;
   for (const auto& g : optimizer.param_groups()) {
     for (const auto& p : g.params()) {
       params.push_back(p);
     }
   }
-  check_same_layout(impl(group), numbered("parameter", params), "shard_newton_schulz");
+  check_same_layout(impl(group), numbered("parameter", params), "shard_step");
   const auto owners = assign_owners(params, group.world_size(), cost);
   auto owner_of = std::make_shared<std::map<const c10::TensorImpl*, int64_t>>();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -761,29 +852,28 @@ std::vector<int64_t> shard_newton_schulz(const ProcessGroup& group, fogo::FOGO& 
   }
   const auto find = [owner_of](const at::Tensor& p) {
     const auto it = owner_of->find(p.unsafeGetTensorImpl());
-    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_newton_schulz: a parameter of the FOGO ",
-                "step was not in the optimizer when it was sharded; call shard_newton_schulz ",
-                "again after add_param_group");
+    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_step: a parameter of the FOGO step ",
+                "was not in the optimizer when it was sharded; call shard_step again after ",
+                "add_param_group");
     return it->second;
   };
-  fogo::FOGO::NewtonSchulzShard shard;
+  fogo::FOGO::StepShard shard;
   const auto rank = group.rank();
   shard.owns = [find, rank](const torch::Tensor& p) { return find(p) == rank; };
   shard.exchange = [find, group](const std::vector<torch::Tensor>& ps,
-                                 std::vector<torch::Tensor>& Os, std::vector<torch::Tensor>& Ps,
-                                 std::vector<torch::Tensor>& Pf) {
+                                 const std::vector<std::vector<torch::Tensor>>& values) {
     std::vector<at::Tensor> tensors;
     std::vector<int64_t> owners;
     for (size_t i = 0; i < ps.size(); ++i) {
       const auto owner = find(ps[i]);
-      for (const auto* t : {&Os[i], &Ps[i], &Pf[i]}) {
-        tensors.push_back(*t);
+      for (const auto& t : values[i]) {
+        tensors.push_back(t);
         owners.push_back(owner);
       }
     }
-    broadcast_from_owners(impl(group), tensors, owners, "FOGO Newton–Schulz shard exchange");
+    broadcast_from_owners(impl(group), tensors, owners, "FOGO shard exchange");
   };
-  optimizer.set_newton_schulz_shard(std::move(shard));
+  optimizer.set_step_shard(std::move(shard));
   return owners;
 }
 

@@ -183,51 +183,93 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
     Ps_parts.push_back(Ps);
     Pf_parts.push_back(Pf);
   }
+  if (Ps_parts.empty()) return {};  // a shard that owns none of the group
   return {at::cat(Ps_parts), at::cat(Pf_parts)};
 }
 
-// Steps 2-3 under data-parallel sharding (FOGO::NewtonSchulzShard): orthogonalize() of the
-// owned parameters only, each run keeping its order, then the others' O_s, P_s, P_f from the
-// exchange. Per parameter the arithmetic is orthogonalize()'s.
-std::pair<at::Tensor, at::Tensor> orthogonalize_sharded(std::vector<Work>& work,
-                                                        const ShapeRuns& runs, const FOGOOptions& o,
-                                                        const FOGO::NewtonSchulzShard& shard) {
-  std::vector<Work> owned;
-  std::vector<size_t> index;  // into work
-  ShapeRuns owned_runs;
-  for (const auto& [begin, end] : runs) {
-    const size_t first = owned.size();
-    for (size_t i = begin; i < end; ++i) {
-      if (shard.owns(work[i].param)) {
-        owned.push_back(work[i]);
-        index.push_back(i);
-      }
-    }
-    if (owned.size() > first) owned_runs.push_back({first, owned.size()});
-  }
-  // Receive buffers for the parameters owned elsewhere; the exchange overwrites them.
-  std::vector<at::Tensor> Os, Ps, Pf;
+// The parameters this rank steps through the per-parameter stages (2-3, 8-9): all of them, or
+// under data-parallel sharding (FOGO::StepShard) the owned ones, each run keeping its order.
+struct Share {
+  std::vector<Work> work;
+  ShapeRuns runs;
+  std::vector<size_t> index;  ///< into the group's work
+  std::vector<int64_t> row;   ///< first row of each group parameter in the [R, d] matrices
+  bool sharded = false;
+};
+
+Share share_of(const std::vector<Work>& work, const ShapeRuns& runs, const FOGO::StepShard& shard) {
+  Share s;
+  s.sharded = static_cast<bool>(shard.owns);
+  int64_t row = 0;
   for (const Work& w : work) {
-    Os.push_back(at::empty({w.m, w.n}, w.Bs.options().dtype(o.ns_dtype())));
-    Ps.push_back(at::empty({w.m, o.proj_dim()}, w.Bs.options().dtype(at::kFloat)));
-    Pf.push_back(at::empty({w.m, o.proj_dim()}, w.Bs.options().dtype(at::kFloat)));
+    s.row.push_back(row);
+    row += w.m;
   }
-  if (!owned.empty()) {
-    const auto [ps, pf] = orthogonalize(owned, owned_runs, o);
-    int64_t row = 0;
-    for (size_t k = 0; k < owned.size(); ++k) {
-      const int64_t m = owned[k].m;
-      Os[index[k]] = owned[k].Os;
-      Ps[index[k]] = ps.slice(0, row, row + m);
-      Pf[index[k]] = pf.slice(0, row, row + m);
-      row += m;
+  for (const auto& [begin, end] : runs) {
+    const size_t first = s.work.size();
+    for (size_t i = begin; i < end; ++i) {
+      if (s.sharded && !shard.owns(work[i].param)) continue;
+      s.work.push_back(work[i]);
+      s.index.push_back(i);
     }
+    if (s.work.size() > first) s.runs.push_back({first, s.work.size()});
   }
+  return s;
+}
+
+// Under sharding: every parameter's (P_s, P_f) rows from its owner, in the group's row order.
+std::pair<at::Tensor, at::Tensor> share_projections(const std::vector<Work>& work, const Share& s,
+                                                    const at::Tensor& Ps, const at::Tensor& Pf,
+                                                    const FOGOOptions& o,
+                                                    const FOGO::StepShard& shard) {
   std::vector<at::Tensor> params;
-  for (const Work& w : work) params.push_back(w.param);
-  shard.exchange(params, Os, Ps, Pf);
-  for (size_t i = 0; i < work.size(); ++i) work[i].Os = Os[i];
-  return {at::cat(Ps), at::cat(Pf)};
+  std::vector<std::vector<at::Tensor>> values;
+  for (const Work& w : work) {
+    params.push_back(w.param);
+    const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.Bs.options()); };
+    values.push_back({buffer(), buffer()});
+  }
+  int64_t row = 0;
+  for (size_t k = 0; k < s.work.size(); ++k) {
+    const int64_t m = s.work[k].m;
+    values[s.index[k]] = {Ps.slice(0, row, row + m), Pf.slice(0, row, row + m)};
+    row += m;
+  }
+  shard.exchange(params, values);
+  std::vector<at::Tensor> all_s, all_f;
+  for (const auto& v : values) {
+    all_s.push_back(v[0]);
+    all_f.push_back(v[1]);
+  }
+  return {at::cat(all_s), at::cat(all_f)};
+}
+
+// The rows of R-row `dz` that belong to the share's parameters, in the share's order.
+at::Tensor rows_of(const at::Tensor& dz, const Share& s) {
+  if (!s.sharded) return dz;
+  std::vector<at::Tensor> parts;
+  for (size_t k = 0; k < s.work.size(); ++k) {
+    parts.push_back(dz.slice(0, s.row[s.index[k]], s.row[s.index[k]] + s.work[k].m));
+  }
+  return parts.empty() ? dz.slice(0, 0, 0) : at::cat(parts);
+}
+
+// Under sharding: every parameter and its delta ratio from its owner; returns the ratios of the
+// whole group in its order.
+std::vector<at::Tensor> share_updates(const std::vector<Work>& work, const Share& s,
+                                      std::vector<at::Tensor> ratios,
+                                      const FOGO::StepShard& shard) {
+  if (!s.sharded) return ratios;
+  std::vector<at::Tensor> params, all(work.size());
+  std::vector<std::vector<at::Tensor>> values;
+  for (size_t k = 0; k < s.work.size(); ++k) all[s.index[k]] = ratios[k];
+  for (size_t i = 0; i < work.size(); ++i) {
+    params.push_back(work[i].param);
+    if (!all[i].defined()) all[i] = at::empty({}, work[i].param.options().dtype(at::kFloat));
+    values.push_back({work[i].param, all[i]});
+  }
+  shard.exchange(params, values);
+  return all;
 }
 
 at::Tensor entropy(const at::Tensor& N) {
@@ -303,10 +345,10 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(GroupMemory& mem, const F
 
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
-// decay. Returns the sum over parameters of |delta|_F / |O_s|_F.
-at::Tensor lift_and_update(std::vector<Work>& work, const ShapeRuns& runs, const at::Tensor& dz,
-                           const FOGOOptions& o) {
-  at::Tensor delta_ratio = at::zeros({}, dz.options());
+// decay. Returns |delta|_F / |O_s|_F of each parameter, in `work` order.
+std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns& runs,
+                                        const at::Tensor& dz, const FOGOOptions& o) {
+  std::vector<at::Tensor> ratios;
   int64_t row = 0;
   for (const auto& [begin, end] : runs) {
     const int64_t m = work[begin].m, n = work[begin].n;
@@ -318,12 +360,12 @@ at::Tensor lift_and_update(std::vector<Work>& work, const ShapeRuns& runs, const
     row += rows;
     for (size_t i = begin; i < end; ++i) {
       Work& w = work[i];
-      delta_ratio +=
-          ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)], w.transposed,
-                                {o.lr(), o.weight_decay(), o.sigma(), o.eps()});
+      ratios.push_back(ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)],
+                                             w.transposed,
+                                             {o.lr(), o.weight_decay(), o.sigma(), o.eps()}));
     }
   }
-  return delta_ratio;
+  return ratios;
 }
 
 // The codebook flush (after all parameters of the group have stepped), then re-seeding every
@@ -338,14 +380,16 @@ void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGO
 }
 
 // The step's statistics, kept on the device (telemetry() reads them back).
-void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r, const at::Tensor& delta_ratio,
-                      size_t parameters, const FOGOOptions& o) {
+void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
+                      const std::vector<at::Tensor>& delta_ratios, const FOGOOptions& o) {
+  at::Tensor delta_ratio = at::zeros({}, r.dz.options());
+  for (const at::Tensor& ratio : delta_ratios) delta_ratio += ratio;
   at::Tensor stats = at::zeros({kNumStats}, r.dz.options());
   stats.slice(0, kGammaSt, kGammaSt + 4).copy_(r.stats);
   stats[kRbar] = mem.rbar;
   stats[kEntropy] = entropy(mem.book.N);
   stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
-  stats[kDeltaRatio] = delta_ratio / static_cast<double>(parameters);
+  stats[kDeltaRatio] = delta_ratio / static_cast<double>(delta_ratios.size());
   mem.stats = stats;
 }
 
@@ -362,8 +406,10 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   if (work.empty()) return;
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
-  const auto [Ps, Pf] = impl_->shard.exchange ? orthogonalize_sharded(work, runs, o, impl_->shard)
-                                              : orthogonalize(work, runs, o);  // 2, 3
+  const StepShard& shard = impl_->shard;
+  Share mine = share_of(work, runs, shard);                // all parameters unless sharded
+  auto [Ps, Pf] = orthogonalize(mine.work, mine.runs, o);  // 2, 3
+  if (mine.sharded) std::tie(Ps, Pf) = share_projections(work, mine, Ps, Pf, o, shard);
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);
   const auto [frozen, nu] = first ? std::pair<at::Tensor, at::Tensor>{mem.frozen, mem.frozen_nu}
@@ -372,9 +418,10 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
       ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
                           projected_step_params(o, /*filter=*/!first));  // 4-7
   mem.rbar = r.rbar;
-  const at::Tensor delta_ratio = lift_and_update(work, runs, r.dz, o);  // 8, 9
+  const std::vector<at::Tensor> ratios = share_updates(
+      work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o), shard);  // 8, 9
   flush_and_reseed(mem, r, o);
-  record_telemetry(mem, r, delta_ratio, work.size(), o);
+  record_telemetry(mem, r, ratios, o);
 }
 
 torch::Tensor FOGO::step(LossClosure closure) {
@@ -450,9 +497,9 @@ void FOGO::begin_task() {
   }
 }
 
-void FOGO::set_newton_schulz_shard(NewtonSchulzShard shard) {
+void FOGO::set_step_shard(StepShard shard) {
   TORCH_CHECK(static_cast<bool>(shard.owns) == static_cast<bool>(shard.exchange),
-              "FOGO::set_newton_schulz_shard: set both owns and exchange, or neither");
+              "FOGO::set_step_shard: set both owns and exchange, or neither");
   impl_->shard = std::move(shard);
 }
 

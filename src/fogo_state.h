@@ -57,7 +57,7 @@ struct Projection {
 
 struct FOGO::Impl {
   std::vector<GroupMemory> groups;
-  NewtonSchulzShard shard;  // data-parallel sharding of steps 2-3 (empty: none)
+  StepShard shard;  // data-parallel sharding of steps 2-3 and 8-9 (empty: none)
   // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
   // regenerated from the seed, never stored.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, double>, Projection>

@@ -428,7 +428,7 @@ void scenario_sharded(const fogo::dist::ProcessGroup& group) {
   fogo::dist::check_lockstep(group, fogo::dist::module_state(*sharded));
 }
 
-/// FOGO with its Newton–Schulz and projection sharded (shard_newton_schulz) against replicated
+/// FOGO with its per-parameter stages sharded (shard_step) against replicated
 /// FOGO, 10 steps with a task boundary: parameters, memory and telemetry bit-identical.
 void sharded_fogo(const fogo::dist::ProcessGroup& group) {
   const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 10;
@@ -439,7 +439,7 @@ void sharded_fogo(const fogo::dist::ProcessGroup& group) {
   fogo::dist::GradientAverager averager(group, replicated->parameters());
   fogo::FOGO opt(replicated->parameters(), small_fogo());
   fogo::FOGO sharded_opt(sharded->parameters(), small_fogo());
-  const auto owners = fogo::dist::shard_newton_schulz(group, sharded_opt);
+  const auto owners = fogo::dist::shard_step(group, sharded_opt);
   RANK_CHECK(owners.size() == 4 && owners[1] != owners[2] &&
                  std::count(owners.begin(), owners.end(), rank) >= 1,
              "owners of the FOGO parameters");
@@ -483,6 +483,172 @@ void sharded_fogo(const fogo::dist::ProcessGroup& group) {
   auto state = fogo::dist::module_state(*sharded);
   state.insert(state.end(), sharded_memory.begin(), sharded_memory.end());
   fogo::dist::check_lockstep(group, state);
+}
+
+// --- ShardedOptimizer checkpoints do not depend on the world size ------------------------------
+
+/// Muon (on the matrices) and LibTorch's AdamW (on the biases, whose state has a step count), as
+/// sharded optimizers over one MLP: every rank computes the same full-batch gradient, so the
+/// trajectory depends on nothing but the optimizer arithmetic.
+struct ShardedPair {
+  torch::nn::Sequential model = [] {
+    torch::manual_seed(11);
+    return mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+  }();
+  std::vector<torch::Tensor> matrices, biases;
+  std::unique_ptr<fogo::dist::ShardedOptimizer> muon, adamw;
+
+  explicit ShardedPair(const fogo::dist::ProcessGroup& group) {
+    for (auto& p : model->parameters()) {
+      (p.dim() == 2 ? matrices : biases).push_back(p);
+    }
+    muon = std::make_unique<fogo::dist::ShardedOptimizer>(
+        group, matrices, [](std::vector<torch::Tensor> own) {
+          return std::make_unique<fogo::Muon>(std::move(own), fogo::MuonOptions(0.02));
+        });
+    adamw = std::make_unique<fogo::dist::ShardedOptimizer>(
+        group, biases, [](std::vector<torch::Tensor> own) {
+          return std::make_unique<torch::optim::AdamW>(std::move(own),
+                                                       torch::optim::AdamWOptions(0.01));
+        });
+  }
+
+  /// Step `step` (0-based) of the trajectory; at step 2 the learning rates change, as a
+  /// scheduler would change them on every rank.
+  void train_step(int64_t step) {
+    if (step == 2) {
+      for (auto* opt : {muon.get(), adamw.get()}) {
+        if (opt->local()) {
+          for (auto& g : opt->local()->param_groups()) {
+            g.options().set_lr(g.options().get_lr() * 0.5);
+          }
+        }
+      }
+    }
+    torch::manual_seed(600 + step);
+    const auto x = torch::randn({16, 12});
+    const auto y = torch::randn({16, 5});
+    muon->zero_grad();
+    adamw->zero_grad();
+    torch::mse_loss(model->forward(x), y).backward();
+    muon->step();
+    adamw->step();
+  }
+
+  std::vector<torch::Tensor> params() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) {
+      out.push_back(p.detach().clone());
+    }
+    return out;
+  }
+};
+
+constexpr int64_t kSavedAt = 4, kResumedSteps = 3;
+
+/// World 2: steps to kSavedAt, save both optimizers and the model (rank 0 writes), go on to
+/// the end: the uninterrupted trajectory.
+void scenario_checkpoint_save(const fogo::dist::ProcessGroup& group) {
+  ShardedPair run(group);
+  for (int64_t step = 0; step < kSavedAt; ++step) {
+    run.train_step(step);
+  }
+  torch::serialize::OutputArchive muon_archive, adamw_archive;
+  run.muon->save(muon_archive);
+  run.adamw->save(adamw_archive);
+  if (group.rank() == 0) {
+    muon_archive.save_to((out_dir() / "muon.pt").string());
+    adamw_archive.save_to((out_dir() / "adamw.pt").string());
+    torch::save(run.params(), (out_dir() / "model.pt").string());
+  }
+  for (int64_t step = kSavedAt; step < kSavedAt + kResumedSteps; ++step) {
+    run.train_step(step);
+  }
+  if (group.rank() == 0) {
+    torch::save(run.params(), (out_dir() / "uninterrupted.pt").string());
+  }
+}
+
+/// Any world size: load the model and both optimizers from FOGO_DIST_CKPT, take the remaining
+/// steps, and compare with the uninterrupted run bit for bit. World 1 also resumes plain
+/// (unsharded) optimizers from the same archives, and checks that an archive of another
+/// parameter layout is refused without changing the sharded optimizer.
+void scenario_checkpoint_resume(const fogo::dist::ProcessGroup& group) {
+  const fs::path ckpt = std::getenv("FOGO_DIST_CKPT");
+  std::vector<torch::Tensor> saved_model, truth;
+  torch::load(saved_model, (ckpt / "model.pt").string());
+  torch::load(truth, (ckpt / "uninterrupted.pt").string());
+  const auto load_model = [&](torch::nn::Module& m) {
+    torch::NoGradGuard no_grad;
+    auto ps = m.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(saved_model[i]);
+  };
+  const auto archive = [&](const std::string& name) {
+    torch::serialize::InputArchive in;
+    in.load_from((ckpt / name).string());
+    return in;
+  };
+
+  ShardedPair run(group);
+  load_model(*run.model);
+  if (group.world_size() == 1) {
+    // The AdamW archive into the sharded Muon: refused, and the optimizer keeps its (empty) state.
+    auto wrong = archive("adamw.pt");
+    bool refused = false;
+    try {
+      run.muon->load(wrong);
+    } catch (const c10::Error&) {
+      refused = true;
+    }
+    RANK_CHECK(refused, "loading AdamW's archive into the sharded Muon did not fail");
+    RANK_CHECK(run.muon->local()->state().empty(), "a refused load changed the state");
+  }
+  auto muon_in = archive("muon.pt"), adamw_in = archive("adamw.pt");
+  run.muon->load(muon_in);
+  run.adamw->load(adamw_in);
+  for (int64_t step = kSavedAt; step < kSavedAt + kResumedSteps; ++step) {
+    run.train_step(step);
+  }
+  const auto resumed = run.params();
+  for (size_t i = 0; i < truth.size(); ++i) {
+    RANK_CHECK(torch::equal(resumed[i], truth[i]),
+               "world " << group.world_size() << ": parameter " << i
+                        << " differs from the uninterrupted world-2 run by "
+                        << max_abs(resumed[i] - truth[i]));
+  }
+  if (group.world_size() == 1) {
+    // The gathered archives are the plain optimizers' own format.
+    torch::manual_seed(11);
+    auto model = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+    load_model(*model);
+    std::vector<torch::Tensor> matrices, biases;
+    for (auto& p : model->parameters()) {
+      (p.dim() == 2 ? matrices : biases).push_back(p);
+    }
+    fogo::Muon muon(matrices, fogo::MuonOptions(0.02));
+    torch::optim::AdamW adamw(biases, torch::optim::AdamWOptions(0.01));
+    auto muon_plain = archive("muon.pt"), adamw_plain = archive("adamw.pt");
+    muon.load(muon_plain);
+    adamw.load(adamw_plain);
+    RANK_CHECK(muon.param_groups()[0].options().get_lr() == 0.01,
+               "the halved lr was not in the archive");
+    for (int64_t step = kSavedAt; step < kSavedAt + kResumedSteps; ++step) {
+      torch::manual_seed(600 + step);
+      const auto x = torch::randn({16, 12});
+      const auto y = torch::randn({16, 5});
+      muon.zero_grad();
+      adamw.zero_grad();
+      torch::mse_loss(model->forward(x), y).backward();
+      muon.step();
+      adamw.step();
+    }
+    const auto plain = model->parameters();
+    for (size_t i = 0; i < truth.size(); ++i) {
+      RANK_CHECK(torch::equal(plain[i], truth[i]), "plain optimizers: parameter "
+                                                       << i << " differs by "
+                                                       << max_abs(plain[i] - truth[i]));
+    }
+  }
 }
 
 // --- lockstep: an injected divergence is named ------------------------------------------------
@@ -564,6 +730,8 @@ int rank_main(const std::string& scenario) {
       {"killed", scenario_killed},
       {"join", scenario_join},
       {"torchrun", scenario_torchrun},
+      {"checkpoint_save", scenario_checkpoint_save},
+      {"checkpoint_resume", scenario_checkpoint_resume},
       {"sharded", [](const fogo::dist::ProcessGroup& g) {
          scenario_sharded(g);
          sharded_fogo(g);
@@ -715,6 +883,16 @@ TEST(Distributed, ShardedMuonAndFogoEqualReplicatedWorld2) {
 
 TEST(Distributed, ShardedMuonAndFogoEqualReplicatedWorld3) {
   expect_all_passed(launch("sharded", 3));
+}
+
+TEST(Distributed, ShardedCheckpointFromWorld2ResumesOnWorld1And3) {
+  const auto saved = launch("checkpoint_save", 2);
+  expect_all_passed(saved);
+  for (const int world : {1, 3}) {
+    expect_all_passed(launch("checkpoint_resume", world, [&](int) {
+      return Env{{"FOGO_DIST_CKPT", saved.dir.string()}};
+    }));
+  }
 }
 
 TEST(Distributed, LockstepCheckNamesTheDivergingTensor) {

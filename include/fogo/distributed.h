@@ -29,6 +29,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 #include <torch/types.h>
 
 #include <chrono>
@@ -234,8 +235,13 @@ double newton_schulz_cost(const torch::Tensor& param);
 /// parameters are bit-identical to the replicated mode's whenever the optimizer's arithmetic on a
 /// parameter does not depend on which other parameters it steps with (tested for fogo::Muon).
 ///
+/// Checkpoints do not depend on the world size: save() writes what `make(all parameters)`'s
+/// own save() would write after the same steps (every parameter's state from its owner, the
+/// param groups' options from this rank's optimizer), so a job of any world size, or one process
+/// with a plain optimizer, can load it.
+///
 /// Not for fogo::FOGO: its codebook is shared by the parameters of a group, so a shard would
-/// read and update its own memory; FOGO shards its Newton–Schulz with shard_newton_schulz.
+/// read and update its own memory; FOGO shards its step with shard_step.
 class ShardedOptimizer {
  public:
   using Factory =
@@ -243,8 +249,9 @@ class ShardedOptimizer {
   using Cost = std::function<double(const torch::Tensor&)>;
 
   /// Collective: checks that every rank passes the same shapes and dtypes. `make` is called
-  /// only on ranks that own at least one parameter.
-  ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params, const Factory& make,
+  /// on ranks that own at least one parameter, and by save() and load(); it must make one
+  /// optimizer type with the same param-group layout whatever subset it is given.
+  ShardedOptimizer(ProcessGroup group, std::vector<torch::Tensor> params, Factory make,
                    const Cost& cost = newton_schulz_cost);
 
   /// This rank's optimizer step on its parameters, then every parameter from its owner (one
@@ -253,27 +260,40 @@ class ShardedOptimizer {
   /// Zeroes (sets to none) the gradients of every parameter, owned or not.
   void zero_grad();
 
+  /// Writes the whole optimizer, gathered from every rank, into `archive` (on every rank; save
+  /// it to a file from one). Collective.
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Loads an archive of save() (from any world size) or of the plain optimizer's save() on
+  /// every rank; each rank keeps the state of its own parameters. Not collective. Errors (an
+  /// archive of another optimizer or another parameter layout) leave this optimizer as it was.
+  void load(torch::serialize::InputArchive& archive);
+
   /// The owner of each parameter (indices as passed).
   const std::vector<int64_t>& owners() const { return owners_; }
   /// This rank's optimizer; nullptr when it owns nothing.
   torch::optim::Optimizer* local() const { return local_.get(); }
 
  private:
+  std::vector<torch::Tensor> owned_by(int64_t rank) const;
   ProcessGroup group_;
   std::vector<torch::Tensor> params_;
+  Factory make_;
   std::vector<int64_t> owners_;
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
 
-/// Sharded FOGO, the expensive part: each parameter's Newton–Schulz (both streams) and projection
-/// (ALGORITHM.md steps 2-3) run on one owner rank (greedy by `cost`, as ShardedOptimizer), and
-/// O_s, P_s, P_f are broadcast from the owners (FOGO::set_newton_schulz_shard). The projected step,
-/// the codebook, the lift and the update (steps 4-9, the flush) then run on every rank on the same
-/// inputs, so codebooks, statistics and parameters stay bit-identical to the replicated mode's
-/// (tested) with no reduction of m_j, s_j or r_t. Collective: every rank calls it for its FOGO,
-/// with the same parameters in the same order. Returns the owner of each parameter (param groups
-/// in order). The optimizer keeps a copy of `group` for its steps.
-std::vector<int64_t> shard_newton_schulz(const ProcessGroup& group, fogo::FOGO& optimizer,
-                                         const ShardedOptimizer::Cost& cost = newton_schulz_cost);
+/// Sharded FOGO (FOGO::set_step_shard): each parameter's Newton–Schulz (both streams) and
+/// projection (ALGORITHM.md steps 2-3) and its lift and update (steps 8-9) run on one owner rank
+/// (greedy by `cost`, as ShardedOptimizer). P_s and P_f are broadcast from the owners after step
+/// 3, so that the projected-space step and the codebook update (steps 4-7, the flush) run on
+/// every rank over all rows; the updated parameters are broadcast from the owners after step 9.
+/// Codebooks, statistics, telemetry and parameters stay bit-identical to the replicated mode's
+/// (tested) with no reduction of m_j, s_j or r_t; momenta stay on every rank, so checkpoints do
+/// not depend on the world size. Collective: every rank calls it for its FOGO, with the same
+/// parameters in the same order; call it again after add_param_group or a load() that brings
+/// other parameters. Returns the owner of each parameter (param groups in order). The optimizer
+/// keeps a copy of `group` for its steps.
+std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer,
+                                const ShardedOptimizer::Cost& cost = newton_schulz_cost);
 
 }  // namespace fogo::dist

@@ -97,21 +97,25 @@ class FOGO : public torch::optim::Optimizer {
   /// leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// Sharding of steps 2-3 across data-parallel ranks (fogo::dist::shard_newton_schulz sets it):
-  /// each step, Newton–Schulz and the projection run only for the parameters `owns` accepts;
-  /// `exchange` then gets the group's parameters with gradients (in the step's order) and their
-  /// O_s (working
-  /// orientation, NS dtype) and P_s, P_f ([m, d] fp32), computed where owned and uninitialised
-  /// buffers elsewhere, which it must overwrite with the owners' values. Everything after step 3
-  /// runs on every rank as before, so the codebooks stay identical. Empty functions: no sharding
-  /// (the default).
-  struct NewtonSchulzShard {
+  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it). The per-parameter
+  /// work runs only on each parameter's owner, for the parameters `owns` accepts: Newton–Schulz
+  /// and the projection (steps 2-3), the lift and the update (steps 8-9). `exchange(params,
+  /// values)` must overwrite values[i] (a list of tensors) with their values on params[i]'s
+  /// owner, on every rank that does not own params[i]; the step calls it twice with the group's
+  /// parameters with gradients, in the step's order:
+  ///   - after step 3, values[i] = {P_s, P_f} ([m, d] fp32): the projected-space step (4-7) and
+  ///     the codebook flush then run on every rank over all rows, so the codebooks, r-bar and
+  ///     statistics stay identical with no reduction;
+  ///   - after step 9, values[i] = {the parameter, its |delta|_F / |O_s|_F (0-d fp32)}.
+  /// Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
+  /// on the sharding. Empty functions: no sharding (the default).
+  struct StepShard {
     std::function<bool(const torch::Tensor& param)> owns;
-    std::function<void(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& Os,
-                       std::vector<torch::Tensor>& Ps, std::vector<torch::Tensor>& Pf)>
+    std::function<void(const std::vector<torch::Tensor>& params,
+                       const std::vector<std::vector<torch::Tensor>>& values)>
         exchange;
   };
-  void set_newton_schulz_shard(NewtonSchulzShard shard);
+  void set_step_shard(StepShard shard);
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
   /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
