@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>
+#include <fogo/step_shard.h>
 
 #include <cmath>
 #include <sstream>
@@ -125,3 +126,13 @@ void load_transactional(torch::optim::Optimizer& optimizer, const std::function<
 }
 
 }  // namespace fogo::detail
+
+namespace fogo {
+
+bool StepShard::enabled(const char* optimizer) const {
+  TORCH_CHECK(static_cast<bool>(owns) == static_cast<bool>(exchange), optimizer,
+              ": a StepShard needs both owns and exchange, or neither");
+  return static_cast<bool>(owns);
+}
+
+}  // namespace fogo

@@ -2,6 +2,8 @@
 // (distributed.h).
 #include <fogo/distributed.h>
 #include <fogo/fogo_optimizer.h>
+#include <fogo/hybrid.h>
+#include <fogo/muon.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
@@ -836,8 +838,17 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
   local_ = std::move(local);
 }
 
-std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer,
+std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimizer& optimizer,
                                 const ShardedOptimizer::Cost& cost) {
+  if (auto* hybrid = dynamic_cast<fogo::HybridOptimizer*>(&optimizer)) {
+    TORCH_CHECK(hybrid->matrix(), "fogo::dist::shard_step: the hybrid has no matrix side");
+    return shard_step(group, *hybrid->matrix(), cost);
+  }
+  auto* fogo_opt = dynamic_cast<fogo::FOGO*>(&optimizer);
+  auto* muon = dynamic_cast<fogo::Muon*>(&optimizer);
+  TORCH_CHECK(fogo_opt || muon, "fogo::dist::shard_step shards fogo::FOGO, fogo::Muon or a ",
+              "HybridOptimizer's matrix side, not a ", c10::demangle(typeid(optimizer).name()),
+              "; other optimizers shard with ShardedOptimizer");
   std::vector<at::Tensor> params;
   for (const auto& g : optimizer.param_groups()) {
     for (const auto& p : g.params()) {
@@ -857,7 +868,7 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer
                 "add_param_group");
     return it->second;
   };
-  fogo::FOGO::StepShard shard;
+  fogo::StepShard shard;
   const auto rank = group.rank();
   shard.owns = [find, rank](const torch::Tensor& p) { return find(p) == rank; };
   shard.exchange = [find, group](const std::vector<torch::Tensor>& ps,
@@ -873,7 +884,11 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer
     }
     broadcast_from_owners(impl(group), tensors, owners, "FOGO shard exchange");
   };
-  optimizer.set_step_shard(std::move(shard));
+  if (fogo_opt) {
+    fogo_opt->set_step_shard(std::move(shard));
+  } else {
+    muon->set_step_shard(std::move(shard));
+  }
   return owners;
 }
 

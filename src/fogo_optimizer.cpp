@@ -188,7 +188,7 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
 }
 
 // The parameters this rank steps through the per-parameter stages (2-3, 8-9): all of them, or
-// under data-parallel sharding (FOGO::StepShard) the owned ones, each run keeping its order.
+// under data-parallel sharding (StepShard) the owned ones, each run keeping its order.
 struct Share {
   std::vector<Work> work;
   ShapeRuns runs;
@@ -197,7 +197,7 @@ struct Share {
   bool sharded = false;
 };
 
-Share share_of(const std::vector<Work>& work, const ShapeRuns& runs, const FOGO::StepShard& shard) {
+Share share_of(const std::vector<Work>& work, const ShapeRuns& runs, const StepShard& shard) {
   Share s;
   s.sharded = static_cast<bool>(shard.owns);
   int64_t row = 0;
@@ -220,8 +220,7 @@ Share share_of(const std::vector<Work>& work, const ShapeRuns& runs, const FOGO:
 // Under sharding: every parameter's (P_s, P_f) rows from its owner, in the group's row order.
 std::pair<at::Tensor, at::Tensor> share_projections(const std::vector<Work>& work, const Share& s,
                                                     const at::Tensor& Ps, const at::Tensor& Pf,
-                                                    const FOGOOptions& o,
-                                                    const FOGO::StepShard& shard) {
+                                                    const FOGOOptions& o, const StepShard& shard) {
   std::vector<at::Tensor> params;
   std::vector<std::vector<at::Tensor>> values;
   for (const Work& w : work) {
@@ -257,8 +256,7 @@ at::Tensor rows_of(const at::Tensor& dz, const Share& s) {
 // Under sharding: every parameter and its delta ratio from its owner; returns the ratios of the
 // whole group in its order.
 std::vector<at::Tensor> share_updates(const std::vector<Work>& work, const Share& s,
-                                      std::vector<at::Tensor> ratios,
-                                      const FOGO::StepShard& shard) {
+                                      std::vector<at::Tensor> ratios, const StepShard& shard) {
   if (!s.sharded) return ratios;
   std::vector<at::Tensor> params, all(work.size());
   std::vector<std::vector<at::Tensor>> values;
@@ -498,8 +496,7 @@ void FOGO::begin_task() {
 }
 
 void FOGO::set_step_shard(StepShard shard) {
-  TORCH_CHECK(static_cast<bool>(shard.owns) == static_cast<bool>(shard.exchange),
-              "FOGO::set_step_shard: set both owns and exchange, or neither");
+  shard.enabled("FOGO::set_step_shard");
   impl_->shard = std::move(shard);
 }
 

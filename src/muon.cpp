@@ -188,6 +188,7 @@ torch::Tensor Muon::step(LossClosure closure) {
                                 items.params[k]);
   }
 
+  const bool sharded = shard_.enabled("Muon");
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const MuonOptions&>(group.options());
     const NSConfig ns = ns_config(options);
@@ -239,23 +240,42 @@ torch::Tensor Muon::step(LossClosure closure) {
       at::_foreach_lerp_(bufs, grads, 1.0 - momentum);
       const std::vector<torch::Tensor> nesterov =
           options.nesterov() ? at::_foreach_lerp(grads, bufs, momentum) : bufs;
-      torch::Tensor updates =
-          at::empty({count, rows, cols},
-                    at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
-      for (int64_t k = 0; k < count; ++k) {  // cast to the compute dtype in the copy
-        updates[k].view(nesterov[k].sizes()).copy_(nesterov[k]);
-      }
-
-      const torch::Tensor ortho =
-          count == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
-      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
-      at::_foreach_mul_(run, 1.0 - lr * options.weight_decay());
+      // Sharded: Newton–Schulz and the update of the owned parameters only (per parameter the
+      // same arithmetic); the momenta above are every parameter's.
+      std::vector<torch::Tensor> mine, input;
       for (int64_t k = 0; k < count; ++k) {
-        run[k].add_(ortho[k].reshape(run[k].sizes()), -adjusted_lr);
+        if (!sharded || shard_.owns(run[k])) {
+          mine.push_back(run[k]);
+          input.push_back(nesterov[k]);
+        }
+      }
+      if (mine.empty()) continue;
+      torch::Tensor updates =
+          at::empty({static_cast<int64_t>(mine.size()), rows, cols},
+                    at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
+      for (size_t k = 0; k < input.size(); ++k) {  // cast to the compute dtype in the copy
+        updates[static_cast<int64_t>(k)].view(input[k].sizes()).copy_(input[k]);
+      }
+      const torch::Tensor ortho = mine.size() == 1 ? newton_schulz(updates[0], ns).unsqueeze(0)
+                                                   : newton_schulz(updates, ns);
+      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
+      at::_foreach_mul_(mine, 1.0 - lr * options.weight_decay());
+      for (size_t k = 0; k < mine.size(); ++k) {
+        mine[k].add_(ortho[static_cast<int64_t>(k)].reshape(mine[k].sizes()), -adjusted_lr);
       }
     }
   }
+  if (sharded) {
+    std::vector<std::vector<torch::Tensor>> values;
+    for (const auto& p : items.params) values.push_back({p});
+    shard_.exchange(items.params, values);
+  }
   return loss;
+}
+
+void Muon::set_step_shard(StepShard shard) {
+  shard.enabled("Muon::set_step_shard");
+  shard_ = std::move(shard);
 }
 
 void Muon::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <fogo/distributed.h>
 #include <fogo/fogo_optimizer.h>
+#include <fogo/hybrid.h>
 #include <fogo/muon.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -485,6 +486,96 @@ void sharded_fogo(const fogo::dist::ProcessGroup& group) {
   fogo::dist::check_lockstep(group, state);
 }
 
+/// shard_step on fogo::Muon and on a hybrid (FOGO matrix side, AdamW on the biases, two codebook
+/// groups by shape) against the same optimizers replicated, 8 steps: parameters, momenta and
+/// FOGO memory bit-identical, on every rank.
+void sharded_step_of(const fogo::dist::ProcessGroup& group) {
+  const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 8;
+  torch::manual_seed(10);
+  auto replicated = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+  auto sharded = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+  copy_params(*sharded, *replicated);
+  const auto muon_of = [](torch::nn::Module& m) {
+    std::vector<torch::Tensor> matrices;
+    for (auto& p : m.parameters()) {
+      if (p.dim() == 2) matrices.push_back(p);
+    }
+    return fogo::Muon(matrices, fogo::MuonOptions(0.02));
+  };
+  const auto hybrid_of = [](torch::nn::Module& m) {
+    return fogo::make_hybrid<fogo::FOGO>(m, small_fogo(), torch::optim::AdamWOptions(0.01), {},
+                                         fogo::shape_key);
+  };
+  auto muon_replicated = muon_of(*replicated), muon_sharded = muon_of(*sharded);
+  auto twin_replicated = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+  auto twin_sharded = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
+  copy_params(*twin_replicated, *replicated);
+  copy_params(*twin_sharded, *replicated);
+  auto hybrid_replicated = hybrid_of(*twin_replicated), hybrid_sharded = hybrid_of(*twin_sharded);
+  const auto muon_owners = fogo::dist::shard_step(group, muon_sharded);
+  const auto fogo_owners = fogo::dist::shard_step(group, hybrid_sharded);
+  RANK_CHECK(std::count(muon_owners.begin(), muon_owners.end(), rank) >= 1 &&
+                 std::count(fogo_owners.begin(), fogo_owners.end(), rank) >= 1,
+             "rank " << rank << " owns nothing");
+  for (int64_t step = 0; step < steps; ++step) {
+    if (step == steps / 2) {
+      hybrid_replicated.matrix<fogo::FOGO>()->task_boundary();
+      hybrid_sharded.matrix<fogo::FOGO>()->task_boundary();
+    }
+    torch::manual_seed(700 + step);
+    const auto x = torch::randn({world * b, 12});
+    const auto y = torch::randn({world * b, 5});
+    for (auto* m : {&replicated, &sharded, &twin_replicated, &twin_sharded}) {
+      (*m)->zero_grad();
+      torch::mse_loss((*m)->forward(x), y).backward();  // the same full-batch gradient everywhere
+    }
+    muon_replicated.step();
+    muon_sharded.step();
+    hybrid_replicated.step();
+    hybrid_sharded.step();
+  }
+  const auto expect_equal = [&](torch::nn::Module& a, torch::nn::Module& s, const char* what) {
+    const auto pa = a.parameters(), ps = s.parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      RANK_CHECK(torch::equal(pa[i], ps[i]), what << " parameter " << i
+                                                  << ": sharded differs from replicated by "
+                                                  << max_abs(pa[i] - ps[i]));
+    }
+  };
+  expect_equal(*replicated, *sharded, "Muon");
+  expect_equal(*twin_replicated, *twin_sharded, "hybrid FOGO");
+  const auto pr = replicated->parameters(), psh = sharded->parameters();
+  for (size_t i = 0; i < pr.size(); ++i) {
+    if (pr[i].dim() != 2) continue;
+    const auto momentum = [](fogo::Muon& opt, const torch::Tensor& p) {
+      return static_cast<fogo::MuonParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
+          .momentum_buffer();
+    };
+    RANK_CHECK(torch::equal(momentum(muon_replicated, pr[i]), momentum(muon_sharded, psh[i])),
+               "Muon momentum " << i << " differs (every rank keeps every momentum)");
+  }
+  const auto memory = fogo::dist::fogo_memory(*hybrid_replicated.matrix<fogo::FOGO>()),
+             sharded_memory = fogo::dist::fogo_memory(*hybrid_sharded.matrix<fogo::FOGO>());
+  RANK_CHECK(memory.size() == sharded_memory.size() && memory.size() >= 10, "memory tensors");
+  for (size_t i = 0; i < memory.size(); ++i) {
+    RANK_CHECK(torch::equal(memory[i].second, sharded_memory[i].second),
+               memory[i].first << ": sharded differs from replicated");
+  }
+  auto state = fogo::dist::module_state(*sharded);
+  state.insert(state.end(), sharded_memory.begin(), sharded_memory.end());
+  fogo::dist::check_lockstep(group, state);
+  // Another optimizer type is refused, naming the way that works.
+  auto adam = torch::optim::Adam(sharded->parameters());
+  try {
+    fogo::dist::shard_step(group, adam);
+    RANK_CHECK(false, "shard_step accepted torch::optim::Adam");
+  } catch (const c10::Error& e) {
+    RANK_CHECK(
+        std::string(e.what_without_backtrace()).find("ShardedOptimizer") != std::string::npos,
+        "the error does not point to ShardedOptimizer: " << e.what_without_backtrace());
+  }
+}
+
 // --- ShardedOptimizer checkpoints do not depend on the world size ------------------------------
 
 /// Muon (on the matrices) and LibTorch's AdamW (on the biases, whose state has a step count), as
@@ -735,6 +826,7 @@ int rank_main(const std::string& scenario) {
       {"sharded", [](const fogo::dist::ProcessGroup& g) {
          scenario_sharded(g);
          sharded_fogo(g);
+         sharded_step_of(g);
        }}};
   try {
     const auto it = scenarios.find(scenario);

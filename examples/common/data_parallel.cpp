@@ -51,11 +51,12 @@ struct DataParallel::Impl {
   }
 };
 
-DataParallel& DataParallel::process() {
+DataParallel& DataParallel::process(std::chrono::seconds timeout) {
   if (!g_process) {
     auto* dp = new DataParallel();
     if (env_world_size() > 1) {
-      auto group = fogo::dist::init_from_env();
+      auto group = fogo::dist::init_from_env(fogo::dist::ProcessGroupOptions().timeout(
+          std::chrono::duration_cast<std::chrono::milliseconds>(timeout)));
       dp->rank_ = group.rank();
       dp->world_size_ = group.world_size();
       dp->local_rank_ = group.local_rank();
@@ -135,6 +136,11 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
                      static_cast<size_t>(n));
 }
 
+std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer& optimizer) const {
+  if (!impl_) return {};
+  return fogo::dist::shard_step(impl_->group, optimizer);
+}
+
 void DataParallel::check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo) const {
   if (!impl_) return;
   auto state = fogo::dist::module_state(module);
@@ -149,7 +155,7 @@ void DataParallel::check_lockstep(const torch::nn::Module& module, const fogo::F
 
 struct DataParallel::Impl {};
 
-DataParallel& DataParallel::process() {
+DataParallel& DataParallel::process(std::chrono::seconds) {
   if (!g_process) {
     if (env_world_size() > 1) {
       throw std::runtime_error(
@@ -178,6 +184,7 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
   bytes << in.rdbuf();
   return bytes.str();
 }
+std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer&) const { return {}; }
 void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*) const {}
 
 #endif

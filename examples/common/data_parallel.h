@@ -17,8 +17,10 @@
 //   DataParallel::shutdown_process();            // at the end of main
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -39,8 +41,10 @@ class DataParallel {
   /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a process group (Gloo on the CPU, NCCL
   /// too for CUDA tensors when fogo has it) when WORLD_SIZE > 1, else a world of one. Throws naming
   /// the variable when the environment is malformed, and when WORLD_SIZE > 1 but fogo was built
-  /// without distributed support. The group lives until shutdown_process().
-  static DataParallel& process();
+  /// without distributed support. The group lives until shutdown_process(). `timeout` bounds
+  /// every collective (a rank that died or stalls makes the others fail after it); the first
+  /// call's counts.
+  static DataParallel& process(std::chrono::seconds timeout = std::chrono::minutes(10));
   /// Shuts the process's group down (every rank waits for the others to arrive); idempotent.
   static void shutdown_process();
 
@@ -66,6 +70,12 @@ class DataParallel {
   void accumulate_locally(const std::function<void()>& backward);
   /// Completes the averaging: every gradient = (sum over ranks) / world_size.
   void finish_gradients();
+  /// Shards the matrix side of `optimizer` (fogo::FOGO, fogo::Muon, or a hybrid of either) over
+  /// the ranks: each rank runs the Newton–Schulz chains (and FOGO's projection, lift and update)
+  /// of its share of the matrices, and the results are broadcast (fogo::dist::shard_step). The
+  /// step's results are bit-identical to the replicated step's. Returns the owner rank of each
+  /// matrix; in a world of one, does nothing and returns none.
+  std::vector<int64_t> shard_step(torch::optim::Optimizer& optimizer) const;
   /// The sum over ranks of `values` (a CPU tensor), returned on every rank.
   torch::Tensor sum(const torch::Tensor& values) const;
   double sum(double value) const;

@@ -122,6 +122,14 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("deterministic", &c.deterministic, "deterministic kernels (bitwise resume on CPU)");
   cli.flag("seed", &c.seed, "seed of the initialisation and dropout");
   cli.flag("threads", &c.threads, "CPU threads (0: torch's default)");
+
+  cli.section("Data-parallel (under torchrun)");
+  cli.flag("shard-step", &c.shard_step,
+           "muon, fogo: each rank runs the Newton-Schulz chains (fogo: also the projection, lift "
+           "and update) of its share of the matrices, and the results are broadcast; the same "
+           "results as every rank stepping everything");
+  cli.flag("dist-timeout", &c.dist_timeout,
+           "seconds a collective waits for the other ranks before the run stops with an error");
 }
 
 double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac,
@@ -157,6 +165,9 @@ void validate(const TrainConfig& c) {
   tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
   tr::Cli::require(c.eval_sequences >= 1, "eval-sequences", "must be >= 1" + got(c.eval_sequences));
   tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
+  tr::Cli::require(c.dist_timeout >= 1, "dist-timeout", "must be >= 1" + got(c.dist_timeout));
+  tr::Cli::require(!c.shard_step || c.optimizer.name != "adamw", "shard-step",
+                   "shards muon and fogo; adamw's step is elementwise (nothing to shard)");
   tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
   tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
   tr::Cli::require(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off", "autocast",
@@ -378,7 +389,7 @@ class Trainer::Impl {
 
 Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     : cfg_(cfg),
-      dp_(tr::DataParallel::process()),
+      dp_(tr::DataParallel::process(std::chrono::seconds(cfg.dist_timeout))),
       log_(dp_.main() ? log : null_log()),
       device_(set_up_runtime(cfg, dp_)),
       autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),
@@ -410,6 +421,12 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     result_.device += ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)";
     dp_.broadcast_module(*model_);
     dp_.average_gradients_of(*model_);
+    if (cfg_.shard_step) {
+      const auto owners = dp_.shard_step(opt_.hybrid);
+      log_ << "sharded step: rank 0 orthogonalizes "
+           << std::count(owners.begin(), owners.end(), int64_t{0}) << " of " << owners.size()
+           << " matrices\n";
+    }
   }
   if (cfg_.resume) {
     // Checkpoints were ckpt.pt before both trainers named them alike: not a run to restart.

@@ -282,18 +282,26 @@ class ShardedOptimizer {
   std::unique_ptr<torch::optim::Optimizer> local_;
 };
 
-/// Sharded FOGO (FOGO::set_step_shard): each parameter's Newton–Schulz (both streams) and
-/// projection (ALGORITHM.md steps 2-3) and its lift and update (steps 8-9) run on one owner rank
-/// (greedy by `cost`, as ShardedOptimizer). P_s and P_f are broadcast from the owners after step
-/// 3, so that the projected-space step and the codebook update (steps 4-7, the flush) run on
-/// every rank over all rows; the updated parameters are broadcast from the owners after step 9.
-/// Codebooks, statistics, telemetry and parameters stay bit-identical to the replicated mode's
-/// (tested) with no reduction of m_j, s_j or r_t; momenta stay on every rank, so checkpoints do
-/// not depend on the world size. Collective: every rank calls it for its FOGO, with the same
-/// parameters in the same order; call it again after add_param_group or a load() that brings
-/// other parameters. Returns the owner of each parameter (param groups in order). The optimizer
-/// keeps a copy of `group` for its steps.
-std::vector<int64_t> shard_step(const ProcessGroup& group, fogo::FOGO& optimizer,
+/// Sharded step of fogo's matrix optimizers, with the optimizer's state kept on every rank:
+/// each parameter's expensive work runs on one owner rank (greedy by `cost`, as
+/// ShardedOptimizer) and the results are broadcast from the owners (step_shard.h).
+///
+/// fogo::FOGO (FOGO::set_step_shard): Newton–Schulz (both streams) and the projection (steps
+/// 2-3), the lift and the update (steps 8-9) on the owner. P_s and P_f are broadcast after step 3,
+/// so that the projected-space step and the codebook update (steps 4-7, the flush) run on every
+/// rank over all rows; the updated parameters after step 9. Codebooks, statistics, telemetry and
+/// parameters stay bit-identical to the replicated mode's (tested) with no reduction of m_j, s_j
+/// or r_t.
+/// fogo::Muon (Muon::set_step_shard): Newton–Schulz and the update on the owner, the
+/// parameters broadcast at the end of the step.
+/// A HybridOptimizer: its matrix side, as above (the AdamW side stays replicated: it is cheap).
+///
+/// Momenta stay on every rank, so checkpoints do not depend on the world size (for Muon,
+/// ShardedOptimizer also shards the state). Collective: every rank calls it for its optimizer,
+/// with the same parameters in the same order; call it again after add_param_group or a load()
+/// that brings other parameters. Returns the owner of each parameter (param groups in order).
+/// The optimizer keeps a copy of `group` for its steps. Another optimizer type is an error.
+std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimizer& optimizer,
                                 const ShardedOptimizer::Cost& cost = newton_schulz_cost);
 
 }  // namespace fogo::dist

@@ -18,6 +18,7 @@
 
 #include <fogo/fogo_options.h>
 #include <fogo/projected.h>
+#include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -97,24 +98,17 @@ class FOGO : public torch::optim::Optimizer {
   /// leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it). The per-parameter
-  /// work runs only on each parameter's owner, for the parameters `owns` accepts: Newton–Schulz
-  /// and the projection (steps 2-3), the lift and the update (steps 8-9). `exchange(params,
-  /// values)` must overwrite values[i] (a list of tensors) with their values on params[i]'s
-  /// owner, on every rank that does not own params[i]; the step calls it twice with the group's
-  /// parameters with gradients, in the step's order:
+  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h). The
+  /// per-parameter work runs only on each parameter's owner, for the parameters `owns` accepts:
+  /// Newton–Schulz and the projection (steps 2-3), the lift and the update (steps 8-9). The
+  /// step calls `exchange` twice per group with its parameters with gradients, in the step's
+  /// order:
   ///   - after step 3, values[i] = {P_s, P_f} ([m, d] fp32): the projected-space step (4-7) and
   ///     the codebook flush then run on every rank over all rows, so the codebooks, r-bar and
   ///     statistics stay identical with no reduction;
   ///   - after step 9, values[i] = {the parameter, its |delta|_F / |O_s|_F (0-d fp32)}.
   /// Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
-  /// on the sharding. Empty functions: no sharding (the default).
-  struct StepShard {
-    std::function<bool(const torch::Tensor& param)> owns;
-    std::function<void(const std::vector<torch::Tensor>& params,
-                       const std::vector<std::vector<torch::Tensor>>& values)>
-        exchange;
-  };
+  /// on the sharding. An empty StepShard turns sharding off.
   void set_step_shard(StepShard shard);
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):

@@ -23,6 +23,7 @@
 // docs/muon.md has the details.
 
 #include <fogo/newton_schulz.h>
+#include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -98,7 +99,15 @@ class Muon : public torch::optim::Optimizer {
   /// was.
   void load(torch::serialize::InputArchive& archive) override;
 
+  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h): every
+  /// rank updates every momentum buffer (so checkpoints do not depend on the sharding), but runs
+  /// Newton–Schulz and the update only for the parameters `owns` accepts; at the end of the step
+  /// `exchange` gets every parameter with a gradient, values[i] = {the parameter}. An empty
+  /// StepShard turns sharding off.
+  void set_step_shard(StepShard shard);
+
  private:
+  StepShard shard_;
   void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                          const MuonOptions& options) const;
   template <typename Self, typename Archive>

@@ -1,0 +1,29 @@
+#pragma once
+// The data-parallel sharding hook of fogo's matrix optimizers (fogo::FOGO, fogo::Muon):
+// fogo::dist::shard_step installs it; without it (the default) an optimizer steps every
+// parameter itself.
+
+#include <torch/types.h>
+
+#include <functional>
+#include <vector>
+
+namespace fogo {
+
+/// Which parameters this rank runs the per-parameter work for, and how the other ranks' results
+/// arrive. `exchange(params, values)` must overwrite values[i] (a list of tensors) with their
+/// values on params[i]'s owner, on every rank that does not own params[i]; every rank calls it
+/// at the same points of a step with the same parameters (a collective). What is exchanged is
+/// the optimizer's to say (FOGO::set_step_shard, Muon::set_step_shard).
+struct StepShard {
+  std::function<bool(const torch::Tensor& param)> owns;
+  std::function<void(const std::vector<torch::Tensor>& params,
+                     const std::vector<std::vector<torch::Tensor>>& values)>
+      exchange;
+
+  /// Both functions set: sharded; neither: not sharded; anything else is an error naming
+  /// `optimizer`.
+  bool enabled(const char* optimizer) const;
+};
+
+}  // namespace fogo
