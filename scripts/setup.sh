@@ -11,8 +11,10 @@ cd "$root"
 # gloo compiled in but ships none of its headers); nothing links Debian's libgloo.
 # ccache: the Python wheel's build (pip install ., python/tests/test_packaging.py) reuses the
 # objects scripts/build.sh compiled instead of compiling the library again.
+# iproute2: `ip netns`, for the distributed test that puts two ranks on two "hosts" (network
+# namespaces joined by a veth pair; it skips where namespaces are not permitted).
 debs=(cmake ninja-build g++ python3-venv python3-dev ccache libgtest-dev libgmock-dev
-      libbenchmark-dev libgloo-dev dataset-fashion-mnist bible-kjv gnuplot-nox)
+      libbenchmark-dev libgloo-dev dataset-fashion-mnist bible-kjv gnuplot-nox iproute2)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

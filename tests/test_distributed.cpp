@@ -969,6 +969,84 @@ TEST(Distributed, ReplicatedFogoAndMuonRanksBitIdenticalToSingleProcess) {
   }
 }
 
+/// Runs `command` through the shell; true when it exits 0.
+bool shell(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+/// Two network namespaces joined by a veth pair: two "hosts" 10.213.0.1 and 10.213.0.2 with no
+/// other route to each other, removed again on destruction. `error` says why they could not be
+/// made (not root, no CAP_NET_ADMIN, no `ip`).
+struct TwoHosts {
+  std::string ns[2], link[2], error;
+  TwoHosts() {
+    const auto id = std::to_string(getpid());
+    for (int h = 0; h < 2; ++h) {
+      ns[h] = "fogo" + std::to_string(h) + "_" + id;
+      link[h] = "vf" + std::to_string(h) + "_" + id;  // interface names: at most 15 characters
+    }
+    const std::vector<std::string> steps{
+        "ip netns add " + ns[0],
+        "ip netns add " + ns[1],
+        "ip link add " + link[0] + " type veth peer name " + link[1],
+        "ip link set " + link[0] + " netns " + ns[0],
+        "ip link set " + link[1] + " netns " + ns[1],
+        "ip -n " + ns[0] + " addr add 10.213.0.1/24 dev " + link[0],
+        "ip -n " + ns[1] + " addr add 10.213.0.2/24 dev " + link[1],
+        "ip -n " + ns[0] + " link set " + link[0] + " up",
+        "ip -n " + ns[1] + " link set " + link[1] + " up",
+        "ip -n " + ns[0] + " link set lo up",
+        "ip -n " + ns[1] + " link set lo up"};
+    for (const auto& step : steps) {
+      if (!shell(step)) {
+        error = "`" + step + "` failed (network namespaces need root or CAP_NET_ADMIN)";
+        return;
+      }
+    }
+  }
+  ~TwoHosts() {
+    shell("ip netns del " + ns[0]);  // deleting a namespace deletes its end of the veth pair
+    shell("ip netns del " + ns[1]);
+    shell("ip link del " + link[0]);  // in case it never moved into the namespace
+  }
+};
+
+TEST(Distributed, TwoHostsOverAVethPairBitIdenticalToSingleProcess) {
+  // Two machines as far as c10d can tell: each rank in its own network namespace, which sees
+  // only its own loopback and its end of the veth pair; the store on rank 0's host
+  // (MASTER_ADDR=10.213.0.1), Gloo over the veth interfaces (GLOO_SOCKET_IFNAME).
+  TwoHosts hosts;
+  if (!hosts.error.empty()) GTEST_SKIP() << hosts.error;
+  Job job;  // removes the directory unless a test failed
+  job.dir = fs::temp_directory_path() / ("fogo_dist_hosts_" + std::to_string(getpid()));
+  const fs::path dir = job.dir;
+  fs::create_directories(dir);
+  const auto run = fogo::testing::launch_ranks(
+      {.exe = "/bin/sh",
+       .args = {"-c", "exec ip netns exec \"$FOGO_NS\" \"$0\" --rank-scenario=replicated",
+                self_path()},
+       .nprocs = 2,
+       .extra =
+           [&](int r) {
+             return Env{{"FOGO_NS", hosts.ns[r]},
+                        {"MASTER_ADDR", "10.213.0.1"},
+                        {"GLOO_SOCKET_IFNAME", hosts.link[r]},
+                        {"FOGO_DIST_OUT", dir.string()}};
+           },
+       .log_dir = dir,
+       .deadline_s = 120});
+  ASSERT_TRUE(run.all_succeeded()) << run.logs();
+  // The scenario checked each rank against the single process; the ranks agree with each other.
+  for (const std::string name : {"fogo", "muon"}) {
+    const auto r0 = load_tensors(dir / (name + "_rank0.pt"));
+    const auto r1 = load_tensors(dir / (name + "_rank1.pt"));
+    ASSERT_EQ(r0.size(), r1.size()) << name;
+    for (size_t i = 0; i < r0.size(); ++i) {
+      EXPECT_TRUE(torch::equal(r0[i], r1[i])) << name << " tensor " << i << " differs by host";
+    }
+  }
+}
+
 TEST(Distributed, ShardedMuonAndFogoEqualReplicatedWorld2) {
   expect_all_passed(launch("sharded", 2));
 }
