@@ -22,39 +22,14 @@
 #include <memory>
 #include <string>
 
+#include "model_sets.h"
+
 namespace {
 
-using Shape = std::vector<int64_t>;
-
-std::vector<Shape> model_shapes(int64_t set) {
-  std::vector<Shape> shapes;
-  if (set == 0) {
-    for (int layer = 0; layer < 12; ++layer) {
-      for (const Shape& s : {Shape{768, 2304}, Shape{768, 768}, Shape{3072, 768}, Shape{768, 3072}})
-        shapes.push_back(s);
-    }
-    return shapes;
-  }
-  shapes.push_back({64, 3, 3, 3});
-  int64_t in = 64;
-  for (const int64_t out : {64, 128, 256, 512}) {
-    for (int block = 0; block < 2; ++block) {
-      shapes.push_back({out, block == 0 ? in : out, 3, 3});
-      shapes.push_back({out, out, 3, 3});
-      if (block == 0 && in != out) shapes.push_back({out, in, 1, 1});  // downsample shortcut
-    }
-    in = out;
-  }
-  shapes.push_back({10, 512});
-  return shapes;
-}
-
-const char* set_name(int64_t set) { return set == 0 ? "gpt2-small" : "resnet18"; }
-
-fogo::FOGOOptions fogo_preset(int64_t set, torch::ScalarType ns_dtype) {
-  return (set == 0 ? fogo::presets::gpt2() : fogo::presets::class_imbalanced_backbone())
-      .ns_dtype(ns_dtype);
-}
+using fogo::bench::fogo_preset;
+using fogo::bench::model_shapes;
+using fogo::bench::set_name;
+using fogo::bench::Shape;
 
 struct Setup {
   torch::Device device{torch::kCPU};

@@ -73,8 +73,21 @@ double max_grad_norm(const at::Tensor& grad) {
 }
 }  // namespace
 
+namespace {
+thread_local bool grads_already_checked = false;
+thread_local int64_t reads = 0;
+}  // namespace
+
+GradsAlreadyChecked::GradsAlreadyChecked() : previous_(grads_already_checked) {
+  grads_already_checked = true;
+}
+GradsAlreadyChecked::~GradsAlreadyChecked() { grads_already_checked = previous_; }
+
+int64_t unusable_grad_reads() { return reads; }
+
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
-  if (grads.empty()) return -1;
+  if (grads.empty() || grads_already_checked) return -1;
+  ++reads;
   std::vector<at::Tensor> flags;
   flags.reserve(grads.size());
   // NaN <= x and Inf <= x are false: one reduction per gradient tests all three conditions.

@@ -276,6 +276,8 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
                                   g, i, items.params[bad]);
     }
   }
+  // Checked above for the whole step: the matrix side need not read its gradients back again.
+  const detail::GradsAlreadyChecked checked;
   for (auto* side : sides()) side->step();
   return loss;
 }

@@ -1,5 +1,6 @@
 // The hybrid: which side each parameter goes to, and the two optimizers stepping, scheduling
 // and checkpointing as one.
+#include <fogo/detail/checks.h>
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
@@ -266,6 +267,31 @@ bool unchanged(TinyNet& net, const std::vector<torch::Tensor>& before) {
 }
 
 }  // namespace
+
+TEST(HybridOptimizer, ChecksTheGradientsWithOneReadBack) {
+  // The hybrid checks every gradient of the step for NaN/Inf in one read-back to the host (a
+  // synchronisation on a GPU); its matrix side does not check them again. Alone, each optimizer
+  // reads back once per step.
+  for (const bool fogo_side : {true, false}) {
+    TinyNet net;
+    auto opt = fogo_side ? fogo::make_hybrid<fogo::FOGO>(
+                               *net, fogo::FOGOOptions(0.01).proj_dim(4).codebook_size(4),
+                               torch::optim::AdamWOptions(3e-3))
+                         : fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.01),
+                                                         torch::optim::AdamWOptions(3e-3));
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(step);
+      net->zero_grad();
+      net->forward(torch::randint(0, 50, {4, 6})).sum().backward();
+      const int64_t before = fogo::detail::unusable_grad_reads();
+      opt.step();
+      EXPECT_EQ(fogo::detail::unusable_grad_reads() - before, 1) << fogo_side << " step " << step;
+      const int64_t alone = fogo::detail::unusable_grad_reads();
+      opt.matrix()->step();  // the side on its own still checks
+      EXPECT_EQ(fogo::detail::unusable_grad_reads() - alone, 1) << fogo_side;
+    }
+  }
+}
 
 TEST(HybridOptimizer, NonFinitePolicyCoversBothSides) {
   for (const auto policy : {fogo::NonFinitePolicy::Skip, fogo::NonFinitePolicy::Raise}) {

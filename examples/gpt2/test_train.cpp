@@ -426,6 +426,12 @@ TEST(StepTimes, SummaryIsTheMedianAfterTheFirstFiveSteps) {
   r.mfu = 0.1;  // MFU scales with throughput: 0.1 at 500 tokens/s is 10 at 50,000
   r.tokens_per_second = 500;
   EXPECT_NE(step_time_summary(r).find(", MFU 1000.0%"), std::string::npos);
+  // Data-parallel: the median wait for the gradient all-reduce, and its share of the step.
+  r.world_size = 2;
+  r.gradient_wait_seconds = {1, 1, 1, 1, 1, 0.001, 0.003, 0.005};
+  EXPECT_NE(step_time_summary(r).find("gradient all-reduce wait 3.00 ms (15.0%)"),
+            std::string::npos)
+      << step_time_summary(r);
   r.step_seconds.resize(5);
   EXPECT_EQ(step_time_summary(r), "steady state: fewer than 6 steps timed");
 }

@@ -537,7 +537,10 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
     }
     loss_sum += loss.detach();
   }
+  const auto t_wait = std::chrono::steady_clock::now();
   dp_.finish_gradients();  // every gradient = (sum over ranks) / world
+  result_.gradient_wait_seconds.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count());
   // Returns the norm before clipping; with no clipping the gradients are scaled by exactly 1.
   stats.grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm_);
   stats.train_loss = dp_.sum(loss_sum.to(torch::kDouble)).item<double>() /
@@ -707,7 +710,13 @@ std::string step_time_summary(const RunResult& r) {
   out << std::fixed << std::setprecision(2) << "steady state (steps " << kSkip + 1 << "-"
       << r.step_seconds.size() << "): median step " << 1e3 * step << " ms, optimizer "
       << 1e3 * optimizer << " ms (" << std::setprecision(1) << 100 * optimizer / step
-      << "% of the step), " << std::setprecision(0) << tps << " tokens/s";
+      << "% of the step), ";
+  if (r.world_size > 1) {
+    const double wait = median(r.gradient_wait_seconds);
+    out << std::setprecision(2) << "gradient all-reduce wait " << 1e3 * wait << " ms ("
+        << std::setprecision(1) << 100 * wait / step << "%), ";
+  }
+  out << std::setprecision(0) << tps << " tokens/s";
   if (r.mfu >= 0 && r.tokens_per_second > 0) {
     out << std::setprecision(1) << ", MFU " << 100 * r.mfu * tps / r.tokens_per_second << "%";
   }

@@ -93,6 +93,9 @@ struct RunResult {
   /// Wall-clock seconds of each step this process trained, and of its optimizer part (step and
   /// zero_grad; timed between the synchronisations the loop makes anyway on CUDA).
   std::vector<double> step_seconds, optimizer_seconds;
+  /// Data-parallel: of each step, the wait in finish_gradients() for the gradient all-reduces
+  /// that backward did not finish (the communication the step does not overlap); 0 alone.
+  std::vector<double> gradient_wait_seconds;
   std::string device;
   /// This process's rank and the number of ranks (1: not launched by torchrun). Only rank 0
   /// logs and writes files.

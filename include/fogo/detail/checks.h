@@ -47,6 +47,24 @@ inline constexpr double kMaxGradNormDouble = 1e151;
 /// kMaxGradNorm, or -1: one reduction per gradient and one host synchronisation for the list.
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
+/// While one lives on this thread, first_unusable_grad reports every gradient usable without
+/// reading it: for a caller that has just checked the same gradients (the hybrid, around its
+/// sides' steps), so that a step synchronises with the device once for the check, not twice.
+class [[nodiscard]] GradsAlreadyChecked {
+ public:
+  GradsAlreadyChecked();
+  ~GradsAlreadyChecked();
+  GradsAlreadyChecked(const GradsAlreadyChecked&) = delete;
+  GradsAlreadyChecked& operator=(const GradsAlreadyChecked&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// How many times first_unusable_grad has read its flags back to the host on this thread (on a
+/// GPU, each is a host synchronisation): what tests count.
+int64_t unusable_grad_reads();
+
 /// The error for the unusable gradient of `param` (parameter `index` of group `group`): what is
 /// wrong with it (non-finite, or its norm too large) and that nothing was changed.
 [[noreturn]] void throw_unusable_grad(const char* optimizer, size_t group, size_t index,
