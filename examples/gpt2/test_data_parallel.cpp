@@ -232,6 +232,29 @@ TEST_F(DataParallel, CheckpointsMoveBetweenWorldSizes) {
   expect_close_to(fs::path(two.out_dir) / tr::kCheckpointFile, truth, "1 process then 2 ranks");
 }
 
+TEST_F(DataParallel, CompareUnderRanksWritesOneReportFromRankZero) {
+  // `gpt2 compare` on 2 ranks: each optimizer's run is data-parallel; rank 0 alone prints and
+  // writes compare.md and the plot, naming both optimizers.
+  TrainConfig c = config("adamw", 4, "compare_ranks");
+  std::vector<std::string> args = flags(c);
+  args[0] = "compare";
+  std::erase_if(args, [](const std::string& a) { return a.rfind("--optimizer=", 0) == 0; });
+  args.push_back("--optimizers=adamw,muon");
+  const fs::path logs = fs::path(c.out_dir + "_logs");
+  fs::create_directories(logs);
+  const auto run = fogo::testing::launch_ranks(
+      {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 60});
+  ASSERT_TRUE(run.all_succeeded()) << run.logs();
+  EXPECT_EQ(run.ranks[1].log, "") << run.logs();
+  std::ifstream report(fs::path(c.out_dir) / "compare.md");
+  ASSERT_TRUE(report.good()) << run.logs();
+  const std::string text((std::istreambuf_iterator<char>(report)),
+                         std::istreambuf_iterator<char>());
+  for (const char* name : {"adamw", "muon", "2 ranks (data-parallel)"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
+  }
+}
+
 TEST_F(DataParallel, BadLaunchesAreClearErrors) {
   // Ranks that disagree on WORLD_SIZE: every rank fails, naming the variable and both values.
   TrainConfig c = config("adamw", 4, "mismatch");
