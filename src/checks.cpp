@@ -100,6 +100,19 @@ int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
   return -1;
 }
 
+int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked) {
+  std::vector<at::Tensor> grads;
+  std::vector<size_t> item;
+  for (size_t k = 0; k < items.grads.size(); ++k) {
+    if (checked(items.where[k].first)) {
+      grads.push_back(items.grads[k]);
+      item.push_back(k);
+    }
+  }
+  const int64_t bad = first_unusable_grad(grads);
+  return bad < 0 ? -1 : static_cast<int64_t>(item[bad]);
+}
+
 void throw_unusable_grad(const char* optimizer, size_t group, size_t index,
                          const at::Tensor& param) {
   const at::Tensor& grad = param.grad();

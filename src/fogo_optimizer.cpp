@@ -437,7 +437,12 @@ torch::Tensor FOGO::step(LossClosure closure) {
         check_matrix(g, i, p, param_groups_[g].params()[0]);
       });
   const auto& [params, grads, where] = items;
-  if (const int64_t bad = detail::first_unusable_grad(grads); bad >= 0) {
+  const auto policy = [&](size_t g) {
+    return static_cast<const FOGOOptions&>(param_groups_[g].options()).nonfinite();
+  };
+  if (const int64_t bad = detail::first_unusable_item(
+          items, [&](size_t g) { return policy(g) != NonFinitePolicy::Unchecked; });
+      bad >= 0) {
     const auto& options =
         static_cast<const FOGOOptions&>(param_groups_[where[bad].first].options());
     if (options.nonfinite() == NonFinitePolicy::Skip) return loss;

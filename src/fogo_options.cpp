@@ -27,7 +27,8 @@ void FOGOOptions::validate() const {
   TORCH_CHECK(
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");
-  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip,
+  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip ||
+                  nonfinite() == NonFinitePolicy::Unchecked,
               "FOGO: option 'nonfinite' is not a known policy");
 }
 

@@ -173,17 +173,12 @@ torch::Tensor Muon::step(LossClosure closure) {
       [&](size_t g, size_t i, const at::Tensor& p) {
         check_param_shape(g, i, p, static_cast<const MuonOptions&>(param_groups_[g].options()));
       });
-  std::vector<at::Tensor> checked;  // gradients of the groups with check_finite
-  std::vector<size_t> checked_item;
-  for (size_t k = 0; k < items.grads.size(); ++k) {
-    if (static_cast<const MuonOptions&>(param_groups_[items.where[k].first].options())
-            .check_finite()) {
-      checked.push_back(items.grads[k]);
-      checked_item.push_back(k);
-    }
-  }
-  if (const int64_t bad = detail::first_unusable_grad(checked); bad >= 0) {
-    const size_t k = checked_item[bad];
+  if (const int64_t k = detail::first_unusable_item(
+          items,
+          [&](size_t g) {
+            return static_cast<const MuonOptions&>(param_groups_[g].options()).check_finite();
+          });
+      k >= 0) {
     detail::throw_unusable_grad("Muon", items.where[k].first, items.where[k].second,
                                 items.params[k]);
   }

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #ifdef FOGO_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -446,6 +447,73 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
     }
   }
 }
+
+// A steady-state step reads nothing back to the host: under CUDA's sync debug mode set to error,
+// any synchronisation inside a step (an .item(), a device-to-host copy, a pageable
+// host-to-device copy, nonzero) throws. Steady state: after the first steps (FOGO draws its
+// codebook's initial rows on the host) and a task boundary that freezes more centroids than
+// lt_candidates (so the candidates are sampled on the device every step), with re-seeding off (it
+// reads the dead centroids back, every reseed_every steps). The non-finite check of Raise and
+// Skip reads one flag vector back per step (docs/cuda.md), so these steps run Unchecked (FOGO)
+// and with check_finite off (Muon). The gradients are made before the mode is set.
+#ifdef FOGO_WITH_CUDA
+TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
+  FOGO_REQUIRE_GPU();
+  struct SyncDebugError {  // the mode is process-wide: always restore it
+    SyncDebugError() {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    }
+    ~SyncDebugError() {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    }
+  };
+  for (const bool use_fogo : {true, false}) {
+    auto params = small_network(torch::kCUDA);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    fogo::FOGO* fogo_opt = nullptr;
+    if (use_fogo) {
+      auto f =
+          std::make_unique<fogo::FOGO>(params, fogo::FOGOOptions(0.01)
+                                                   .codebook_size(16)
+                                                   .proj_dim(32)
+                                                   .reseed_every(0)
+                                                   .freeze_per_task(4)
+                                                   .lt_candidates(2)
+                                                   .nonfinite(fogo::NonFinitePolicy::Unchecked));
+      fogo_opt = f.get();
+      opt = std::move(f);
+    } else {
+      opt = std::make_unique<fogo::Muon>(params, fogo::MuonOptions(0.02).check_finite(false));
+    }
+    std::vector<std::vector<torch::Tensor>> grads;
+    for (int step = 0; step < 8; ++step) {
+      set_gradients(params, step);
+      std::vector<torch::Tensor> g;
+      for (const auto& p : params) g.push_back(p.grad());
+      grads.push_back(g);
+    }
+    const auto take = [&](int step) {
+      for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[step][k];
+    };
+    for (int step = 0; step < 3; ++step) {  // warm-up: initialisation, projections, allocations
+      take(step);
+      opt->step();
+      if (fogo_opt && step == 1) fogo_opt->task_boundary();
+    }
+    torch::cuda::synchronize();
+    {
+      SyncDebugError mode;
+      for (int step = 3; step < 8; ++step) {
+        take(step);
+        EXPECT_NO_THROW(opt->step()) << (use_fogo ? "FOGO" : "Muon") << " step " << step;
+      }
+    }
+    torch::cuda::synchronize();
+    for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+    if (fogo_opt) EXPECT_EQ(fogo_opt->telemetry()[0].frozen, 4);
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Gram-form Newton–Schulz (newton_schulz_projected): CPU, and CUDA when present

@@ -1,6 +1,7 @@
 // fogo::FOGO end to end: the memory-disabled reduction to slow-stream Muon (checked against a
 // hand computation in double precision), protection at task boundaries, checkpoints, and bad
 // or extreme input.
+#include <fogo/detail/checks.h>
 #include <fogo/fogo.h>
 #include <fogo/projection.h>
 #include <gtest/gtest.h>
@@ -501,6 +502,16 @@ TEST(FOGO, NonFiniteGradientsRaiseOrSkipAndChangeNothing) {
   opt.step();  // skipped
   EXPECT_TRUE(torch::equal(a, a1) && torch::equal(b, b1));
   EXPECT_EQ(opt.telemetry()[0].step, 1);
+
+  // Unchecked: nothing is read back (no host synchronisation on a GPU), and the NaN reaches the
+  // parameters, as documented.
+  static_cast<fogo::FOGOOptions&>(opt.param_groups()[0].options())
+      .nonfinite(fogo::NonFinitePolicy::Unchecked);
+  const int64_t reads = fogo::detail::unusable_grad_reads();
+  opt.step();
+  EXPECT_EQ(fogo::detail::unusable_grad_reads(), reads);
+  EXPECT_EQ(opt.telemetry()[0].step, 2);
+  EXPECT_TRUE(torch::isnan(b).any().item<bool>());
 }
 
 TEST(FOGO, RejectsBadOptionsAndShapes) {

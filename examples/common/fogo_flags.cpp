@@ -81,7 +81,8 @@ ProjectionScale parse(const std::string& text, ProjectionScale*) {
 NonFinitePolicy parse(const std::string& text, NonFinitePolicy*) {
   if (text == "raise") return NonFinitePolicy::Raise;
   if (text == "skip") return NonFinitePolicy::Skip;
-  throw std::invalid_argument("expected raise or skip, got '" + text + "'");
+  if (text == "unchecked") return NonFinitePolicy::Unchecked;
+  throw std::invalid_argument("expected raise, skip or unchecked, got '" + text + "'");
 }
 
 }  // namespace

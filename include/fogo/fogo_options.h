@@ -21,6 +21,10 @@ namespace fogo {
 enum class NonFinitePolicy : int64_t {
   Raise = 0,  ///< throw naming the parameter; nothing is changed (default)
   Skip = 1,   ///< skip the whole step, leave every parameter and state untouched
+  /// No check: the step reads nothing back from the device (no host synchronisation on a GPU),
+  /// and NaN or Inf gradients reach the parameters, as with torch.optim's optimizers. For
+  /// training loops that check the gradients themselves (a loss scaler's inf check, say).
+  Unchecked = 2,
 };
 
 // clang-format off

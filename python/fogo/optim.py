@@ -153,7 +153,8 @@ class FOGO(_CppOptimizer):
 {options}
 
     ``ns_dtype`` is a torch.dtype; ``projection_scale`` is "unit" or "jl"; ``nonfinite`` is
-    "raise" (NaN/Inf gradients raise, nothing changes) or "skip" (the step is skipped).
+    "raise" (NaN/Inf gradients raise, nothing changes), "skip" (the step is skipped) or
+    "unchecked" (no check and no host synchronisation; NaN/Inf reach the parameters).
     The paper's configurations: ``fogo.presets``.
     """
 

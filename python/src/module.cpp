@@ -44,7 +44,9 @@ struct EnumNames<fogo::ProjectionScale> {
 template <>
 struct EnumNames<fogo::NonFinitePolicy> {
   static constexpr std::pair<const char*, fogo::NonFinitePolicy> values[] = {
-      {"raise", fogo::NonFinitePolicy::Raise}, {"skip", fogo::NonFinitePolicy::Skip}};
+      {"raise", fogo::NonFinitePolicy::Raise},
+      {"skip", fogo::NonFinitePolicy::Skip},
+      {"unchecked", fogo::NonFinitePolicy::Unchecked}};
 };
 template <>
 struct EnumNames<fogo::NSForm> {

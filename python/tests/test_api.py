@@ -58,7 +58,7 @@ def test_muon_option_list_covers_the_cpp_options():
         ({"codebook_size": 0}, RuntimeError, "option 'codebook_size' must be finite and in [1,"),
         ({"codebook_size": 2.5}, TypeError, "FOGO: option 'codebook_size' must be an integer, got 2.5"),
         ({"lr": "fast"}, TypeError, "FOGO: option 'lr' must be a number, got 'fast'"),
-        ({"nonfinite": "ignore"}, ValueError, "FOGO: option 'nonfinite' must be one of 'raise' 'skip', got 'ignore'"),
+        ({"nonfinite": "ignore"}, ValueError, "FOGO: option 'nonfinite' must be one of 'raise' 'skip' 'unchecked', got 'ignore'"),
         ({"ns_dtype": "half"}, TypeError, "option 'ns_dtype' must be a torch.dtype"),
         ({"codebook": 3}, TypeError, "unexpected keyword argument(s) 'codebook'"),
     ],

@@ -47,6 +47,10 @@ inline constexpr double kMaxGradNormDouble = 1e151;
 /// kMaxGradNorm, or -1: one reduction per gradient and one host synchronisation for the list.
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
+/// first_unusable_grad over the gradients of `items` whose group `checked(group)` accepts:
+/// the index into `items` of the first unusable one, or -1.
+int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked);
+
 /// While one lives on this thread, first_unusable_grad reports every gradient usable without
 /// reading it: for a caller that has just checked the same gradients (the hybrid, around its
 /// sides' steps), so that a step synchronises with the device once for the check, not twice.
