@@ -15,7 +15,24 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include "common/cli.h"
+
 namespace fogo::trainer {
+
+void add_data_parallel_flags(Cli& cli, DataParallelFlags& flags) {
+  cli.section("Data-parallel (under torchrun)");
+  cli.flag("shard-step", &flags.shard_step,
+           "muon, fogo: each rank runs the Newton-Schulz chains (fogo: also the projection, lift "
+           "and update) of its share of the matrices, and the results are broadcast; the same "
+           "results as every rank stepping everything (adam and adamw runs: no effect)");
+  cli.flag("dist-timeout", &flags.dist_timeout,
+           "seconds a collective waits for the other ranks before the run stops with an error");
+}
+
+void validate_data_parallel_flags(const DataParallelFlags& flags) {
+  Cli::require(flags.dist_timeout >= 1, "dist-timeout",
+               "must be >= 1, got " + std::to_string(flags.dist_timeout));
+}
 
 namespace {
 
@@ -80,6 +97,12 @@ void DataParallel::barrier() const {
 
 void DataParallel::broadcast_module(const torch::nn::Module& module) const {
   if (impl_) fogo::dist::broadcast_parameters(impl_->group, module);
+}
+
+void DataParallel::broadcast_buffers(const torch::nn::Module& module) const {
+  if (!impl_) return;
+  const auto buffers = module.buffers();
+  if (!buffers.empty()) fogo::dist::broadcast_tensors(impl_->group, buffers);
 }
 
 void DataParallel::average_gradients_of(const torch::nn::Module& module) {
@@ -173,6 +196,7 @@ void DataParallel::shutdown_process() {}
 void DataParallel::barrier() const {}
 void DataParallel::broadcast_module(const torch::nn::Module&) const {}
 void DataParallel::average_gradients_of(const torch::nn::Module&) {}
+void DataParallel::broadcast_buffers(const torch::nn::Module&) const {}
 void DataParallel::accumulate_locally(const std::function<void()>& backward) { backward(); }
 void DataParallel::finish_gradients() {}
 torch::Tensor DataParallel::sum(const torch::Tensor& values) const { return values; }
@@ -190,5 +214,10 @@ void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*) c
 #endif
 
 DataParallel::DataParallel() = default;
+
+std::ostream& DataParallel::main_only(std::ostream& out) const {
+  static std::ostream discard(nullptr);
+  return main() ? out : discard;
+}
 
 }  // namespace fogo::trainer

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,18 @@ class FOGO;
 }
 
 namespace fogo::trainer {
+
+class Cli;
+
+/// The data-parallel settings both trainers take (under torchrun).
+struct DataParallelFlags {
+  bool shard_step = false;     ///< fogo::dist::shard_step on the optimizer's matrix side
+  int64_t dist_timeout = 600;  ///< seconds a collective waits for the other ranks
+};
+/// Registers --shard-step and --dist-timeout; validate_data_parallel_flags() checks them.
+void add_data_parallel_flags(Cli& cli, DataParallelFlags& flags);
+/// Throws a CliError naming the flag.
+void validate_data_parallel_flags(const DataParallelFlags& flags);
 
 class DataParallel {
  public:
@@ -57,11 +70,16 @@ class DataParallel {
   bool distributed() const { return world_size_ > 1; }
   /// Rank 0: the one that logs, writes metrics, plots and checkpoints.
   bool main() const { return rank_ == 0; }
+  /// `out` on rank 0; on the other ranks a stream that discards what is written to it.
+  std::ostream& main_only(std::ostream& out) const;
 
   /// Returns once every rank has called it.
   void barrier() const;
   /// Every rank gets rank 0's parameters and buffers.
   void broadcast_module(const torch::nn::Module& module) const;
+  /// Every rank gets rank 0's buffers (BatchNorm's running statistics, which each rank updates
+  /// from its own batch: what PyTorch's DistributedDataParallel does before every forward).
+  void broadcast_buffers(const torch::nn::Module& module) const;
   /// Averages the gradients of `module`'s parameters over the ranks from now on (bucketed
   /// all-reduce during backward); replaces any module given before.
   void average_gradients_of(const torch::nn::Module& module);

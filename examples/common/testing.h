@@ -43,7 +43,8 @@ inline CommandResult run_command(const std::string& binary, const std::string& a
 
 /// The flags both trainers share, under the same names (each trainer's --help must list them).
 inline constexpr const char* kSharedFlags[] = {
-    "--out",        "--grad-clip", "--stop-at-step", "--ns-dtype", "--ckpt-every", "--resume",
-    "--eval-every", "--log-every", "--device",       "--threads",  "--fogo",       "--ablation"};
+    "--out",    "--grad-clip",  "--stop-at-step", "--ns-dtype",    "--ckpt-every",
+    "--resume", "--eval-every", "--log-every",    "--device",      "--threads",
+    "--fogo",   "--ablation",   "--shard-step",   "--dist-timeout"};
 
 }  // namespace fogo::trainer::testing

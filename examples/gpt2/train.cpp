@@ -122,14 +122,7 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("deterministic", &c.deterministic, "deterministic kernels (bitwise resume on CPU)");
   cli.flag("seed", &c.seed, "seed of the initialisation and dropout");
   cli.flag("threads", &c.threads, "CPU threads (0: torch's default)");
-
-  cli.section("Data-parallel (under torchrun)");
-  cli.flag("shard-step", &c.shard_step,
-           "muon, fogo: each rank runs the Newton-Schulz chains (fogo: also the projection, lift "
-           "and update) of its share of the matrices, and the results are broadcast; the same "
-           "results as every rank stepping everything");
-  cli.flag("dist-timeout", &c.dist_timeout,
-           "seconds a collective waits for the other ranks before the run stops with an error");
+  tr::add_data_parallel_flags(cli, c.data_parallel);
 }
 
 double wsd_factor(int64_t step, int64_t steps, int64_t warmup, double decay_frac,
@@ -165,9 +158,7 @@ void validate(const TrainConfig& c) {
   tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
   tr::Cli::require(c.eval_sequences >= 1, "eval-sequences", "must be >= 1" + got(c.eval_sequences));
   tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
-  tr::Cli::require(c.dist_timeout >= 1, "dist-timeout", "must be >= 1" + got(c.dist_timeout));
-  tr::Cli::require(!c.shard_step || c.optimizer.name != "adamw", "shard-step",
-                   "shards muon and fogo; adamw's step is elementwise (nothing to shard)");
+  tr::validate_data_parallel_flags(c.data_parallel);
   tr::Cli::require(c.ckpt_every >= 0, "ckpt-every", "must be >= 0" + got(c.ckpt_every));
   tr::Cli::require(c.stop_at_step >= 0, "stop-at-step", "must be >= 0" + got(c.stop_at_step));
   tr::Cli::require(c.autocast == "auto" || c.autocast == "bf16" || c.autocast == "off", "autocast",
@@ -280,12 +271,6 @@ std::string format_double(double v, int precision) {
   return s.str();
 }
 
-// Where ranks other than 0 send their log: nowhere.
-std::ostream& null_log() {
-  static std::ostream sink(nullptr);
-  return sink;
-}
-
 // Checks the settings and applies the process-wide ones (threads, determinism, TF32); returns
 // the device to train on.
 torch::Device set_up_runtime(const TrainConfig& cfg, const tr::DataParallel& dp) {
@@ -389,8 +374,8 @@ class Trainer::Impl {
 
 Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     : cfg_(cfg),
-      dp_(tr::DataParallel::process(std::chrono::seconds(cfg.dist_timeout))),
-      log_(dp_.main() ? log : null_log()),
+      dp_(tr::DataParallel::process(std::chrono::seconds(cfg.data_parallel.dist_timeout))),
+      log_(dp_.main_only(log)),
       device_(set_up_runtime(cfg, dp_)),
       autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),
       corpus_(load_corpus(cfg.data)),
@@ -421,7 +406,7 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     result_.device += ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)";
     dp_.broadcast_module(*model_);
     dp_.average_gradients_of(*model_);
-    if (cfg_.shard_step) {
+    if (cfg_.data_parallel.shard_step && opt_.hybrid.matrix()) {
       const auto owners = dp_.shard_step(opt_.hybrid);
       log_ << "sharded step: rank 0 orthogonalizes "
            << std::count(owners.begin(), owners.end(), int64_t{0}) << " of " << owners.size()

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/data_parallel.h"
 #include "data.h"
 #include "model.h"
 #include "optim.h"
@@ -60,10 +61,9 @@ struct TrainConfig {
   int64_t seed = 1337;       ///< model init and dropout
   int64_t data_seed = 1337;  ///< batch order
   int64_t threads = 0;
-  bool shard_step = false;     ///< data-parallel: fogo::dist::shard_step on the optimizer
-  int64_t dist_timeout = 600;  ///< data-parallel: seconds a collective may wait
-  double peak_tflops = -1;     ///< for MFU; < 0: 989 (H100/H200 bf16 dense) on CUDA, none on CPU
-  bool quiet = false;          ///< no progress line (tests)
+  fogo::trainer::DataParallelFlags data_parallel;
+  double peak_tflops = -1;  ///< for MFU; < 0: 989 (H100/H200 bf16 dense) on CUDA, none on CPU
+  bool quiet = false;       ///< no progress line (tests)
 };
 
 /// Registers the flags of `gpt2 train` and `gpt2 compare` (model, data, optimization, output,

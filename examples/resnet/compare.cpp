@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "common/metrics.h"
 #include "common/report.h"
 #include "common/runtime.h"
@@ -190,14 +191,19 @@ void report_comparison(const Config& config, const std::string& data_name,
 }
 
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
-  if (!config.lr_sweep.empty()) return run_lr_sweep(config, out).finals;
+  if (!config.lr_sweep.empty()) {
+    if (trainer::DataParallel::process().distributed()) {
+      throw trainer::Cli::error("lr-sweep", "does not run data-parallel yet; sweep as one process");
+    }
+    return run_lr_sweep(config, out).finals;
+  }
   const std::vector<Config> runs = plan_runs(config);  // a bad flag fails before any training
   const DataSplit data = load_data(runs.front());
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
       << " train, " << data.test.size() << " test images)\n";
   std::vector<RunResult> results;
   for (const auto& run : runs) results.push_back(train_run(run, data, out));
-  report_comparison(config, data.name, results, out);
+  if (trainer::DataParallel::process().main()) report_comparison(config, data.name, results, out);
   return results;
 }
 

@@ -139,6 +139,7 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "CPU threads for torch (0 = torch's default; 1 is much faster on a machine whose "
            "cores are busy with other work)");
   cli.flag("plots", &c.plots, "write PNG plots with gnuplot");
+  trainer::add_data_parallel_flags(cli, c.data_parallel);
 }
 
 double cosine_factor(int64_t step, int64_t steps, int64_t warmup, double min_factor) {
@@ -269,6 +270,7 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (c.ckpt_every < 0) throw trainer::Cli::error("ckpt-every", "must be >= 0");
   if (c.stop_at_step < 0) throw trainer::Cli::error("stop-at-step", "must be >= 0");
   if (c.threads < 0) throw trainer::Cli::error("threads", "must be >= 0");
+  trainer::validate_data_parallel_flags(c.data_parallel);
   if (c.out.empty()) throw trainer::Cli::error("out", "must not be empty");
   return c;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/data_parallel.h"
 #include "common/signature.h"
 
 namespace fogo::trainer {
@@ -81,6 +82,7 @@ struct Config {
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step; 0 = never
   std::string device = "auto";
   int64_t threads = 0;
+  trainer::DataParallelFlags data_parallel;  ///< under torchrun
   bool plots = true;
 };
 

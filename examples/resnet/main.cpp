@@ -1,7 +1,9 @@
 // resnet_train: ResNet-18 with FOGO, Muon and Adam(W) on the paper's forgetting benchmarks.
+#include <chrono>
 #include <iostream>
 
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "config.h"
 #include "trainer.h"
 
@@ -19,7 +21,11 @@ int main(int argc, char** argv) {
         "               --train-per-class 500 --test-per-class 200");
     fogo::resnet::add_flags(cli, config);
     if (!cli.parse(argc, argv)) return 0;
-    fogo::resnet::run_comparison(config, std::cout);
+    // Under torchrun, rank 0 alone prints (docs/trainers.md, "Data-parallel").
+    const auto& dp = fogo::trainer::DataParallel::process(
+        std::chrono::seconds(config.data_parallel.dist_timeout));
+    fogo::resnet::run_comparison(config, dp.main_only(std::cout));
+    fogo::trainer::DataParallel::shutdown_process();
     return 0;
   });
 }

@@ -1,5 +1,7 @@
 #include "trainer.h"
 
+#include <fogo/fogo_optimizer.h>
+#include <fogo/hybrid.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -10,6 +12,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "common/metrics.h"
 #include "common/optimizers.h"
 #include "common/progress.h"
@@ -138,7 +141,8 @@ class Run {
  public:
   Run(const Config& c, const DataSplit& data, std::ostream& log)
       : c_(c),
-        log_(log),
+        dp_(trainer::DataParallel::process(std::chrono::seconds(c.data_parallel.dist_timeout))),
+        log_(dp_.main_only(log)),
         device_(trainer::parse_device(c.device)),
         dir_(run_dir(c)),
         ckpt_path_(dir_ + "/" + trainer::kCheckpointFile) {
@@ -151,6 +155,7 @@ class Run {
     trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
     plan_ = make_plan(c, data, device_);
     build_model_and_optimizer();
+    if (dp_.distributed()) join_ranks();
     schedule_steps();
     lay_out_result();
   }
@@ -175,9 +180,32 @@ class Run {
     }
   }
 
+  // Data-parallel (under torchrun): every rank starts from rank 0's model, gradients are
+  // averaged over the ranks, and each rank trains on its rows of every global batch.
+  void join_ranks() {
+    if (c_.replay != "none") {
+      throw trainer::Cli::error("replay", "replay (" + c_.replay +
+                                              ") does not run data-parallel yet; run it as "
+                                              "one process");
+    }
+    dp_.broadcast_module(*model_);
+    dp_.average_gradients_of(*model_);
+    if (c_.data_parallel.shard_step && optimizer_->hybrid()) dp_.shard_step(*optimizer_->hybrid());
+  }
+
+  // The global batch: --batch-size rows on each rank.
+  int64_t global_batch() const { return c_.batch_size * dp_.world_size(); }
+
+  // What checkpoints are checked against: the settings, with the global batch.
+  trainer::RunSignature signature() const {
+    Config global = c_;
+    global.batch_size = global_batch();
+    return run_signature(global);
+  }
+
   // Steps per epoch of each task, the run's total, and where this session stops.
   void schedule_steps() {
-    for (const auto& d : plan_.train) steps_per_epoch_.push_back(d.size() / c_.batch_size);
+    for (const auto& d : plan_.train) steps_per_epoch_.push_back(d.size() / global_batch());
     for (const int64_t spe : steps_per_epoch_) total_ += spe * *c_.epochs;
     last_ = c_.stop_at_step > 0 ? std::min(total_, c_.stop_at_step) : total_;
   }
@@ -205,8 +233,17 @@ class Run {
   }
 
   // --resume: the run's checkpoint, when there is one (its settings checked); true if loaded.
+  // Data-parallel: rank 0's checkpoint, sent to every rank.
   bool resume_from_checkpoint() {
-    auto in = trainer::open_for_resume(ckpt_path_, run_signature(c_), device_);
+    if (dp_.distributed()) {
+      const auto bytes = dp_.read_on_main(ckpt_path_);
+      if (!bytes) return false;
+      trainer::CheckpointReader in(ckpt_path_, *bytes, device_);
+      signature().check(in);
+      load_checkpoint(in);
+      return true;
+    }
+    auto in = trainer::open_for_resume(ckpt_path_, signature(), device_);
     if (!in) return false;
     load_checkpoint(*in);
     return true;
@@ -214,6 +251,7 @@ class Run {
 
   // train and eval metrics files: new, or trimmed to the checkpoint's step when resumed.
   void open_logs(bool resumed) {
+    if (!dp_.main()) return;
     const std::string ext = "." + c_.metrics_format;
     auto open = [&](const std::string& name) {
       const std::string path = dir_ + "/" + name + ext;
@@ -227,7 +265,10 @@ class Run {
   void announce(bool resumed) {
     log_ << "run " << dir_ << ": " << c_.scenario << ", " << plan_.task_names.size() << " task(s), "
          << total_ << " steps, " << count_parameters(*model_) << " parameters, "
-         << trainer::describe_runtime(device_) << "\n  " << optimizer_->description() << "\n";
+         << trainer::describe_runtime(device_)
+         << (dp_.distributed() ? ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)"
+                               : "")
+         << "\n  " << optimizer_->description() << "\n";
     if (resumed) log_ << "  resumed at step " << step_ << " from " << ckpt_path_ << "\n";
   }
 
@@ -237,7 +278,8 @@ class Run {
   // checkpoint are skipped whole.
   void train() {
     trainer::Progress progress(total_, step_,
-                               {c_.optimizer + " s" + std::to_string(c_.seed), "samples"});
+                               {c_.optimizer + " s" + std::to_string(c_.seed), "samples"},
+                               dp_.main_only(std::cerr));
     session_start_ = std::chrono::steady_clock::now();
     seconds_before_ = seconds_;
     int64_t epoch_begin = 0;
@@ -260,7 +302,7 @@ class Run {
     for (int64_t b = step_ - epoch_begin; b < spe && step_ < last_; ++b) {
       schedule_lr(t, e * spe + b);
       const auto [loss, acc] =
-          train_step(t, order.slice(0, b * c_.batch_size, (b + 1) * c_.batch_size));
+          train_step(t, order.slice(0, b * global_batch(), (b + 1) * global_batch()));
       ++step_;
       seconds_ =
           seconds_before_ +
@@ -296,22 +338,30 @@ class Run {
     return plan_.normalize(augment(images_u8, a.crop_pad, a.flip, gen));
   }
 
-  // One optimizer step on the batch `index` of task t; returns (loss, batch accuracy %).
+  // One optimizer step on the global batch `index` of task t; returns (loss, batch accuracy %).
+  // Data-parallel, the whole global batch is augmented on every rank (the same draws as one
+  // process) and each rank trains on its --batch-size rows of it.
   std::pair<double, double> train_step(int64_t t, const torch::Tensor& index) {
     const Dataset& data = plan_.train[t];
     const auto images = data.images.index_select(0, index);
-    const auto labels = data.labels.index_select(0, index);
+    auto labels = data.labels.index_select(0, index);
     auto gen =
         derived_generator({static_cast<uint64_t>(c_.seed), kStep, static_cast<uint64_t>(step_)});
     model_->train();
     torch::Tensor logits, loss;
     {
       trainer::AutocastGuard autocast(device_.type(), autocast_);
-      logits = model_->forward(prepare(images, gen)).to(torch::kFloat);
+      auto inputs = prepare(images, gen);
+      if (dp_.distributed()) {
+        const int64_t first = dp_.rank() * c_.batch_size;
+        inputs = inputs.slice(0, first, first + c_.batch_size);
+        labels = labels.slice(0, first, first + c_.batch_size);
+      }
+      logits = model_->forward(inputs).to(torch::kFloat);
       loss = torch::cross_entropy_loss(logits, labels);
       if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
     }
-    const double loss_value = loss.item<double>();
+    const double loss_value = dp_.sum(loss.item<double>()) / static_cast<double>(dp_.world_size());
     if (!std::isfinite(loss_value)) {
       throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
                                " at step " + std::to_string(step_ + 1) +
@@ -319,8 +369,8 @@ class Run {
     }
     update(loss);
     if (buffer_) buffer_->add(images, labels, logits.detach(), gen);
-    const double acc = 100.0 * (logits.argmax(1) == labels).sum().item<double>() /
-                       static_cast<double>(c_.batch_size);
+    const double acc = 100.0 * dp_.sum((logits.argmax(1) == labels).sum().item<double>()) /
+                       static_cast<double>(global_batch());
     return {loss_value, acc};
   }
 
@@ -346,6 +396,7 @@ class Run {
   void update(torch::Tensor& loss) {
     optimizer_->zero_grad();
     loss.backward();
+    dp_.finish_gradients();  // every gradient = (sum over ranks) / world
     if (*c_.grad_clip > 0) {
       grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.grad_clip);
     } else if ((step_ + 1) % c_.log_every == 0) {
@@ -355,6 +406,9 @@ class Run {
     const bool logged = (step_ + 1) % c_.log_every == 0;
     if (logged) update_rms_.snapshot(optimizer_->param_groups());
     optimizer_->step();
+    // Each rank's BatchNorm running statistics followed its own rows: rank 0's for all, so
+    // that evaluation, checkpoints and the lockstep check see one model.
+    dp_.broadcast_buffers(*model_);
     if (logged) last_update_rms_ = update_rms_.measure(optimizer_->param_groups());
   }
 
@@ -366,17 +420,17 @@ class Run {
     f.acc = acc / 100.0;
     const int64_t T = static_cast<int64_t>(plan_.train.size());
     if (T > 1) f.extra = "task " + std::to_string(t + 1) + "/" + std::to_string(T);
-    progress.update(step_, c_.batch_size, f);
+    progress.update(step_, global_batch(), f);
   }
 
   // What follows step_ (the batch of epoch e of task t; epoch_end on its last batch): the
   // metrics record, the evaluations and task boundary that are due, the checkpoint.
   void after_step(int64_t t, int64_t e, bool epoch_end, double loss, double acc,
                   trainer::Progress& progress) {
-    if (step_ % c_.log_every == 0) log_step(t, e, loss, acc);
+    if (step_ % c_.log_every == 0 && dp_.main()) log_step(t, e, loss, acc);
     evaluate_if_due(t, epoch_end && e == *c_.epochs - 1, epoch_end, progress);
     const bool due = c_.ckpt_every > 0 ? step_ % c_.ckpt_every == 0 : epoch_end;
-    if (due || step_ == last_) save_checkpoint();
+    if ((due || step_ == last_) && dp_.main()) save_checkpoint();
   }
 
   void log_step(int64_t t, int64_t e, double loss, double acc) {
@@ -397,13 +451,19 @@ class Run {
   // --- evaluation --------------------------------------------------------------------------
 
   // Class-imbalanced: at each epoch's end; continual: at each task's end (then the task
-  // boundary, unless it was the last task); both: every --eval-every steps.
+  // boundary, unless it was the last task); both: every --eval-every steps. Data-parallel,
+  // rank 0 evaluates, and every rank checks that the ranks hold one model (and FOGO memory).
   void evaluate_if_due(int64_t t, bool task_end, bool epoch_end, trainer::Progress& progress) {
     const bool periodic = c_.eval_every > 0 && step_ % c_.eval_every == 0;
+    const auto check_lockstep = [&] {
+      dp_.check_lockstep(*model_, dynamic_cast<const fogo::FOGO*>(optimizer_->matrix_optimizer()));
+    };
     if (imbalanced_ && (epoch_end || periodic)) {
-      evaluate_imbalanced(progress);
+      if (dp_.main()) evaluate_imbalanced(progress);
+      check_lockstep();
     } else if (!imbalanced_ && (task_end || periodic)) {
-      evaluate_tasks(t, task_end, progress);
+      if (dp_.main()) evaluate_tasks(t, task_end, progress);
+      check_lockstep();
       if (task_end && t + 1 < static_cast<int64_t>(plan_.train.size())) {
         optimizer_->task_boundary();
       }
@@ -491,7 +551,7 @@ class Run {
 
   void save_checkpoint() {
     trainer::CheckpointWriter w;
-    run_signature(c_).write(w);
+    signature().write(w);
     w.put("step", step_);
     w.put("seconds", seconds_);
     w.put("best_rare", best_rare_);
@@ -534,7 +594,7 @@ class Run {
     result_.seconds = seconds_;
     result_.R = R_;
     result_.summary = summarize();
-    write_result();
+    if (dp_.main()) write_result();
     return result_;
   }
 
@@ -572,6 +632,7 @@ class Run {
   }
 
   Config c_;
+  trainer::DataParallel& dp_;
   std::ostream& log_;
   torch::Device device_;
   std::string dir_, ckpt_path_;

@@ -1,0 +1,128 @@
+// resnet_train under torchrun: ranks of the real binary started as torchrun starts them
+// (tests/rank_launcher.h: fork/exec, a free loopback port, Gloo), on a few Fashion-MNIST images.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "rank_launcher.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
+
+std::string temp_dir() {
+  std::string pattern = (fs::temp_directory_path() / "fogo_resnet_dp_XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  return pattern;
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A tiny class-imbalanced run (16 images per class, 8 rows per rank and step).
+std::vector<std::string> flags(const std::string& out, int64_t batch,
+                               std::vector<std::string> extra = {},
+                               const std::string& scenario = "class-imbalanced") {
+  std::vector<std::string> f{"--scenario=" + scenario,
+                             "--train-per-class=16",
+                             "--test-per-class=8",
+                             "--width=4",
+                             "--epochs=2",
+                             "--batch-size=" + std::to_string(batch),
+                             "--eval-every=3",
+                             "--device=cpu",
+                             "--threads=1",
+                             "--plots=false",
+                             "--seeds=0",
+                             "--out=" + out};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+fogo::testing::RankRun launch(const std::vector<std::string>& args, int nprocs,
+                              const std::string& logs) {
+  fs::create_directories(logs);
+  return fogo::testing::launch_ranks({.exe = RESNET_TRAIN_BINARY,
+                                      .args = args,
+                                      .nprocs = nprocs,
+                                      .log_dir = logs,
+                                      .deadline_s = 120});
+}
+
+class ResNetDataParallel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kFashionMnist)) GTEST_SKIP() << kFashionMnist << " missing (scripts/setup.sh)";
+    dir_ = temp_dir();
+  }
+  void TearDown() override {
+    // Not std::filesystem::remove_all: libtorch.so exports its own, which crashes here.
+    if (!HasFailure() && !dir_.empty()) std::system(("rm -rf '" + dir_ + "'").c_str());
+  }
+  std::string dir_;
+};
+
+}  // namespace
+
+TEST_F(ResNetDataParallel, TwoRanksTrainInLockstepAndRankZeroAloneWrites) {
+  // FOGO replicated and with --shard-step: each run checks at every evaluation that the ranks
+  // hold bit-identical weights, BatchNorm statistics and FOGO memory (it would stop otherwise).
+  for (const bool shard : {false, true}) {
+    const std::string out = dir_ + (shard ? "/sharded" : "/replicated");
+    std::vector<std::string> extra{"--optimizers=fogo"};
+    if (shard) extra.push_back("--shard-step");
+    const auto run = launch(flags(out, 8, extra), 2, out + "_logs");
+    ASSERT_TRUE(run.all_succeeded()) << run.logs();
+    EXPECT_EQ(run.ranks[1].log, "") << run.logs();
+    EXPECT_NE(run.ranks[0].log.find("2 ranks (data-parallel)"), std::string::npos) << run.logs();
+    EXPECT_TRUE(fs::exists(fs::path(out) / "summary.md")) << run.logs();
+    // 5 x 16 images and 5 rare classes keeping a tenth of theirs, in global batches of 16:
+    // 5 steps per epoch, 10 in all.
+    const auto ckpt = fs::path(out) / "fogo-seed0" / fogo::trainer::kCheckpointFile;
+    ASSERT_TRUE(fs::exists(ckpt)) << run.logs();
+    EXPECT_EQ(fogo::trainer::CheckpointReader(ckpt.string()).get_int("step"), 10);
+  }
+}
+
+TEST_F(ResNetDataParallel, CheckpointOfTwoRanksResumesOnOneProcessWithTheGlobalBatch) {
+  const std::string out = dir_ + "/resume";
+  const auto first =
+      launch(flags(out, 8, {"--optimizers=muon", "--stop-at-step=4"}), 2, out + "_logs");
+  ASSERT_TRUE(first.all_succeeded()) << first.logs();
+  // One process with the same global batch (16) continues it; another global batch is refused.
+  const auto refused = launch(flags(out, 8, {"--optimizers=muon", "--resume"}), 1, out + "_l1");
+  ASSERT_FALSE(refused.all_succeeded());
+  EXPECT_NE(refused.ranks[0].log.find("batch-size"), std::string::npos) << refused.logs();
+  const auto resumed = launch(flags(out, 16, {"--optimizers=muon", "--resume"}), 1, out + "_l2");
+  ASSERT_TRUE(resumed.all_succeeded()) << resumed.logs();
+  EXPECT_NE(resumed.ranks[0].log.find("resumed at step 4"), std::string::npos) << resumed.logs();
+  const auto ckpt = fs::path(out) / "muon-seed0" / fogo::trainer::kCheckpointFile;
+  EXPECT_EQ(fogo::trainer::CheckpointReader(ckpt.string()).get_int("step"), 10);
+}
+
+TEST_F(ResNetDataParallel, WhatDoesNotRunDataParallelYetIsAClearError) {
+  for (const std::string flag : {"--replay=derpp", "--lr-sweep=0.5,1,2"}) {
+    const bool replay = flag.rfind("--replay", 0) == 0;
+    std::vector<std::string> extra{"--optimizers=adam", flag};
+    if (!replay) extra.push_back("--seeds=0,1,2");
+    const auto run =
+        launch(flags(dir_ + "/refused", 8, extra, replay ? "class-il" : "class-imbalanced"), 2,
+               dir_ + "/refused_logs");
+    EXPECT_FALSE(run.all_succeeded()) << flag;
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_NE(run.ranks[0].log.find(name), std::string::npos) << flag << "\n" << run.logs();
+  }
+}
