@@ -151,6 +151,69 @@ WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b) 
   return w;
 }
 
+std::string plain_verdict(const std::string& metric,
+                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+                          bool higher_is_better, int digits) {
+  if (groups.empty()) return "Nothing to compare: no runs.";
+  struct Ranked {
+    std::string name;
+    const std::vector<double>* values;
+    MeanSd m;
+  };
+  std::vector<Ranked> ranked;
+  int64_t min_n = std::numeric_limits<int64_t>::max(), max_n = 0;
+  for (const auto& [name, values] : groups) {
+    ranked.push_back({name, &values, mean_sd(values)});
+    min_n = std::min<int64_t>(min_n, static_cast<int64_t>(values.size()));
+    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(values.size()));
+  }
+  // Best first; NaN means (failed runs) last, keeping the given order among equals.
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
+    const bool fa = std::isfinite(a.m.mean), fb = std::isfinite(b.m.mean);
+    if (fa != fb) return fa;
+    if (!fa) return false;
+    return higher_is_better ? a.m.mean > b.m.mean : a.m.mean < b.m.mean;
+  });
+  const auto fixed = [digits](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return std::string(buf);
+  };
+  std::ostringstream out;
+  out << "By " << metric << " (" << (higher_is_better ? "higher" : "lower")
+      << " is better; mean ± sd over " << min_n;
+  if (max_n != min_n) out << "-" << max_n;
+  out << (max_n == 1 ? " seed" : " seeds") << "): ";
+  for (size_t k = 0; k < ranked.size(); ++k) {
+    out << (k ? ", " : "") << ranked[k].name << " " << format_mean_sd(ranked[k].m, digits);
+  }
+  out << ".";
+  if (ranked.size() < 2) return out.str() + " One optimizer alone: nothing to compare.";
+  const Ranked &a = ranked[0], &b = ranked[1];
+  if (!std::isfinite(a.m.mean) || !std::isfinite(b.m.mean)) {
+    return out.str() + " Runs failed (n/a): no comparison.";
+  }
+  const double margin = std::fabs(a.m.mean - b.m.mean);
+  const WelchT w = welch_t_test(*a.values, *b.values);
+  out << " " << a.name << "'s lead over " << b.name << " (" << fixed(margin) << ")";
+  if (!std::isfinite(w.p)) {
+    out << " cannot be tested against the seed spread ("
+        << (min_n < 2 ? "fewer than 2 seeds" : "no spread in either") << "): run more seeds.";
+    return out.str();
+  }
+  char p[32];
+  std::snprintf(p, sizeof p, w.p < 1e-3 ? "%.1e" : "%.2f", w.p);
+  if (w.p < 0.05) {
+    out << " is larger than the seed spread (Welch's t-test p = " << p << ")";
+    if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
+    out << ".";
+  } else {
+    out << " is within the seed spread (Welch's t-test p = " << p
+        << "): these seeds do not separate them.";
+  }
+  return out.str();
+}
+
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}
 
 void Table::add_row(std::vector<std::string> cells) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "common/checkpoint.h"
@@ -696,4 +697,34 @@ TEST(Report, WelchTTestAgainstClosedFormsAndAnIndependentIntegral) {
   EXPECT_NEAR(w.p, 0.010076943347997983, 1e-6);
   EXPECT_TRUE(std::isnan(welch_t_test({1}, {2, 3}).p));
   EXPECT_TRUE(std::isnan(welch_t_test({1, 1}, {2, 2}).p));  // no variance: undefined
+}
+
+TEST(Report, PlainVerdictRanksAndJudgesTheLeadBySeedSpread) {
+  // A clear lead: {1,2,3} vs {4,5,6,7} has Welch p = 0.010 (see the test above).
+  const std::string clear = plain_verdict(
+      "acc (%)", {{"adam", {1, 2, 3}}, {"fogo", {4, 5, 6, 7}}, {"muon", {0, 0.5, 1}}});
+  EXPECT_EQ(clear,
+            "By acc (%) (higher is better; mean ± sd over 3-4 seeds): fogo 5.50 ± 1.29, adam 2.00 "
+            "± 1.00, muon 0.50 ± 0.50. fogo's lead over adam (3.50) is larger than the seed "
+            "spread (Welch's t-test p = 0.01), though 3 seeds make this a screen, not a verdict.");
+  // Overlapping seeds: the lead is within the spread.
+  const std::string close =
+      plain_verdict("AP (%)", {{"fogo", {50, 52, 54}}, {"muon", {51, 53, 56}}});
+  EXPECT_NE(close.find("muon's lead over fogo (1.33) is within the seed spread (Welch's t-test "
+                       "p = 0."),
+            std::string::npos)
+      << close;
+  EXPECT_NE(close.find("these seeds do not separate them."), std::string::npos) << close;
+  // Lower is better turns the ranking round.
+  EXPECT_EQ(plain_verdict("loss", {{"a", {2, 2.1, 2.2}}, {"b", {1, 1.1, 1.2}}}, false)
+                .find("By loss (lower is better; mean ± sd over 3 seeds): b 1.10 ± 0.10, a 2.10"),
+            0u);
+  // One seed cannot be tested; a failed run ranks last; one optimizer has nothing to compare.
+  EXPECT_NE(plain_verdict("acc", {{"a", {1}}, {"b", {2}}}).find("fewer than 2 seeds"),
+            std::string::npos);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::string failed = plain_verdict("acc", {{"a", {nan, 1}}, {"b", {2, 3}}});
+  EXPECT_NE(failed.find("b 2.50 ± 0.71, a n/a."), std::string::npos) << failed;
+  EXPECT_NE(failed.find("no comparison"), std::string::npos) << failed;
+  EXPECT_NE(plain_verdict("acc", {{"a", {1, 2}}}).find("nothing to compare"), std::string::npos);
 }

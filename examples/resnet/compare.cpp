@@ -59,6 +59,7 @@ struct Summary {
   std::string heading;
   trainer::Table table;
   bool incomplete = false;  ///< some run stopped early (--stop-at-step)
+  std::string verdict;      ///< plain sentences on the first metric (acc or AP)
 };
 
 // The results of each optimizer, in run order.
@@ -94,6 +95,14 @@ Summary summarize(const Config& config, const std::string& data_name,
     row.push_back(trainer::format_mean_sd(trainer::mean_sd(secs), 0));
     s.table.add_row(row);
   }
+  // The headline metric (acc or AP, higher is better) in plain words, with the seed spread.
+  std::vector<std::pair<std::string, std::vector<double>>> groups;
+  for (const auto& opt : config.optimizers) {
+    if (by_opt[opt].empty()) continue;
+    groups.push_back({opt, {}});
+    for (const auto* r : by_opt[opt]) groups.back().second.push_back(r->summary.front());
+  }
+  s.verdict = trainer::plain_verdict(label(names.front()), groups);
   const Config& first = results.front().config;
   std::ostringstream what;
   what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
@@ -110,7 +119,9 @@ void write_summary(const Config& config, const Summary& summary,
   std::filesystem::create_directories(config.out);
   {
     std::ofstream md(config.out + "/summary.md");
-    md << summary.heading << "\n\n" << summary.table.to_markdown();
+    md << summary.heading << "\n\n"
+       << summary.table.to_markdown() << "\n"
+       << summary.verdict << "\n";
     if (!md) throw std::runtime_error("--out: cannot write " + config.out + "/summary.md");
   }
   const auto& names = results.front().summary_names;
@@ -187,7 +198,8 @@ void report_comparison(const Config& config, const std::string& data_name,
   write_summary(config, summary, results);
   if (config.plots) plot_curves(config, results, out);
   out << "summary: " << config.out << "/summary.md, " << config.out << "/runs."
-      << config.metrics_format << "\n";
+      << config.metrics_format << "\n\n"
+      << summary.verdict << "\n";
 }
 
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {

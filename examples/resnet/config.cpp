@@ -99,6 +99,9 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("lr", &c.lr,
            "learning rate (class-imbalanced/domain-il: adam, adamw, fogo 1e-3, muon 1e-2; "
            "class-il: 2e-3)");
+  cli.flag("optimizer-lr", &c.optimizer_lr,
+           "per-optimizer learning rates, e.g. fogo=1e-2,muon=1e-2,adam=3e-3 (optimizers not named "
+           "keep the default of --lr; not together with --lr)");
   cli.flag("adamw-lr", &c.adamw_lr,
            "muon/fogo: lr of the AdamW side (1-D parameters) (class-il fogo 5e-4, else 1e-3; "
            "class-il muon 2e-3)");
@@ -177,6 +180,35 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.head_fc) c.head_fc = class_il ? 8 * c.width : 0;
   if (!c.epochs) c.epochs = class_il ? 20 : domain_il ? 15 : 50;
   if (!c.grad_clip) c.grad_clip = class_il ? 2.0 : 0.0;
+  for (const auto& entry : c.optimizer_lr) {
+    const auto eq = entry.find('=');
+    const std::string name = entry.substr(0, eq);
+    if (eq == std::string::npos ||
+        (name != "adam" && name != "adamw" && name != "muon" && name != "fogo")) {
+      throw trainer::Cli::error("optimizer-lr",
+                                "expected optimizer=lr with optimizer adam, "
+                                "adamw, muon or fogo, got '" +
+                                    entry + "'");
+    }
+    double v = 0;
+    size_t used = 0;
+    try {
+      v = std::stod(entry.substr(eq + 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != entry.size() - eq - 1) {
+      throw trainer::Cli::error("optimizer-lr",
+                                name + ": expected a number, got '" + entry.substr(eq + 1) + "'");
+    }
+    if (name != optimizer) continue;
+    if (c.lr) {
+      throw trainer::Cli::error("optimizer-lr", "gives " + name + " an lr and so does --lr (" +
+                                                    text(*c.lr) + "): give one of them");
+    }
+    c.lr = v;
+  }
+  c.optimizer_lr.clear();  // applied: a resolved config carries its lr in --lr alone
   if (!c.lr) c.lr = class_il ? 2e-3 : optimizer == "muon" ? 1e-2 : 1e-3;
   if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
   if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;

@@ -57,6 +57,9 @@ struct Config {
   std::string optimizer = "adam";  ///< of one run (set by resolve)
   int64_t seed = 0;                ///< of one run (set by resolve)
   std::optional<double> lr, adamw_lr, head_lr, weight_decay, grad_clip;
+  /// --optimizer-lr name=lr,...: the lr of the optimizers named (those not named keep --lr's
+  /// default); resolve() applies the entry of its optimizer and refuses it next to --lr.
+  std::vector<std::string> optimizer_lr;
   std::string ns_dtype = "bf16";
   std::vector<std::string> fogo_options;  ///< --fogo key=value, applied to every FOGO group
   std::string ablation = "full";          ///< --ablation (common/fogo_flags.h)  ///< muon/fogo

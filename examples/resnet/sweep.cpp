@@ -45,6 +45,7 @@ std::vector<SweepPoint> plan_sweep(const Config& config) {
     for (const double f : config.lr_sweep) {
       Config c = config;
       c.lr = base * f;
+      c.optimizer_lr.clear();  // the grid's lr, not --optimizer-lr's
       c.eval_split = "val";
       c.out = config.out + "/sweep/lr" + lr_text(*c.lr);
       points.push_back({resolve(c, opt, config.seeds.front()), 0.0});
@@ -87,6 +88,7 @@ SweepOutcome run_lr_sweep(const Config& config, std::ostream& out) {
     s.chosen[opt] = choose_lr(s.points, opt);
     Config c = config;
     c.lr = s.chosen[opt];
+    c.optimizer_lr.clear();
     c.eval_split = "test";
     for (const int64_t seed : config.seeds) finals.push_back(resolve(c, opt, seed));
   }

@@ -227,6 +227,71 @@ TEST(Sweep, ChoosesOnValidationAndComparesOnTestSeeds) {
   EXPECT_THROW(plan_sweep(c), std::invalid_argument);
 }
 
+TEST(Sweep, OptimizerLrGivesEachOptimizerItsOwnRateAndCentresTheGrid) {
+  Config c = small("class-imbalanced", temp_dir());
+  c.optimizer_lr = {"fogo=1e-2", "adam=3e-3"};
+  const Config fogo = resolve(c, "fogo", 0);
+  EXPECT_EQ(*fogo.lr, 1e-2);
+  EXPECT_EQ(*fogo.head_lr, 1e-2);  // head groups follow lr outside class-il
+  EXPECT_TRUE(fogo.optimizer_lr.empty());
+  EXPECT_EQ(*resolve(fogo, "fogo", 1).lr, 1e-2);  // a resolved config resolves again
+  EXPECT_EQ(*resolve(c, "adam", 0).lr, 3e-3);
+  EXPECT_EQ(*resolve(c, "muon", 0).lr, 1e-2);  // not named: the scenario's default
+  // The sweep's grid is centred on it, and its grid points carry their own lr.
+  c.optimizers = {"fogo"};
+  c.seeds = {0, 1, 2};
+  c.lr_sweep = {0.5, 2.0};
+  const auto points = plan_sweep(c);
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(*points[0].config.lr, 5e-3);
+  EXPECT_EQ(*points[1].config.lr, 2e-2);
+  // Errors name the flag: with --lr too, an unknown optimizer, a bad number.
+  const auto error_of = [](const Config& bad, const std::string& opt) {
+    try {
+      resolve(bad, opt, 0);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Config both = c;
+  both.lr = 1e-3;
+  EXPECT_NE(error_of(both, "fogo").find("--optimizer-lr: gives fogo an lr and so does --lr"),
+            std::string::npos);
+  for (const char* bad : {"sgd=1e-2", "fogo", "fogo=fast", "fogo=1e-2x"}) {
+    Config b = c;
+    b.optimizer_lr = {bad};
+    EXPECT_NE(error_of(b, "fogo").find("--optimizer-lr"), std::string::npos) << bad;
+  }
+}
+
+TEST(Compare, ReportEndsWithAPlainVerdictOnTheHeadlineMetric) {
+  Config c = small("class-imbalanced", temp_dir());
+  c.optimizers = {"fogo", "adam"};
+  c.seeds = {0, 1, 2};
+  std::vector<RunResult> results;
+  const double acc[2][3] = {{70, 71, 72}, {60, 61, 62.5}};
+  for (size_t o = 0; o < 2; ++o) {
+    for (int64_t seed = 0; seed < 3; ++seed) {
+      RunResult r;
+      r.config = resolve(c, c.optimizers[o], seed);
+      r.summary_names = {"acc", "rare_acc"};
+      r.summary = {acc[o][seed], 10.0};
+      results.push_back(r);
+    }
+  }
+  std::ostringstream out;
+  report_comparison(c, "synthetic", results, out);
+  const std::string verdict =
+      "By acc (%) (higher is better; mean ± sd over 3 seeds): fogo 71.00 ± 1.00, adam 61.17 ± "
+      "1.26. fogo's lead over adam (9.83) is larger than the seed spread (Welch's t-test p = ";
+  const std::string text = out.str();
+  EXPECT_NE(text.rfind("\n" + verdict), std::string::npos) << text;
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(text.find('\n', text.rfind(verdict)), text.size() - 1) << text;  // the last line
+  EXPECT_NE(read(c.out + "/summary.md").find(verdict), std::string::npos);
+}
+
 TEST(Autocast, Bf16IsRefusedOffCuda) {
   const DataSplit data = synthetic_split();
   Config c = small("class-imbalanced", temp_dir());
