@@ -66,8 +66,13 @@ std::string join(const std::vector<T>& values, F&& fmt) {
 }  // namespace
 
 std::string flag_text(double value) {
-  // %.17g always reads back exactly; fewer digits usually do, and read as typed.
+  // %.17g always reads back exactly; fewer digits usually do, and read as typed. Whole numbers
+  // as integers ("10", not %g's "1e+01").
   char buf[32];
+  if (value == std::trunc(value) && std::fabs(value) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", value);
+    return buf;
+  }
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, value);
     if (std::strtod(buf, nullptr) == value) break;

@@ -270,6 +270,8 @@ TEST(Cli, FlagTextIsTheShortestExactText) {
   EXPECT_EQ(flag_text(1e-5), "1e-05");
   EXPECT_EQ(flag_text(2.0), "2");
   EXPECT_EQ(flag_text(0.0), "0");
+  EXPECT_EQ(flag_text(10.0), "10");  // %g would write 1e+01
+  EXPECT_EQ(flag_text(-3000.0), "-3000");
   EXPECT_EQ(flag_text(1.0 / 3.0), "0.3333333333333333");
   EXPECT_EQ(flag_text(0.1 + 0.2), "0.30000000000000004");
   for (const double v : {0.1, 6e-4, 1.0 / 3.0, 0.95, 123456789.125, -2.5e-300}) {
