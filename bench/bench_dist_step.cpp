@@ -13,8 +13,6 @@
 #include <fogo/fogo.h>
 #include <torch/torch.h>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
 #include "model_sets.h"
