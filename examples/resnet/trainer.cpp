@@ -361,7 +361,12 @@ class Run {
       loss = torch::cross_entropy_loss(logits, labels);
       if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
     }
-    const double loss_value = dp_.sum(loss.item<double>()) / static_cast<double>(dp_.world_size());
+    // The loss and the correct predictions summed over the ranks in one all-reduce.
+    const auto sums =
+        dp_.sum(torch::stack({loss.detach().to(torch::kCPU, torch::kDouble),
+                              (logits.argmax(1) == labels).sum().to(torch::kCPU, torch::kDouble)}));
+    const double loss_value = sums[0].item<double>() / static_cast<double>(dp_.world_size());
+    const double acc = 100.0 * sums[1].item<double>() / static_cast<double>(global_batch());
     if (!std::isfinite(loss_value)) {
       throw std::runtime_error("run " + dir_ + ": the loss is " + std::to_string(loss_value) +
                                " at step " + std::to_string(step_ + 1) +
@@ -369,8 +374,6 @@ class Run {
     }
     update(loss);
     if (buffer_) buffer_->add(images, labels, logits.detach(), gen);
-    const double acc = 100.0 * dp_.sum((logits.argmax(1) == labels).sum().item<double>()) /
-                       static_cast<double>(global_batch());
     return {loss_value, acc};
   }
 
@@ -406,9 +409,6 @@ class Run {
     const bool logged = (step_ + 1) % c_.log_every == 0;
     if (logged) update_rms_.snapshot(optimizer_->param_groups());
     optimizer_->step();
-    // Each rank's BatchNorm running statistics followed its own rows: rank 0's for all, so
-    // that evaluation, checkpoints and the lockstep check see one model.
-    dp_.broadcast_buffers(*model_);
     if (logged) last_update_rms_ = update_rms_.measure(optimizer_->param_groups());
   }
 
@@ -455,7 +455,11 @@ class Run {
   // rank 0 evaluates, and every rank checks that the ranks hold one model (and FOGO memory).
   void evaluate_if_due(int64_t t, bool task_end, bool epoch_end, trainer::Progress& progress) {
     const bool periodic = c_.eval_every > 0 && step_ % c_.eval_every == 0;
+    // Each rank's BatchNorm running statistics follow its own rows. Only rank 0's are ever read
+    // (it evaluates and writes checkpoints), so they are broadcast here, before the ranks are
+    // compared, rather than every step: rank 0's own never change by it.
     const auto check_lockstep = [&] {
+      dp_.broadcast_buffers(*model_);
       dp_.check_lockstep(*model_, dynamic_cast<const fogo::FOGO*>(optimizer_->matrix_optimizer()));
     };
     if (imbalanced_ && (epoch_end || periodic)) {
