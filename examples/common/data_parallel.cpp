@@ -134,6 +134,32 @@ double DataParallel::sum(double value) const {
   return sum(torch::tensor({value}, torch::kDouble)).item<double>();
 }
 
+std::vector<double> DataParallel::from_main(const std::vector<double>& values) const {
+  if (!impl_) return values;
+  auto size = torch::tensor({main() ? static_cast<int64_t>(values.size()) : int64_t{0}});
+  fogo::dist::broadcast_tensors(impl_->group, {size});
+  auto data = main() ? torch::tensor(values, torch::kDouble)
+                     : torch::empty({size.item<int64_t>()}, torch::kDouble);
+  fogo::dist::broadcast_tensors(impl_->group, {data});
+  return {data.data_ptr<double>(), data.data_ptr<double>() + data.numel()};
+}
+
+torch::Tensor DataParallel::gather_rows(const torch::Tensor& local, int64_t n) const {
+  if (!impl_) return local;
+  const auto [begin, end] = rows(n);
+  TORCH_CHECK(local.dim() >= 1 && local.size(0) == end - begin, "gather_rows: rank ", rank_,
+              " holds rows [", begin, ", ", end, ") of ", n, ", got a tensor of shape ",
+              local.sizes());
+  // Each rank's rows in place in negative zeros, summed over the ranks: x + (-0) is x for every
+  // x (+0 and NaN included, unlike x + (+0) for x = -0), so the result is every rank's rows bit
+  // for bit.
+  auto shape = local.sizes().vec();
+  shape[0] = n;
+  auto whole = torch::full(shape, -0.0, local.options().device(torch::kCPU));
+  whole.slice(0, begin, end).copy_(local);
+  return impl_->all_reduce_sum(whole).to(local.device());
+}
+
 std::optional<std::string> DataParallel::read_on_main(const std::string& path) const {
   const auto read = [&]() -> std::optional<std::string> {
     if (!std::filesystem::is_regular_file(path)) return std::nullopt;
@@ -164,13 +190,16 @@ std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer& optimizer
   return fogo::dist::shard_step(impl_->group, optimizer);
 }
 
-void DataParallel::check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo) const {
+void DataParallel::check_lockstep(
+    const torch::nn::Module& module, const fogo::FOGO* fogo,
+    const std::vector<std::pair<std::string, torch::Tensor>>& extra) const {
   if (!impl_) return;
   auto state = fogo::dist::module_state(module);
   if (fogo) {
     auto memory = fogo::dist::fogo_memory(*fogo);
     state.insert(state.end(), memory.begin(), memory.end());
   }
+  state.insert(state.end(), extra.begin(), extra.end());
   fogo::dist::check_lockstep(impl_->group, state);
 }
 
@@ -201,6 +230,10 @@ void DataParallel::accumulate_locally(const std::function<void()>& backward) { b
 void DataParallel::finish_gradients() {}
 torch::Tensor DataParallel::sum(const torch::Tensor& values) const { return values; }
 double DataParallel::sum(double value) const { return value; }
+std::vector<double> DataParallel::from_main(const std::vector<double>& values) const {
+  return values;
+}
+torch::Tensor DataParallel::gather_rows(const torch::Tensor& local, int64_t) const { return local; }
 std::optional<std::string> DataParallel::read_on_main(const std::string& path) const {
   if (!std::filesystem::is_regular_file(path)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
@@ -209,11 +242,17 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
   return bytes.str();
 }
 std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer&) const { return {}; }
-void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*) const {}
+void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*,
+                                  const std::vector<std::pair<std::string, torch::Tensor>>&) const {
+}
 
 #endif
 
 DataParallel::DataParallel() = default;
+
+std::pair<int64_t, int64_t> DataParallel::rows(int64_t n) const {
+  return {rank_ * n / world_size_, (rank_ + 1) * n / world_size_};
+}
 
 std::ostream& DataParallel::main_only(std::ostream& out) const {
   static std::ostream discard(nullptr);

@@ -97,12 +97,22 @@ class DataParallel {
   /// The sum over ranks of `values` (a CPU tensor), returned on every rank.
   torch::Tensor sum(const torch::Tensor& values) const;
   double sum(double value) const;
+  /// Rank 0's `values` on every rank (the other ranks' arguments are ignored).
+  std::vector<double> from_main(const std::vector<double>& values) const;
+  /// This rank's share [begin, end) of `n` rows split over the ranks in rank order (rank r:
+  /// [r n / W, (r + 1) n / W)); every rank's share is non-empty when n >= world_size().
+  std::pair<int64_t, int64_t> rows(int64_t n) const;
+  /// The rows of every rank in rank order: `local` is this rank's share rows(n) of an [n, ...]
+  /// tensor; the result, the whole tensor, is bit-identical on every rank (same device and dtype
+  /// as `local`).
+  torch::Tensor gather_rows(const torch::Tensor& local, int64_t n) const;
   /// The contents of `path` as rank 0 sees it, on every rank (nullopt everywhere when it does not
   /// exist on rank 0): checkpoints need to exist only where rank 0 runs.
   std::optional<std::string> read_on_main(const std::string& path) const;
   /// Throws on every rank naming the first tensor that differs between ranks (a replicated run
-  /// must keep its model and optimizer state bit-identical).
-  void check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo = nullptr) const;
+  /// must keep its model, optimizer state and `extra` bit-identical).
+  void check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo = nullptr,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& extra = {}) const;
 
   struct Impl;
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,9 @@
 #include "common/progress.h"
 #include "common/report.h"
 #include "common/signature.h"
+#ifdef FOGO_WITH_DISTRIBUTED
+#include "rank_launcher.h"
+#endif
 
 namespace fs = std::filesystem;
 using namespace fogo::trainer;
@@ -730,3 +734,60 @@ TEST(Report, PlainVerdictRanksAndJudgesTheLeadBySeedSpread) {
   EXPECT_NE(failed.find("no comparison"), std::string::npos) << failed;
   EXPECT_NE(plain_verdict("acc", {{"a", {1, 2}}}).find("nothing to compare"), std::string::npos);
 }
+
+#ifdef FOGO_WITH_DISTRIBUTED
+// The collectives a trainer uses, on three ranks of this binary (tests/rank_launcher.h): each
+// rank runs the test below under FOGO_DP_RANK_TEST=1 and checks against what one process knows.
+TEST(DataParallelRanks, RowsGatherAndRankZerosValues) {
+  if (!std::getenv("FOGO_DP_RANK_TEST")) GTEST_SKIP() << "a rank of the test that follows";
+  DataParallel& dp = DataParallel::process();
+  ASSERT_EQ(dp.world_size(), 3);
+  const int64_t r = dp.rank();
+  // 7 rows over 3 ranks: [0, 2), [2, 4), [4, 7); 2 rows: one rank's share is empty.
+  const std::vector<std::pair<int64_t, int64_t>> seven{{0, 2}, {2, 4}, {4, 7}};
+  EXPECT_EQ(dp.rows(7), seven[static_cast<size_t>(r)]);
+  EXPECT_EQ(dp.rows(2).second - dp.rows(2).first, r == 0 ? 0 : 1);
+  // Every rank's rows of one [7, 3] tensor (values that do not survive a sloppy sum: -0.0, NaN,
+  // denormals, large and small magnitudes), gathered: the whole tensor, bit for bit.
+  torch::manual_seed(0);  // the same `whole` on every rank
+  auto whole = torch::randn({7, 3}) * torch::tensor({1e30, 1.0, 1e-30}, torch::kFloat);
+  whole[0][0] = -0.0f;
+  whole[6][2] = std::numeric_limits<float>::quiet_NaN();
+  whole[3][1] = std::numeric_limits<float>::denorm_min();
+  const auto [b, e] = dp.rows(7);
+  const auto gathered = dp.gather_rows(whole.slice(0, b, e).clone(), 7);
+  EXPECT_TRUE(torch::equal(gathered.view(torch::kInt), whole.view(torch::kInt)));
+  // A wrong share is refused, naming the rows this rank holds.
+  EXPECT_THROW(dp.gather_rows(torch::zeros({5, 3}), 7), c10::Error);
+  // Rank 0's values, whatever the others pass (another length included).
+  const std::vector<double> mine =
+      r == 0 ? std::vector<double>{1.5, std::numeric_limits<double>::quiet_NaN(), -2.0}
+             : std::vector<double>(static_cast<size_t>(r), 9.0);
+  const auto got = dp.from_main(mine);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], 1.5);
+  EXPECT_TRUE(std::isnan(got[1]));
+  EXPECT_EQ(got[2], -2.0);
+  DataParallel::shutdown_process();
+}
+
+TEST(DataParallel, ThreeRanksShareRowsGatherThemAndGetRankZerosValues) {
+  const fs::path logs = temp_dir("dp_ranks");
+  const auto run = fogo::testing::launch_ranks(
+      {.exe = fs::read_symlink("/proc/self/exe").string(),
+       .args = {"--gtest_filter=DataParallelRanks.RowsGatherAndRankZerosValues"},
+       .nprocs = 3,
+       .extra =
+           [](int) {
+             return fogo::testing::Env{{"FOGO_DP_RANK_TEST", "1"}};
+           },
+       .log_dir = logs,
+       .deadline_s = 120});
+  for (const auto& rank : run.ranks) {
+    EXPECT_EQ(rank.code, 0) << run.logs();
+    // The rank ran the test rather than skipping it.
+    EXPECT_NE(rank.log.find("[  PASSED  ] 1 test"), std::string::npos) << run.logs();
+    EXPECT_EQ(rank.log.find("SKIPPED"), std::string::npos) << run.logs();
+  }
+}
+#endif

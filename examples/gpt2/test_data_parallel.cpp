@@ -249,6 +249,30 @@ TEST_F(DataParallel, CompareUnderRanksWritesOneReportFromRankZero) {
   }
 }
 
+TEST_F(DataParallel, LrSweepUnderRanksChoosesOneLrEverywhere) {
+  // `gpt2 compare --lr-sweep` on 2 ranks: the tuning loss is reduced over the ranks, so every
+  // rank chooses the same factor (one that chose another would train apart and fail the lockstep
+  // check); rank 0 alone writes sweep.md.
+  TrainConfig c = config("adamw", 4, "sweep_ranks");
+  std::vector<std::string> args = flags(c);
+  args[0] = "compare";
+  std::erase_if(args, [](const std::string& a) { return a.rfind("--optimizer=", 0) == 0; });
+  for (const char* a : {"--optimizers=adamw", "--lr-sweep=0.5,2", "--seeds=0,1,2"}) {
+    args.push_back(a);
+  }
+  const fs::path logs = fs::path(c.out_dir + "_logs");
+  fs::create_directories(logs);
+  const auto run = fogo::testing::launch_ranks(
+      {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 90});
+  ASSERT_TRUE(run.all_succeeded()) << run.logs();
+  EXPECT_EQ(run.ranks[1].log, "") << run.logs();
+  std::ifstream report(fs::path(c.out_dir) / "sweep.md");
+  ASSERT_TRUE(report.good()) << run.logs();
+  const std::string text((std::istreambuf_iterator<char>(report)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("| yes"), std::string::npos) << text;
+}
+
 TEST_F(DataParallel, BadLaunchesAreClearErrors) {
   // Ranks that disagree on WORLD_SIZE: every rank fails, naming the variable and both values.
   TrainConfig c = config("adamw", 4, "mismatch");

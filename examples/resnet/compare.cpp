@@ -76,7 +76,7 @@ Summary summarize(const Config& config, const std::string& data_name,
   std::vector<std::string> header{"optimizer", "seeds"};
   for (const auto& n : names) header.push_back(label(n));
   header.push_back("train time (s)");
-  Summary s{{}, trainer::Table(header)};
+  Summary s{{}, trainer::Table(header), false, {}};
   auto by_opt = by_optimizer(results);
   for (const auto& opt : config.optimizers) {
     const auto& rs = by_opt[opt];
@@ -203,12 +203,7 @@ void report_comparison(const Config& config, const std::string& data_name,
 }
 
 std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
-  if (!config.lr_sweep.empty()) {
-    if (trainer::DataParallel::process().distributed()) {
-      throw trainer::Cli::error("lr-sweep", "does not run data-parallel yet; sweep as one process");
-    }
-    return run_lr_sweep(config, out).finals;
-  }
+  if (!config.lr_sweep.empty()) return run_lr_sweep(config, out).finals;
   const std::vector<Config> runs = plan_runs(config);  // a bad flag fails before any training
   const DataSplit data = load_data(runs.front());
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()

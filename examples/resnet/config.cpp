@@ -67,7 +67,8 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.choice("replay", &c.replay, {"none", "er", "derpp"},
              "class-il/domain-il: replay buffer method (ER, or DER++ as in the paper)");
   cli.flag("buffer-size", &c.buffer_size, "replay buffer capacity (samples)");
-  cli.flag("replay-batch", &c.replay_batch, "replay samples per step (per term for DER++)");
+  cli.flag("replay-batch", &c.replay_batch,
+           "replay samples per step (per term for DER++; per rank under torchrun)");
   cli.flag("replay-alpha", &c.replay_alpha,
            "weight of the replay term: ER cross-entropy (1.0), DER++ logit MSE (0.1)");
   cli.flag("der-beta", &c.der_beta, "DER++: weight of the replayed-label cross-entropy");
@@ -122,7 +123,7 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("min-lr-factor", &c.min_lr_factor, "cosine: final lr as a fraction of the peak");
   cli.choice("autocast", &c.autocast, {"auto", "bf16", "off"},
              "bf16 autocast of forward passes, CUDA only (auto: on CUDA, off on the CPU)");
-  cli.flag("batch-size", &c.batch_size, "training batch size");
+  cli.flag("batch-size", &c.batch_size, "training batch size (per rank under torchrun)");
   cli.flag("eval-batch-size", &c.eval_batch_size, "evaluation batch size");
 
   cli.section("Run control and output");

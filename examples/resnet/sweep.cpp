@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/cli.h"
+#include "common/data_parallel.h"
 #include "common/metrics.h"
 #include "common/report.h"
 #include "trainer.h"
@@ -93,8 +94,11 @@ SweepOutcome run_lr_sweep(const Config& config, std::ostream& out) {
     for (const int64_t seed : config.seeds) finals.push_back(resolve(c, opt, seed));
   }
   for (const auto& c : finals) s.finals.push_back(train_run(c, data, out));
-  report_comparison(config, data.name, s.finals, out);
-  report_sweep(config, s, out);
+  // Data-parallel, every rank has the same results (rank 0's evaluations); rank 0 writes.
+  if (trainer::DataParallel::process().main()) {
+    report_comparison(config, data.name, s.finals, out);
+    report_sweep(config, s, out);
+  }
   return s;
 }
 

@@ -183,11 +183,6 @@ class Run {
   // Data-parallel (under torchrun): every rank starts from rank 0's model, gradients are
   // averaged over the ranks, and each rank trains on its rows of every global batch.
   void join_ranks() {
-    if (c_.replay != "none") {
-      throw trainer::Cli::error("replay", "replay (" + c_.replay +
-                                              ") does not run data-parallel yet; run it as "
-                                              "one process");
-    }
     dp_.broadcast_module(*model_);
     dp_.average_gradients_of(*model_);
     if (c_.data_parallel.shard_step && optimizer_->hybrid()) dp_.shard_step(*optimizer_->hybrid());
@@ -196,10 +191,11 @@ class Run {
   // The global batch: --batch-size rows on each rank.
   int64_t global_batch() const { return c_.batch_size * dp_.world_size(); }
 
-  // What checkpoints are checked against: the settings, with the global batch.
+  // What checkpoints are checked against: the settings, with the global batches.
   trainer::RunSignature signature() const {
     Config global = c_;
     global.batch_size = global_batch();
+    if (buffer_) global.replay_batch = c_.replay_batch * dp_.world_size();
     return run_signature(global);
   }
 
@@ -344,27 +340,24 @@ class Run {
   std::pair<double, double> train_step(int64_t t, const torch::Tensor& index) {
     const Dataset& data = plan_.train[t];
     const auto images = data.images.index_select(0, index);
-    auto labels = data.labels.index_select(0, index);
+    const auto labels = data.labels.index_select(0, index);
     auto gen =
         derived_generator({static_cast<uint64_t>(c_.seed), kStep, static_cast<uint64_t>(step_)});
     model_->train();
+    const auto [first, end] = dp_.rows(global_batch());
+    const auto local_labels = labels.slice(0, first, end);
     torch::Tensor logits, loss;
     {
       trainer::AutocastGuard autocast(device_.type(), autocast_);
-      auto inputs = prepare(images, gen);
-      if (dp_.distributed()) {
-        const int64_t first = dp_.rank() * c_.batch_size;
-        inputs = inputs.slice(0, first, first + c_.batch_size);
-        labels = labels.slice(0, first, first + c_.batch_size);
-      }
-      logits = model_->forward(inputs).to(torch::kFloat);
-      loss = torch::cross_entropy_loss(logits, labels);
-      if (buffer_ && buffer_->size() > 0) loss = loss + replay_loss(gen);
+      logits = model_->forward(prepare(images, gen).slice(0, first, end)).to(torch::kFloat);
+      loss = torch::cross_entropy_loss(logits, local_labels);
+      // Data-parallel, every rank's share of the replay batch must be non-empty.
+      if (buffer_ && buffer_->size() >= dp_.world_size()) loss = loss + replay_loss(gen);
     }
     // The loss and the correct predictions summed over the ranks in one all-reduce.
-    const auto sums =
-        dp_.sum(torch::stack({loss.detach().to(torch::kCPU, torch::kDouble),
-                              (logits.argmax(1) == labels).sum().to(torch::kCPU, torch::kDouble)}));
+    const auto sums = dp_.sum(
+        torch::stack({loss.detach().to(torch::kCPU, torch::kDouble),
+                      (logits.argmax(1) == local_labels).sum().to(torch::kCPU, torch::kDouble)}));
     const double loss_value = sums[0].item<double>() / static_cast<double>(dp_.world_size());
     const double acc = 100.0 * sums[1].item<double>() / static_cast<double>(global_batch());
     if (!std::isfinite(loss_value)) {
@@ -373,26 +366,45 @@ class Run {
                                "; lower --lr or set --grad-clip");
     }
     update(loss);
-    if (buffer_) buffer_->add(images, labels, logits.detach(), gen);
+    // Every rank offers the whole global batch, with every rank's logits, to its buffer: the
+    // buffers stay identical (the same draws), and equal to one process's up to the logits.
+    if (buffer_) {
+      buffer_->add(images, labels, dp_.gather_rows(logits.detach(), global_batch()), gen);
+    }
     return {loss_value, acc};
   }
 
   // The replay terms of the loss on samples of the buffer: ER (labels) or DER++ (stored
-  // logits, and the labels of a second sample).
+  // logits, and the labels of a second sample). Data-parallel, every rank draws the same global
+  // replay batch (--replay-batch rows per rank) and trains on its share of it.
   torch::Tensor replay_loss(at::Generator& gen) {
     const double alpha = *c_.replay_alpha;
-    const auto i = buffer_->sample(c_.replay_batch, gen);
-    const auto out =
-        model_->forward(prepare(buffer_->images().index_select(0, i), gen)).to(torch::kFloat);
+    const auto i = buffer_->sample(c_.replay_batch * dp_.world_size(), gen);
+    auto [out, share, weight] = replay_forward(i, gen);
     if (c_.replay == "er") {
-      return alpha * torch::cross_entropy_loss(out, buffer_->labels().index_select(0, i));
+      return alpha * weight *
+             torch::cross_entropy_loss(out, buffer_->labels().index_select(0, share));
     }
-    auto loss = alpha * torch::mse_loss(out, buffer_->logits().index_select(0, i));
-    const auto j = buffer_->sample(c_.replay_batch, gen);
-    const auto out2 =
-        model_->forward(prepare(buffer_->images().index_select(0, j), gen)).to(torch::kFloat);
-    return loss +
-           c_.der_beta * torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, j));
+    auto loss = alpha * weight * torch::mse_loss(out, buffer_->logits().index_select(0, share));
+    const auto j = buffer_->sample(c_.replay_batch * dp_.world_size(), gen);
+    auto [out2, share2, weight2] = replay_forward(j, gen);
+    return loss + c_.der_beta * weight2 *
+                      torch::cross_entropy_loss(out2, buffer_->labels().index_select(0, share2));
+  }
+
+  // The model's output on this rank's share of the buffer samples `index` (all of them
+  // augmented, as one process would), the share's indices, and the weight that turns the mean
+  // over the share into its part of the mean over all of `index`: averaged over the ranks (as
+  // the gradients are), share size x world / n times the share's mean is the mean over the n.
+  // Exactly 1 in a world of one and whenever the ranks' shares are equal.
+  std::tuple<torch::Tensor, torch::Tensor, double> replay_forward(const torch::Tensor& index,
+                                                                  at::Generator& gen) {
+    const int64_t n = index.size(0);
+    const auto [begin, end] = dp_.rows(n);
+    const auto inputs = prepare(buffer_->images().index_select(0, index), gen).slice(0, begin, end);
+    const double weight =
+        static_cast<double>((end - begin) * dp_.world_size()) / static_cast<double>(n);
+    return {model_->forward(inputs).to(torch::kFloat), index.slice(0, begin, end), weight};
   }
 
   // Backward, gradient clipping (and the norm for the log), optimizer step.
@@ -452,7 +464,8 @@ class Run {
 
   // Class-imbalanced: at each epoch's end; continual: at each task's end (then the task
   // boundary, unless it was the last task); both: every --eval-every steps. Data-parallel,
-  // rank 0 evaluates, and every rank checks that the ranks hold one model (and FOGO memory).
+  // rank 0 evaluates, and every rank checks that the ranks hold one model (and FOGO memory and
+  // replay buffer).
   void evaluate_if_due(int64_t t, bool task_end, bool epoch_end, trainer::Progress& progress) {
     const bool periodic = c_.eval_every > 0 && step_ % c_.eval_every == 0;
     // Each rank's BatchNorm running statistics follow its own rows. Only rank 0's are ever read
@@ -460,7 +473,14 @@ class Run {
     // compared, rather than every step: rank 0's own never change by it.
     const auto check_lockstep = [&] {
       dp_.broadcast_buffers(*model_);
-      dp_.check_lockstep(*model_, dynamic_cast<const fogo::FOGO*>(optimizer_->matrix_optimizer()));
+      std::vector<std::pair<std::string, torch::Tensor>> replay;
+      if (buffer_ && buffer_->size() > 0) {
+        replay = {{"replay.images", buffer_->images()},
+                  {"replay.labels", buffer_->labels()},
+                  {"replay.logits", buffer_->logits()}};
+      }
+      dp_.check_lockstep(*model_, dynamic_cast<const fogo::FOGO*>(optimizer_->matrix_optimizer()),
+                         replay);
     };
     if (imbalanced_ && (epoch_end || periodic)) {
       if (dp_.main()) evaluate_imbalanced(progress);
@@ -592,6 +612,7 @@ class Run {
 
   // The run's result (summary metrics once they exist), also written to result.jsonl.
   RunResult finish() {
+    if (dp_.distributed()) share_main_result();
     result_.config = c_;
     result_.steps = step_;
     result_.total_steps = total_;
@@ -600,6 +621,29 @@ class Run {
     result_.summary = summarize();
     if (dp_.main()) write_result();
     return result_;
+  }
+
+  // Data-parallel, rank 0 alone evaluates: its curves and accuracy matrix go to every rank, so
+  // that every rank returns the same result (an --lr-sweep chooses its lrs from them).
+  void share_main_result() {
+    std::vector<double> flat = result_.x;
+    for (const auto& point : result_.curve) flat.insert(flat.end(), point.begin(), point.end());
+    for (const auto& row : R_) flat.insert(flat.end(), row.begin(), row.end());
+    flat = dp_.from_main(flat);
+    const size_t k = result_.curve_names.size(), matrix = R_.size() * R_.size();
+    const size_t points = (flat.size() - matrix) / (1 + k);
+    auto at = flat.begin();
+    result_.x.assign(at, at + static_cast<std::ptrdiff_t>(points));
+    at += static_cast<std::ptrdiff_t>(points);
+    result_.curve.assign(points, {});
+    for (auto& point : result_.curve) {
+      point.assign(at, at + static_cast<std::ptrdiff_t>(k));
+      at += static_cast<std::ptrdiff_t>(k);
+    }
+    for (auto& row : R_) {
+      row.assign(at, at + static_cast<std::ptrdiff_t>(row.size()));
+      at += static_cast<std::ptrdiff_t>(row.size());
+    }
   }
 
   // Class-imbalanced: the last evaluation and the mean rare forgetting; continual: AP, AF and
@@ -648,10 +692,9 @@ class Run {
   int64_t total_ = 0, step_ = 0;
   int64_t last_ = 0;  ///< the step this session stops after (--stop-at-step, or total_)
   double seconds_ = 0, grad_norm_ = kNaN, lr_factor_ = 1.0;
-  bool autocast_ = false;
+  bool autocast_ = false;  ///< bf16 autocast of the forward passes (CUDA)
   trainer::UpdateRms update_rms_;
-  std::vector<double> last_update_rms_;  ///< of the last logged step, per param group  ///< bf16
-                                         ///< autocast of the forward passes (CUDA)
+  std::vector<double> last_update_rms_;  ///< of the last logged step, per param group
   double seconds_before_ = 0;            ///< training time of the earlier sessions
   std::chrono::steady_clock::time_point session_start_;
   double best_rare_ = -std::numeric_limits<double>::infinity();
