@@ -134,6 +134,10 @@ double DataParallel::sum(double value) const {
   return sum(torch::tensor({value}, torch::kDouble)).item<double>();
 }
 
+void DataParallel::sum_in_place(torch::Tensor& values) const {
+  if (impl_) impl_->all_reduce_sum(values);
+}
+
 std::vector<double> DataParallel::from_main(const std::vector<double>& values) const {
   if (!impl_) return values;
   auto size = torch::tensor({main() ? static_cast<int64_t>(values.size()) : int64_t{0}});
@@ -230,6 +234,7 @@ void DataParallel::accumulate_locally(const std::function<void()>& backward) { b
 void DataParallel::finish_gradients() {}
 torch::Tensor DataParallel::sum(const torch::Tensor& values) const { return values; }
 double DataParallel::sum(double value) const { return value; }
+void DataParallel::sum_in_place(torch::Tensor&) const {}
 std::vector<double> DataParallel::from_main(const std::vector<double>& values) const {
   return values;
 }

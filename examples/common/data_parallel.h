@@ -97,6 +97,9 @@ class DataParallel {
   /// The sum over ranks of `values` (a CPU tensor), returned on every rank.
   torch::Tensor sum(const torch::Tensor& values) const;
   double sum(double value) const;
+  /// Replaces `values` by its sum over the ranks, on its own device (NCCL for CUDA tensors
+  /// when fogo has it).
+  void sum_in_place(torch::Tensor& values) const;
   /// Rank 0's `values` on every rank (the other ranks' arguments are ignored).
   std::vector<double> from_main(const std::vector<double>& values) const;
   /// This rank's share [begin, end) of `n` rows split over the ranks in rank order (rank r:

@@ -144,6 +144,10 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "cores are busy with other work)");
   cli.flag("plots", &c.plots, "write PNG plots with gnuplot");
   trainer::add_data_parallel_flags(cli, c.data_parallel);
+  cli.flag("sync-bn", &c.sync_bn,
+           "BatchNorm normalizes over the rows of every rank (SyncBatchNorm): W ranks of "
+           "--batch-size b train as one process with W*b does; off: each rank's own b rows, as "
+           "DistributedDataParallel (no effect in one process)");
 }
 
 double cosine_factor(int64_t step, int64_t steps, int64_t warmup, double min_factor) {
@@ -349,6 +353,7 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("autocast", c.autocast)
       .add("batch-size", c.batch_size)
       .add("eval-every", c.eval_every);
+  if (c.sync_bn) s.add("sync-bn", true);  // recorded when on: older checkpoints stay resumable
   return s;
 }
 

@@ -86,6 +86,7 @@ struct Config {
   std::string device = "auto";
   int64_t threads = 0;
   trainer::DataParallelFlags data_parallel;  ///< under torchrun
+  bool sync_bn = false;  ///< under torchrun: BatchNorm statistics over every rank's rows
   bool plots = true;
 };
 

@@ -16,7 +16,10 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memory>
 #include <string>
+
+#include "batch_norm.h"
 
 namespace fogo::resnet {
 
@@ -27,15 +30,22 @@ struct ResNetOptions {
   int64_t head_fc = 0;  ///< > 0: a ReLU FC layer of this width before the classifier
 };
 
+/// The sum over ranks the BatchNorm layers of one network use; empty: each process's own
+/// statistics (set by ResNet18Impl::sync_batch_norm).
+using SharedRankSum = std::shared_ptr<RankSum>;
+
 class BasicBlockImpl : public torch::nn::Module {
  public:
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride);
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride, SharedRankSum sum);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
-  torch::nn::Sequential shortcut{nullptr};  ///< 1x1 conv + BN when the shape changes
+  torch::nn::Sequential shortcut{nullptr};   ///< 1x1 conv + BN when the shape changes
+  torch::nn::Conv2d shortcut_conv{nullptr};  ///< shortcut's children
+  torch::nn::BatchNorm2d shortcut_bn{nullptr};
+  SharedRankSum sum_;
 };
 TORCH_MODULE(BasicBlock);
 
@@ -47,8 +57,12 @@ class ResNet18Impl : public torch::nn::Module {
   const ResNetOptions& options() const { return options_; }
   /// Width of the pooled features (8 * width).
   int64_t feature_dim() const { return 8 * options_.width; }
+  /// Data-parallel: every BatchNorm layer normalizes over the rows of every rank, summing its
+  /// statistics with `sum` (batch_norm.h); an empty function returns to per-process statistics.
+  void sync_batch_norm(RankSum sum) { *sum_ = std::move(sum); }
 
  private:
+  SharedRankSum sum_ = std::make_shared<RankSum>();
   ResNetOptions options_;
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};

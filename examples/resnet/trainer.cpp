@@ -183,6 +183,7 @@ class Run {
   // Data-parallel (under torchrun): every rank starts from rank 0's model, gradients are
   // averaged over the ranks, and each rank trains on its rows of every global batch.
   void join_ranks() {
+    if (c_.sync_bn) model_->sync_batch_norm([this](torch::Tensor& t) { dp_.sum_in_place(t); });
     dp_.broadcast_module(*model_);
     dp_.average_gradients_of(*model_);
     if (c_.data_parallel.shard_step && optimizer_->hybrid()) dp_.shard_step(*optimizer_->hybrid());
