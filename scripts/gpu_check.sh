@@ -40,7 +40,8 @@ note() { summary+=("$1"); }
 # --------------------------------------------------------------------------------------------
 # Here (CPU machine)
 
-shipped_binaries=(tests/fogo_tests bench/fogo_bench examples/gpt2/gpt2 examples/gpt2/gpt2_tests
+shipped_binaries=(tests/fogo_tests tests/fogo_dist_tests bench/fogo_bench examples/gpt2/gpt2
+                  examples/gpt2/gpt2_tests
                   examples/resnet/resnet_train examples/resnet/resnet_tests
                   examples/common/trainer_common_tests)
 
@@ -203,17 +204,19 @@ test_() {
       timeout 450 "$bin/fogo_tests" --gtest_output="xml:$logs/tests-$s.xml" >"$logs/tests-$s.log" 2>&1 &
   done
   for ((s = 0; s < shards; ++s)); do wait -n || rc=1; done
-  for t in gpt2_tests resnet_tests trainer_common_tests; do
+  # fogo_dist_tests: NCCL on the GPU (DistributedCuda) and the CPU ranks' tests.
+  for t in fogo_dist_tests gpt2_tests resnet_tests trainer_common_tests; do
     OMP_NUM_THREADS=4 timeout 300 "$bin/$t" --gtest_output="xml:$logs/$t.xml" >"$logs/$t.log" 2>&1 || rc=1
   done
-  cat "$logs"/tests-*.log "$logs"/gpt2_tests.log "$logs"/resnet_tests.log \
-    "$logs"/trainer_common_tests.log | grep -E '^\[  (FAILED|SKIPPED) ' | sort -u
+  cat "$logs"/tests-*.log "$logs"/fogo_dist_tests.log "$logs"/gpt2_tests.log \
+    "$logs"/resnet_tests.log "$logs"/trainer_common_tests.log | grep -E '^\[  (FAILED|SKIPPED) ' | sort -u
   local passed failed_n skipped
   passed=$(cat "$logs"/*tests*.log | grep -cE '^\[       OK \]')
   failed_n=$(cat "$logs"/*tests*.log | grep -E '^\[  FAILED  \] [A-Za-z0-9_.]+/?[0-9]* \(' | sort -u | wc -l)
   skipped=$(cat "$logs"/*tests*.log | grep -E '^\[  SKIPPED \] [A-Za-z0-9_.]+ \(' | sort -u | wc -l)
   note "tests: $passed passed, $failed_n failed, $skipped skipped"
-  if grep -hE '^\[  SKIPPED \] (CudaParity|NewtonSchulzProjected|CudaStep)' "$logs"/tests-*.log; then
+  if grep -hE '^\[  SKIPPED \] (CudaParity|NewtonSchulzProjected|CudaStep|CudaSync|DistributedCuda)' \
+    "$logs"/tests-*.log "$logs"/fogo_dist_tests.log; then
     echo "gpu_check: CUDA tests were skipped on a GPU machine" >&2
     rc=1
   fi

@@ -809,6 +809,49 @@ void scenario_killed(const fogo::dist::ProcessGroup& group) {
 /// Only joins: for world-size mismatch, missing ranks, bad addresses.
 void scenario_join(const fogo::dist::ProcessGroup& group) { group.barrier(); }
 
+/// CUDA (a GPU run): the group's default backend for CUDA tensors (NCCL when fogo has it), one
+/// rank per GPU. FOGO and Muon steps with gradients averaged through the group, replicated and
+/// with shard_step, equal the same optimizers stepping without any group: world 1 on one GPU
+/// (NCCL cannot put two ranks on one device), so the averaged gradient is the gradient itself.
+void scenario_cuda(const fogo::dist::ProcessGroup& group) {
+  RANK_CHECK(torch::cuda::is_available(), "no CUDA device");
+  const torch::Device device(torch::kCUDA, group.local_rank());
+  for (const bool shard : {false, true}) {
+    torch::manual_seed(11);
+    auto model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+    auto reference = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+    copy_params(*reference, *model);
+    model->to(device);
+    reference->to(device);
+    fogo::dist::broadcast_parameters(group, *model);
+    fogo::dist::GradientAverager averager(group, model->parameters());
+    fogo::FOGO opt(model->parameters(), small_fogo());
+    fogo::FOGO ref_opt(reference->parameters(), small_fogo());
+    if (shard) fogo::dist::shard_step(group, opt);
+    for (int64_t step = 0; step < 6; ++step) {
+      const auto x = torch::randn({8, 12}, device), y = torch::randn({8, 5}, device);
+      opt.zero_grad();
+      torch::mse_loss(model->forward(x), y).backward();
+      averager.finish();
+      opt.step();
+      ref_opt.zero_grad();
+      torch::mse_loss(reference->forward(x), y).backward();
+      ref_opt.step();
+      if (step == 2) {
+        opt.task_boundary();
+        ref_opt.task_boundary();
+      }
+    }
+    fogo::dist::check_lockstep(group, fogo::dist::module_state(*model));
+    const auto a = model->parameters(), b = reference->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      RANK_CHECK(torch::allclose(a[i], b[i], 1e-5, 1e-6),
+                 (shard ? "sharded" : "replicated")
+                     << " parameter " << i << " differs by " << max_abs(a[i] - b[i]));
+    }
+  }
+}
+
 /// Under torchrun: the replicated scenario with the launcher's own environment.
 void scenario_torchrun(const fogo::dist::ProcessGroup& group) { scenario_replicated(group); }
 
@@ -821,6 +864,7 @@ int rank_main(const std::string& scenario) {
       {"killed", scenario_killed},
       {"join", scenario_join},
       {"torchrun", scenario_torchrun},
+      {"cuda", scenario_cuda},
       {"checkpoint_save", scenario_checkpoint_save},
       {"checkpoint_resume", scenario_checkpoint_resume},
       {"sharded", [](const fogo::dist::ProcessGroup& g) {
@@ -952,6 +996,12 @@ std::vector<torch::Tensor> load_tensors(const fs::path& path) {
 
 TEST(Distributed, AveragedGradientsEqualSingleProcessFullBatch) {
   const auto job = launch("equivalence", 2);
+  expect_all_passed(job);
+}
+
+TEST(DistributedCuda, FogoOnTheGpuThroughTheGroupEqualsFogoWithoutIt) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto job = launch("cuda", 1);
   expect_all_passed(job);
 }
 
