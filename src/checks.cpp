@@ -100,6 +100,14 @@ int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
   return -1;
 }
 
+at::Tensor grads_usable(const std::vector<at::Tensor>& grads) {
+  if (grads.empty() || grads_already_checked) return {};
+  std::vector<at::Tensor> flags;
+  flags.reserve(grads.size());
+  for (const auto& g : grads) flags.push_back(grad_norm(g) <= max_grad_norm(g));
+  return at::stack(flags).all();
+}
+
 int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked) {
   std::vector<at::Tensor> grads;
   std::vector<size_t> item;

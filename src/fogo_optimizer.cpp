@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -283,7 +284,8 @@ at::Tensor entropy(const at::Tensor& N) {
 std::vector<Work> update_momenta(
     const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
     ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
-    const FOGOOptions& o, const std::function<const Projection&(int64_t n)>& projection) {
+    const FOGOOptions& o, const std::function<const Projection&(int64_t n)>& projection,
+    const at::Tensor& ok) {
   std::vector<Work> work;
   std::vector<at::Tensor> slow, fast, G;
   for (size_t k = 0; k < params.size(); ++k) {
@@ -314,6 +316,16 @@ std::vector<Work> update_momenta(
     work.push_back(std::move(w));
   }
   if (work.empty()) return work;
+  if (ok.defined()) {
+    // Mask: where ok is false, M * 1 + (-0), which is M bit for bit (-0 included, unlike + 0).
+    for (auto& g : G) g = at::where(ok, g, -0.0);
+    const auto factor = [&](double mu) { return at::where(ok, mu, 1.0).to(at::kFloat); };
+    at::_foreach_mul_(slow, factor(o.mu_s()));
+    at::_foreach_add_(slow, G);
+    at::_foreach_mul_(fast, factor(o.mu_f()));
+    at::_foreach_add_(fast, G);
+    return work;
+  }
   at::_foreach_mul_(slow, o.mu_s());
   at::_foreach_add_(slow, G);
   at::_foreach_mul_(fast, o.mu_f());
@@ -343,9 +355,11 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(GroupMemory& mem, const F
 
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
-// decay. Returns |delta|_F / |O_s|_F of each parameter, in `work` order.
+// decay. Returns |delta|_F / |O_s|_F of each parameter, in `work` order. With `ok` (Mask), a
+// parameter keeps its value where ok is false.
 std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns& runs,
-                                        const at::Tensor& dz, const FOGOOptions& o) {
+                                        const at::Tensor& dz, const FOGOOptions& o,
+                                        const at::Tensor& ok) {
   std::vector<at::Tensor> ratios;
   int64_t row = 0;
   for (const auto& [begin, end] : runs) {
@@ -358,9 +372,11 @@ std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns
     row += rows;
     for (size_t i = begin; i < end; ++i) {
       Work& w = work[i];
+      const at::Tensor before = ok.defined() ? w.param.clone() : at::Tensor();
       ratios.push_back(ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)],
                                              w.transposed,
                                              {o.lr(), o.weight_decay(), o.sigma(), o.eps()}));
+      if (ok.defined()) w.param.copy_(at::where(ok, w.param, before));
     }
   }
   return ratios;
@@ -377,6 +393,25 @@ void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGO
   }
 }
 
+// Mask: the tensors of a group's memory that a step changes, as they were before it, put back
+// where ok is false once the step is done.
+struct MemoryBefore {
+  at::Tensor centroids, S, N, rbar, stats;
+};
+MemoryBefore memory_before(const GroupMemory& mem) {
+  return {mem.book.centroids.clone(), mem.book.S.clone(), mem.book.N.clone(), mem.rbar.clone(),
+          mem.stats.clone()};
+}
+void keep_memory_unless(GroupMemory& mem, const MemoryBefore& before, const at::Tensor& ok) {
+  mem.book.centroids = at::where(ok, mem.book.centroids, before.centroids);
+  mem.book.S = at::where(ok, mem.book.S, before.S);
+  mem.book.N = at::where(ok, mem.book.N, before.N);
+  mem.rbar = at::where(ok, mem.rbar, before.rbar);
+  mem.stats = at::where(ok, mem.stats, before.stats);
+  if (!mem.skipped.defined()) mem.skipped = at::zeros({}, ok.options().dtype(at::kLong));
+  mem.skipped.add_(at::logical_not(ok));
+}
+
 // The step's statistics, kept on the device (telemetry() reads them back).
 void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
                       const std::vector<at::Tensor>& delta_ratios, const FOGOOptions& o) {
@@ -391,17 +426,42 @@ void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
   mem.stats = stats;
 }
 
+// Mask: one flag for the whole step, true when every gradient of the masked groups is usable
+// (one test per device, combined on the first: nothing read back). Undefined when no group is
+// masked, or the gradients were checked by the caller (detail::GradsAlreadyChecked).
+at::Tensor usable_on_device(const detail::GradItems& items,
+                            const std::function<bool(size_t)>& masked) {
+  std::map<std::string, std::vector<at::Tensor>> by_device;
+  std::vector<std::string> order;
+  for (size_t k = 0; k < items.grads.size(); ++k) {
+    if (!masked(items.where[k].first)) continue;
+    const std::string device = items.grads[k].device().str();
+    if (!by_device.count(device)) order.push_back(device);
+    by_device[device].push_back(items.grads[k]);
+  }
+  at::Tensor ok;
+  for (const auto& device : order) {
+    const at::Tensor here = detail::grads_usable(by_device[device]);
+    if (!here.defined()) return {};
+    ok = ok.defined() ? at::logical_and(ok, here.to(ok.device())) : here;
+  }
+  return ok;
+}
+
 }  // namespace
 
 void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
-                      const std::vector<at::Tensor>& grads) {
+                      const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->group(g, o);
   const auto projection = [&](int64_t n) -> const Projection& {
     return impl_->projection(o, n, params.front().device());
   };
-  std::vector<Work> work = update_momenta(params, grads, state_, o, projection);  // 1
+  std::vector<Work> work = update_momenta(params, grads, state_, o, projection, ok);  // 1
   if (work.empty()) return;
+  // Mask (past the group's first step, so the memory exists): what the step may have to undo.
+  std::optional<MemoryBefore> before;
+  if (ok.defined()) before = memory_before(mem);
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   const StepShard& shard = impl_->shard;
@@ -416,10 +476,12 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
       ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
                           projected_step_params(o, /*filter=*/!first));  // 4-7
   mem.rbar = r.rbar;
-  const std::vector<at::Tensor> ratios = share_updates(
-      work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o), shard);  // 8, 9
+  const std::vector<at::Tensor> ratios =
+      share_updates(work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o, ok),
+                    shard);  // 8, 9
   flush_and_reseed(mem, r, o);
   record_telemetry(mem, r, ratios, o);
+  if (before) keep_memory_unless(mem, *before, ok);
 }
 
 torch::Tensor FOGO::step(LossClosure closure) {
@@ -440,20 +502,27 @@ torch::Tensor FOGO::step(LossClosure closure) {
   const auto policy = [&](size_t g) {
     return static_cast<const FOGOOptions&>(param_groups_[g].options()).nonfinite();
   };
+  // Mask groups are checked on the device, except on their first step (the codebook is built
+  // from it, and there is no earlier memory to keep): then as Skip.
+  const auto masked = [&](size_t g) {
+    return policy(g) == NonFinitePolicy::Mask && g < impl_->groups.size() &&
+           impl_->groups[g].initialized;
+  };
   if (const int64_t bad = detail::first_unusable_item(
-          items, [&](size_t g) { return policy(g) != NonFinitePolicy::Unchecked; });
+          items, [&](size_t g) { return policy(g) != NonFinitePolicy::Unchecked && !masked(g); });
       bad >= 0) {
-    const auto& options =
-        static_cast<const FOGOOptions&>(param_groups_[where[bad].first].options());
-    if (options.nonfinite() == NonFinitePolicy::Skip) return loss;
+    const NonFinitePolicy p = policy(where[bad].first);
+    if (p == NonFinitePolicy::Skip || p == NonFinitePolicy::Mask) return loss;
     detail::throw_unusable_grad("FOGO", where[bad].first, where[bad].second, params[bad]);
   }
+  const at::Tensor ok = usable_on_device(items, masked);
   for (size_t k = 0; k < params.size();) {  // the items come group by group
     const size_t g = where[k].first;
     size_t end = k;
     while (end < params.size() && where[end].first == g) ++end;
     step_group(g, {params.begin() + k, params.begin() + end},
-               {grads.begin() + k, grads.begin() + end});
+               {grads.begin() + k, grads.begin() + end},
+               masked(g) && ok.defined() ? ok.to(params[k].device()) : at::Tensor());
     k = end;
   }
   return loss;
@@ -522,11 +591,16 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     if (mem.stats.defined()) by_device[mem.stats.device().str()].push_back(g);
   }
   for (const auto& [device, groups] : by_device) {
-    std::vector<at::Tensor> stats;
-    for (const size_t g : groups) stats.push_back(impl_->groups[g].stats);
-    const at::Tensor host = at::stack(stats).to(at::kCPU, at::kDouble).contiguous();
+    std::vector<at::Tensor> stats;  // each group's statistics, then its count of masked steps
+    for (const size_t g : groups) {
+      const GroupMemory& mem = impl_->groups[g];
+      const at::Tensor skipped = mem.skipped.defined() ? mem.skipped.to(at::kDouble).reshape({1})
+                                                       : at::zeros({1}, mem.stats.options());
+      stats.push_back(at::cat({mem.stats.to(at::kDouble), skipped.to(at::kDouble)}));
+    }
+    const at::Tensor host = at::stack(stats).to(at::kCPU).contiguous();
     for (size_t k = 0; k < groups.size(); ++k) {
-      const double* v = host.data_ptr<double>() + k * kNumStats;
+      const double* v = host.data_ptr<double>() + k * (kNumStats + 1);
       FOGOTelemetry& t = out[groups[k]];
       t.rbar = v[kRbar];
       t.gamma_st = v[kGammaSt];
@@ -536,6 +610,7 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
       t.codebook_entropy = v[kEntropy];
       t.live_centroids = static_cast<int64_t>(v[kLive]);
       t.delta_ratio = v[kDeltaRatio];
+      t.skipped_steps = static_cast<int64_t>(v[kNumStats]);
     }
   }
   return out;

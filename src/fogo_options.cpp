@@ -28,7 +28,7 @@ void FOGOOptions::validate() const {
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");
   TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip ||
-                  nonfinite() == NonFinitePolicy::Unchecked,
+                  nonfinite() == NonFinitePolicy::Unchecked || nonfinite() == NonFinitePolicy::Mask,
               "FOGO: option 'nonfinite' is not a known policy");
 }
 

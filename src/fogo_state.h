@@ -44,6 +44,7 @@ struct GroupMemory {
   at::Tensor frozen_nu;  ///< importance weights [F]
   at::Tensor rbar;       ///< conflict EMA, 0-d
   at::Tensor stats;      ///< [kNumStats], last step's telemetry
+  at::Tensor skipped;    ///< NonFinitePolicy::Mask: masked steps, 0-d int64 (undefined: none)
   at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
   /// consolidate() ran since the last step: freezing again would add the same centroids.
   bool consolidated = false;

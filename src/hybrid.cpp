@@ -75,15 +75,17 @@ void check_state_shapes(const torch::optim::Optimizer& opt, const char* side) {
 enum class NonFiniteCheck { None, Raise, Skip };
 
 // What the matrix side does with NaN/Inf gradients: FOGO raises or skips by its groups'
-// NonFinitePolicy (Skip in any group skips; Unchecked groups ask for nothing), Muon raises where
-// check_finite is on; a hybrid
-// without a matrix side behaves as LibTorch's AdamW (no check).
+// NonFinitePolicy (Skip or Mask in any group skips; Unchecked groups ask for nothing), Muon raises
+// where check_finite is on; a hybrid without a matrix side behaves as LibTorch's AdamW (no check).
+// Mask is checked on the host here, as Skip: LibTorch's AdamW side cannot be masked on the device.
 NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
   NonFiniteCheck check = NonFiniteCheck::None;
   if (!matrix) return check;
   for (const auto& group : matrix->param_groups()) {
     if (const auto* f = dynamic_cast<const FOGOOptions*>(&group.options())) {
-      if (f->nonfinite() == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
+      if (f->nonfinite() == NonFinitePolicy::Skip || f->nonfinite() == NonFinitePolicy::Mask) {
+        return NonFiniteCheck::Skip;
+      }
       if (f->nonfinite() == NonFinitePolicy::Raise) check = NonFiniteCheck::Raise;
     } else if (const auto* m = dynamic_cast<const MuonOptions*>(&group.options())) {
       if (m->check_finite()) check = NonFiniteCheck::Raise;

@@ -454,8 +454,9 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
 // codebook's initial rows on the host) and a task boundary that freezes more centroids than
 // lt_candidates (so the candidates are sampled on the device every step), with re-seeding off (it
 // reads the dead centroids back, every reseed_every steps). The non-finite check of Raise and
-// Skip reads one flag vector back per step (docs/cuda.md), so these steps run Unchecked (FOGO)
-// and with check_finite off (Muon). The gradients are made before the mode is set.
+// Skip reads one flag vector back per step (docs/cuda.md), so these steps run Unchecked or Mask
+// (FOGO; Mask with a NaN gradient in one step, skipped on the device) and with check_finite off
+// (Muon). The gradients are made before the mode is set.
 #ifdef FOGO_WITH_CUDA
 TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
   FOGO_REQUIRE_GPU();
@@ -467,7 +468,10 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
     }
   };
-  for (const bool use_fogo : {true, false}) {
+  for (const auto policy : {fogo::NonFinitePolicy::Unchecked, fogo::NonFinitePolicy::Mask,
+                            fogo::NonFinitePolicy::Raise /* Muon */}) {
+    const bool use_fogo = policy != fogo::NonFinitePolicy::Raise;
+    const bool masked = policy == fogo::NonFinitePolicy::Mask;
     auto params = small_network(torch::kCUDA);
     std::unique_ptr<torch::optim::Optimizer> opt;
     fogo::FOGO* fogo_opt = nullptr;
@@ -479,7 +483,7 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
                                                    .reseed_every(0)
                                                    .freeze_per_task(4)
                                                    .lt_candidates(2)
-                                                   .nonfinite(fogo::NonFinitePolicy::Unchecked));
+                                                   .nonfinite(policy));
       fogo_opt = f.get();
       opt = std::move(f);
     } else {
@@ -489,7 +493,8 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
     for (int step = 0; step < 8; ++step) {
       set_gradients(params, step);
       std::vector<torch::Tensor> g;
-      for (const auto& p : params) g.push_back(p.grad());
+      for (const auto& p : params) g.push_back(p.grad().clone());
+      if (masked && step == 5) g[0].view(-1)[0] = NAN;  // skipped on the device
       grads.push_back(g);
     }
     const auto take = [&](int step) {
@@ -505,12 +510,14 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       SyncDebugError mode;
       for (int step = 3; step < 8; ++step) {
         take(step);
-        EXPECT_NO_THROW(opt->step()) << (use_fogo ? "FOGO" : "Muon") << " step " << step;
+        EXPECT_NO_THROW(opt->step()) << (use_fogo ? "FOGO" : "Muon") << " policy "
+                                     << static_cast<int>(policy) << " step " << step;
       }
     }
     torch::cuda::synchronize();
     for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
     if (fogo_opt) EXPECT_EQ(fogo_opt->telemetry()[0].frozen, 4);
+    if (masked) EXPECT_EQ(fogo_opt->telemetry()[0].skipped_steps, 1);
   }
 }
 #endif

@@ -514,6 +514,146 @@ TEST(FOGO, NonFiniteGradientsRaiseOrSkipAndChangeNothing) {
   EXPECT_TRUE(torch::isnan(b).any().item<bool>());
 }
 
+namespace {
+
+// Everything a FOGO step may change, copied: parameters, both momenta, each group's memory and
+// the conflict EMA.
+std::vector<torch::Tensor> everything(fogo::FOGO& opt) {
+  std::vector<torch::Tensor> out;
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+    for (const auto& p : opt.param_groups()[g].params()) {
+      out.push_back(p.detach().clone());
+      const auto it = opt.state().find(p.unsafeGetTensorImpl());
+      if (it == opt.state().end()) continue;
+      const auto& st = static_cast<const fogo::FOGOParamState&>(*it->second);
+      out.push_back(st.slow_momentum().clone());
+      out.push_back(st.fast_momentum().clone());
+    }
+    const auto m = opt.memory(g);
+    for (const auto& t : {m.centroids, m.S, m.N, m.frozen, m.frozen_nu}) {
+      if (t.defined()) out.push_back(t);
+    }
+    out.push_back(torch::tensor({opt.telemetry()[g].rbar}, torch::kDouble));
+  }
+  return out;
+}
+
+bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    // As integers: -0.0 and NaN payloads count, and equal NaNs compare equal.
+    const auto bits = [](const torch::Tensor& t) {
+      return t.scalar_type() == torch::kFloat ? t.view(torch::kInt) : t;
+    };
+    if (a[k].sizes() != b[k].sizes() || !torch::equal(bits(a[k]), bits(b[k]))) return false;
+  }
+  return true;
+}
+
+// Two groups of two shapes, a frozen bank after a task boundary, long-term candidates sampled
+// from it (bank 6 > lt_candidates 4) and re-seeding every 3 steps: every stage runs.
+fogo::FOGO masked_fogo(std::vector<torch::Tensor>& params, fogo::NonFinitePolicy policy,
+                       int64_t reseed_every, int64_t lt_candidates) {
+  torch::manual_seed(21);
+  params = {torch::randn({6, 10}).requires_grad_(true), torch::randn({6, 10}).requires_grad_(true),
+            torch::randn({8, 5}).requires_grad_(true)};
+  const auto o = fogo::FOGOOptions(0.05)
+                     .proj_dim(4)
+                     .codebook_size(6)
+                     .freeze_per_task(6)
+                     .lt_candidates(lt_candidates)
+                     .reseed_every(reseed_every)
+                     .nonfinite(policy);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{params[0], params[1]});
+  groups.emplace_back(std::vector<torch::Tensor>{params[2]});
+  return fogo::FOGO(groups, o);
+}
+
+// Gradient k of the sequence (the same for every run).
+std::vector<torch::Tensor> grads_at(int64_t k) {
+  torch::manual_seed(100 + k);
+  return {torch::randn({6, 10}), torch::randn({6, 10}), torch::randn({8, 5})};
+}
+
+}  // namespace
+
+TEST(FOGO, MaskSkipsOnTheDeviceChangingNothingAndReadingNothingBack) {
+  std::vector<torch::Tensor> pm, pr;
+  fogo::FOGO masked = masked_fogo(pm, fogo::NonFinitePolicy::Mask, 3, 4);
+  fogo::FOGO raised = masked_fogo(pr, fogo::NonFinitePolicy::Raise, 3, 4);
+  const auto feed = [](std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& g) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].clone();
+  };
+  // A NaN on the first step: the codebook is built from it, so it is checked on the host and
+  // skipped as with Skip (nothing exists yet, the step is not counted).
+  auto bad = grads_at(0);
+  bad[2][1][1] = NAN;
+  feed(pm, bad);
+  masked.step();
+  EXPECT_EQ(masked.telemetry()[1].step, 0);
+  EXPECT_FALSE(masked.memory(1).centroids.defined());
+  // Usable gradients: Mask steps bit-identically to Raise, through a task boundary, candidate
+  // sampling and re-seeding.
+  for (int64_t k = 1; k <= 7; ++k) {
+    feed(pm, grads_at(k));
+    feed(pr, grads_at(k));
+    masked.step();
+    raised.step();
+    if (k == 3) {
+      masked.task_boundary();
+      raised.task_boundary();
+    }
+  }
+  ASSERT_TRUE(bit_identical(everything(masked), everything(raised)));
+  // Unusable gradients in either group (NaN, Inf, a norm past kMaxGradNorm): the step runs on
+  // the device, reads nothing back, and leaves every tensor bit for bit; it counts as a step.
+  const int64_t reads = fogo::detail::unusable_grad_reads();
+  for (const auto& [param, value] : {std::pair{0, NAN}, {2, INFINITY}, {1, 1e30}}) {
+    const auto before = everything(masked);
+    const int64_t step = masked.telemetry()[0].step;
+    auto g = grads_at(8);
+    g[param][0][0] = value;
+    feed(pm, g);
+    masked.step();
+    EXPECT_TRUE(bit_identical(everything(masked), before)) << "bad value " << value;
+    EXPECT_EQ(masked.telemetry()[0].step, step + 1);
+  }
+  EXPECT_EQ(fogo::detail::unusable_grad_reads(), reads);
+  EXPECT_EQ(masked.telemetry()[0].skipped_steps, 3);
+  EXPECT_EQ(masked.telemetry()[1].skipped_steps, 3);
+  EXPECT_EQ(raised.telemetry()[0].skipped_steps, 0);
+}
+
+TEST(FOGO, MaskedStepIsAsIfTheBadGradientNeverCame) {
+  // Without random draws after the first step (re-seeding off, every frozen centroid a
+  // candidate), a run that met unusable gradients under Mask equals a run that never got them.
+  std::vector<torch::Tensor> pm, pr;
+  fogo::FOGO masked = masked_fogo(pm, fogo::NonFinitePolicy::Mask, 0, 48);
+  fogo::FOGO clean = masked_fogo(pr, fogo::NonFinitePolicy::Raise, 0, 48);
+  for (int64_t k = 0; k < 8; ++k) {
+    if (k == 2 || k == 5) {  // unusable, for the masked run only
+      auto g = grads_at(k);
+      g[1][3][3] = NAN;
+      for (size_t i = 0; i < pm.size(); ++i) pm[i].mutable_grad() = g[i];
+      masked.step();
+      continue;
+    }
+    for (size_t i = 0; i < pm.size(); ++i) {
+      pm[i].mutable_grad() = grads_at(k)[i];
+      pr[i].mutable_grad() = grads_at(k)[i];
+    }
+    masked.step();
+    clean.step();
+    if (k == 3) {
+      masked.task_boundary();
+      clean.task_boundary();
+    }
+  }
+  EXPECT_TRUE(bit_identical(everything(masked), everything(clean)));
+  EXPECT_EQ(masked.telemetry()[0].skipped_steps, 2);
+}
+
 TEST(FOGO, RejectsBadOptionsAndShapes) {
   auto p = [] { return torch::randn({4, 6}).requires_grad_(true); };
   using fogo::test::expect_error;

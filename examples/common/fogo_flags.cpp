@@ -82,7 +82,8 @@ NonFinitePolicy parse(const std::string& text, NonFinitePolicy*) {
   if (text == "raise") return NonFinitePolicy::Raise;
   if (text == "skip") return NonFinitePolicy::Skip;
   if (text == "unchecked") return NonFinitePolicy::Unchecked;
-  throw std::invalid_argument("expected raise, skip or unchecked, got '" + text + "'");
+  if (text == "mask") return NonFinitePolicy::Mask;
+  throw std::invalid_argument("expected raise, skip, unchecked or mask, got '" + text + "'");
 }
 
 }  // namespace

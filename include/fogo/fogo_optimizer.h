@@ -57,6 +57,9 @@ struct FOGOTelemetry {
   int64_t live_centroids = 0;    ///< centroids with N_j >= reseed_threshold
   double delta_ratio = 0;        ///< mean over parameters of |delta|_F / |O_s|_F
   int64_t frozen = 0;            ///< frozen-bank size
+  /// NonFinitePolicy::Mask: steps whose unusable gradients were masked on the device (since
+  /// construction or the last load; not checkpointed)
+  int64_t skipped_steps = 0;
 };
 
 class FOGO : public torch::optim::Optimizer {
@@ -121,8 +124,10 @@ class FOGO : public torch::optim::Optimizer {
 
  private:
   /// Steps 1-9 and the flush for param group `g`, whose parameters with gradients are `params`.
+  /// `ok` (NonFinitePolicy::Mask; else undefined): a 0-d bool on the group's device; where it is
+  /// false the step leaves every tensor as it was.
   void step_group(size_t g, const std::vector<at::Tensor>& params,
-                  const std::vector<at::Tensor>& grads);
+                  const std::vector<at::Tensor>& grads, const at::Tensor& ok);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>

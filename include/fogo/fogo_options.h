@@ -25,6 +25,13 @@ enum class NonFinitePolicy : int64_t {
   /// and NaN or Inf gradients reach the parameters, as with torch.optim's optimizers. For
   /// training loops that check the gradients themselves (a loss scaler's inf check, say).
   Unchecked = 2,
+  /// Skip on the device: the step is computed, and where a gradient is unusable every parameter,
+  /// momentum and codebook tensor keeps its value (selected on the device), so a steady-state
+  /// step reads nothing back (no host synchronisation on a GPU; what CUDA-graph capture needs).
+  /// Unlike Skip, the skipped step still counts: the step counter (re-seeding cadence) and the
+  /// CPU random stream advance as if it had been taken. Telemetry's skipped_steps counts them. A
+  /// group's first step (the codebook is built from it) is checked on the host as with Skip.
+  Mask = 3,
 };
 
 // clang-format off

@@ -153,8 +153,10 @@ class FOGO(_CppOptimizer):
 {options}
 
     ``ns_dtype`` is a torch.dtype; ``projection_scale`` is "unit" or "jl"; ``nonfinite`` is
-    "raise" (NaN/Inf gradients raise, nothing changes), "skip" (the step is skipped) or
-    "unchecked" (no check and no host synchronisation; NaN/Inf reach the parameters).
+    "raise" (NaN/Inf gradients raise, nothing changes), "skip" (the step is skipped),
+    "unchecked" (no check and no host synchronisation; NaN/Inf reach the parameters) or "mask"
+    (the step is skipped on the device, without a host synchronisation; the step counter still
+    advances; telemetry's ``skipped_steps`` counts such steps).
     The paper's configurations: ``fogo.presets``.
     """
 

@@ -46,7 +46,8 @@ struct EnumNames<fogo::NonFinitePolicy> {
   static constexpr std::pair<const char*, fogo::NonFinitePolicy> values[] = {
       {"raise", fogo::NonFinitePolicy::Raise},
       {"skip", fogo::NonFinitePolicy::Skip},
-      {"unchecked", fogo::NonFinitePolicy::Unchecked}};
+      {"unchecked", fogo::NonFinitePolicy::Unchecked},
+      {"mask", fogo::NonFinitePolicy::Mask}};
 };
 template <>
 struct EnumNames<fogo::NSForm> {
@@ -467,6 +468,7 @@ py::list telemetry(const fogo::FOGO& opt) {
     d["live_centroids"] = t.live_centroids;
     d["delta_ratio"] = t.delta_ratio;
     d["frozen"] = t.frozen;
+    d["skipped_steps"] = t.skipped_steps;
     out.append(d);
   }
   return out;

@@ -58,7 +58,7 @@ def test_muon_option_list_covers_the_cpp_options():
         ({"codebook_size": 0}, RuntimeError, "option 'codebook_size' must be finite and in [1,"),
         ({"codebook_size": 2.5}, TypeError, "FOGO: option 'codebook_size' must be an integer, got 2.5"),
         ({"lr": "fast"}, TypeError, "FOGO: option 'lr' must be a number, got 'fast'"),
-        ({"nonfinite": "ignore"}, ValueError, "FOGO: option 'nonfinite' must be one of 'raise' 'skip' 'unchecked', got 'ignore'"),
+        ({"nonfinite": "ignore"}, ValueError, "FOGO: option 'nonfinite' must be one of 'raise' 'skip' 'unchecked' 'mask', got 'ignore'"),
         ({"ns_dtype": "half"}, TypeError, "option 'ns_dtype' must be a torch.dtype"),
         ({"codebook": 3}, TypeError, "unexpected keyword argument(s) 'codebook'"),
     ],
@@ -129,6 +129,22 @@ def test_nonfinite_skip_policy(gen):
     before = a.detach().clone()
     opt.step()
     assert torch.equal(a, before)
+
+
+def test_nonfinite_mask_policy_skips_on_the_device_and_counts(gen):
+    a = mat(gen, 6, 6)
+    opt = fogo.FOGO([a], nonfinite="mask")
+    a.grad = randn(gen, 6, 6)
+    opt.step()  # a group's first step is checked on the host; this one is usable
+    before = a.detach().clone()
+    momenta = {k: t.clone() for k, t in opt.state_dict()["state"][0].items()}
+    a.grad = torch.full((6, 6), float("nan"))
+    opt.step()
+    assert torch.equal(a, before)
+    for k, t in opt.state_dict()["state"][0].items():
+        assert torch.equal(t, momenta[k])
+    tel = opt.telemetry()[0]
+    assert tel["skipped_steps"] == 1 and tel["step"] == 2  # counted as taken
 
 
 # -- torch.optim behaviour -------------------------------------------------------------------

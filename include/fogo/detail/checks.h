@@ -47,6 +47,11 @@ inline constexpr double kMaxGradNormDouble = 1e151;
 /// kMaxGradNorm, or -1: one reduction per gradient and one host synchronisation for the list.
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
+/// The same test on the device, nothing read back: a 0-d bool on the gradients' device, true
+/// when every gradient is usable (NonFinitePolicy::Mask). Undefined while a GradsAlreadyChecked
+/// lives on this thread (the caller found them usable: nothing to mask).
+at::Tensor grads_usable(const std::vector<at::Tensor>& grads);
+
 /// first_unusable_grad over the gradients of `items` whose group `checked(group)` accepts:
 /// the index into `items` of the first unusable one, or -1.
 int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked);
