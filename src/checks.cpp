@@ -4,6 +4,7 @@
 #include <c10/util/flat_hash_map.h>
 #include <fogo/step_shard.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -100,12 +101,30 @@ int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
   return -1;
 }
 
+namespace {
+thread_local at::Tensor step_mask;
+}  // namespace
+
+StepMask::StepMask(at::Tensor ok) : previous_(std::move(step_mask)) { step_mask = std::move(ok); }
+StepMask::~StepMask() { step_mask = std::move(previous_); }
+
 at::Tensor grads_usable(const std::vector<at::Tensor>& grads) {
   if (grads.empty() || grads_already_checked) return {};
-  std::vector<at::Tensor> flags;
-  flags.reserve(grads.size());
-  for (const auto& g : grads) flags.push_back(grad_norm(g) <= max_grad_norm(g));
-  return at::stack(flags).all();
+  if (step_mask.defined()) return step_mask.to(grads.front().device());
+  // One stacked test per device, in first-seen order, combined on the first device.
+  std::vector<std::pair<at::Device, std::vector<at::Tensor>>> by_device;
+  for (const auto& g : grads) {
+    auto it = std::find_if(by_device.begin(), by_device.end(),
+                           [&](const auto& d) { return d.first == g.device(); });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {g.device(), {}});
+    it->second.push_back(grad_norm(g) <= max_grad_norm(g));
+  }
+  at::Tensor ok;
+  for (const auto& [device, flags] : by_device) {
+    const at::Tensor here = at::stack(flags).all();
+    ok = ok.defined() ? at::logical_and(ok, here.to(ok.device())) : here;
+  }
+  return ok;
 }
 
 int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked) {

@@ -426,28 +426,6 @@ void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
   mem.stats = stats;
 }
 
-// Mask: one flag for the whole step, true when every gradient of the masked groups is usable
-// (one test per device, combined on the first: nothing read back). Undefined when no group is
-// masked, or the gradients were checked by the caller (detail::GradsAlreadyChecked).
-at::Tensor usable_on_device(const detail::GradItems& items,
-                            const std::function<bool(size_t)>& masked) {
-  std::map<std::string, std::vector<at::Tensor>> by_device;
-  std::vector<std::string> order;
-  for (size_t k = 0; k < items.grads.size(); ++k) {
-    if (!masked(items.where[k].first)) continue;
-    const std::string device = items.grads[k].device().str();
-    if (!by_device.count(device)) order.push_back(device);
-    by_device[device].push_back(items.grads[k]);
-  }
-  at::Tensor ok;
-  for (const auto& device : order) {
-    const at::Tensor here = detail::grads_usable(by_device[device]);
-    if (!here.defined()) return {};
-    ok = ok.defined() ? at::logical_and(ok, here.to(ok.device())) : here;
-  }
-  return ok;
-}
-
 }  // namespace
 
 void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
@@ -515,7 +493,12 @@ torch::Tensor FOGO::step(LossClosure closure) {
     if (p == NonFinitePolicy::Skip || p == NonFinitePolicy::Mask) return loss;
     detail::throw_unusable_grad("FOGO", where[bad].first, where[bad].second, params[bad]);
   }
-  const at::Tensor ok = usable_on_device(items, masked);
+  // Mask: one flag for the step, true when every gradient of the masked groups is usable.
+  std::vector<at::Tensor> masked_grads;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (masked(where[k].first)) masked_grads.push_back(grads[k]);
+  }
+  const at::Tensor ok = detail::grads_usable(masked_grads);
   for (size_t k = 0; k < params.size();) {  // the items come group by group
     const size_t g = where[k].first;
     size_t end = k;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <tuple>
@@ -72,26 +73,54 @@ void check_state_shapes(const torch::optim::Optimizer& opt, const char* side) {
   }
 }
 
-enum class NonFiniteCheck { None, Raise, Skip };
+enum class NonFiniteCheck { None, Raise, Mask, Skip };
 
-// What the matrix side does with NaN/Inf gradients: FOGO raises or skips by its groups'
-// NonFinitePolicy (Skip or Mask in any group skips; Unchecked groups ask for nothing), Muon raises
-// where check_finite is on; a hybrid without a matrix side behaves as LibTorch's AdamW (no check).
-// Mask is checked on the host here, as Skip: LibTorch's AdamW side cannot be masked on the device.
+// What the matrix side does with NaN/Inf gradients: FOGO raises, masks or skips by its groups'
+// NonFinitePolicy (Skip in any group skips; else Mask in any group masks; Unchecked groups ask
+// for nothing), Muon raises where check_finite is on; a hybrid without a matrix side behaves as
+// LibTorch's AdamW (no check).
 NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
   NonFiniteCheck check = NonFiniteCheck::None;
   if (!matrix) return check;
   for (const auto& group : matrix->param_groups()) {
     if (const auto* f = dynamic_cast<const FOGOOptions*>(&group.options())) {
-      if (f->nonfinite() == NonFinitePolicy::Skip || f->nonfinite() == NonFinitePolicy::Mask) {
-        return NonFiniteCheck::Skip;
+      if (f->nonfinite() == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
+      if (f->nonfinite() == NonFinitePolicy::Mask) check = NonFiniteCheck::Mask;
+      if (f->nonfinite() == NonFinitePolicy::Raise && check == NonFiniteCheck::None) {
+        check = NonFiniteCheck::Raise;
       }
-      if (f->nonfinite() == NonFinitePolicy::Raise) check = NonFiniteCheck::Raise;
     } else if (const auto* m = dynamic_cast<const MuonOptions*>(&group.options())) {
       if (m->check_finite()) check = NonFiniteCheck::Raise;
     }
   }
   return check;
+}
+
+// Mask: the rest side's tensors a step changes (each stepped parameter and its AdamW moments),
+// with copies from before the step; put back where the step's flag is false. Empty (nullopt)
+// when the rest side cannot be masked: not LibTorch's AdamW, or a parameter without state yet
+// (its first step: then the step is checked on the host, as Skip).
+using Saved = std::vector<std::pair<at::Tensor, at::Tensor>>;
+std::optional<Saved> save_rest_side(torch::optim::Optimizer* rest,
+                                    const std::vector<at::Tensor>& params) {
+  Saved saved;
+  if (params.empty()) return saved;
+  if (!dynamic_cast<torch::optim::AdamW*>(rest)) return std::nullopt;
+  for (const auto& p : params) {
+    const auto it = rest->state().find(p.unsafeGetTensorImpl());
+    if (it == rest->state().end()) return std::nullopt;
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    for (const auto& t : {p, st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq()}) {
+      if (t.defined()) saved.emplace_back(t, t.clone());
+    }
+  }
+  return saved;
+}
+
+void keep_unless(const Saved& saved, const at::Tensor& ok) {
+  for (const auto& [tensor, before] : saved) {
+    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
+  }
 }
 
 }  // namespace
@@ -270,9 +299,24 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
   const detail::GradItems items = detail::collect_grads(
       "HybridOptimizer", param_groups_, [](size_t) {}, [](size_t, size_t, const at::Tensor&) {});
   const NonFiniteCheck check = nonfinite_check(matrix_.get());
+  if (check == NonFiniteCheck::Mask) {
+    // One flag on the device for the whole step (nothing read back): the matrix side masks by it
+    // (FOGO's Mask groups; detail::StepMask), the rest side is put back where it is false.
+    std::vector<at::Tensor> rest_params;
+    for (size_t k = 0; k < items.params.size(); ++k) {
+      if (route_[items.where[k].first].first == Side::Rest) rest_params.push_back(items.params[k]);
+    }
+    if (const auto saved = save_rest_side(rest_.get(), rest_params)) {
+      const at::Tensor ok = detail::grads_usable(items.grads);
+      const detail::StepMask mask(ok);
+      for (auto* side : sides()) side->step();
+      if (ok.defined()) keep_unless(*saved, ok);
+      return loss;
+    }
+  }
   if (check != NonFiniteCheck::None) {
     if (const int64_t bad = detail::first_unusable_grad(items.grads); bad >= 0) {
-      if (check == NonFiniteCheck::Skip) return loss;
+      if (check == NonFiniteCheck::Skip || check == NonFiniteCheck::Mask) return loss;
       const auto [g, i] = items.where[bad];
       detail::throw_unusable_grad(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
                                                                   : "HybridOptimizer (rest side)",

@@ -315,3 +315,78 @@ TEST(HybridOptimizer, NonFinitePolicyCoversBothSides) {
     }
   }
 }
+
+namespace {
+
+// Every tensor a hybrid step may change, copied, as integer bits (-0.0 and NaN count): the
+// parameters, AdamW's moments, FOGO's momenta and codebook memory.
+std::vector<torch::Tensor> all_state(TinyNet& net, fogo::HybridOptimizer& opt) {
+  std::vector<torch::Tensor> out;
+  const auto bits = [](const torch::Tensor& t) {
+    return t.detach().clone().contiguous().view(torch::kInt);
+  };
+  auto* f = opt.matrix<fogo::FOGO>();
+  for (const auto& p : net->parameters()) {  // in the model's order (the state maps have none)
+    out.push_back(bits(p));
+    const auto key = p.unsafeGetTensorImpl();
+    if (const auto it = opt.rest()->state().find(key); it != opt.rest()->state().end()) {
+      const auto& a = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      out.push_back(bits(a.exp_avg()));
+      out.push_back(bits(a.exp_avg_sq()));
+    }
+    if (const auto it = f->state().find(key); it != f->state().end()) {
+      const auto& s = static_cast<const fogo::FOGOParamState&>(*it->second);
+      out.push_back(bits(s.slow_momentum()));
+      out.push_back(bits(s.fast_momentum()));
+    }
+  }
+  for (size_t g = 0; g < f->param_groups().size(); ++g) {
+    const auto m = f->memory(g);
+    for (const auto& t : {m.centroids, m.S, m.N}) out.push_back(bits(t));
+  }
+  return out;
+}
+
+bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (!torch::equal(a[k], b[k])) return false;
+  }
+  return true;
+}
+
+fogo::HybridOptimizer fogo_hybrid(TinyNet& net, fogo::NonFinitePolicy policy) {
+  return fogo::make_hybrid<fogo::FOGO>(
+      *net, fogo::FOGOOptions(0.01).proj_dim(4).codebook_size(4).nonfinite(policy),
+      torch::optim::AdamWOptions(3e-3));
+}
+
+}  // namespace
+
+TEST(HybridOptimizer, MaskKeepsBothSidesOnTheDeviceWithoutReadingBack) {
+  torch::manual_seed(1);
+  TinyNet masked_net;
+  torch::manual_seed(1);
+  TinyNet raised_net;
+  auto masked = fogo_hybrid(masked_net, fogo::NonFinitePolicy::Mask);
+  auto raised = fogo_hybrid(raised_net, fogo::NonFinitePolicy::Raise);
+  // Usable gradients: Mask steps both sides bit for bit as Raise does (the first step, before
+  // AdamW has state and FOGO a codebook, is checked on the host).
+  train_steps(masked_net, masked, 0, 3);
+  train_steps(raised_net, raised, 0, 3);
+  ASSERT_TRUE(same(all_state(masked_net, masked), all_state(raised_net, raised)));
+  // A NaN on the AdamW side (a bias), then on the FOGO side (a weight): both sides step on the
+  // device and every tensor keeps its bits; nothing is read back.
+  const int64_t reads = fogo::detail::unusable_grad_reads();
+  for (auto* poisoned : {&masked_net->fc1->bias, &masked_net->fc1->weight}) {
+    poisoned_grads(masked_net, *poisoned);
+    const auto before = all_state(masked_net, masked);
+    masked.step();
+    EXPECT_TRUE(same(all_state(masked_net, masked), before));
+  }
+  EXPECT_EQ(fogo::detail::unusable_grad_reads(), reads);
+  EXPECT_EQ(masked.matrix<fogo::FOGO>()->telemetry()[0].skipped_steps, 2);
+  // Training goes on.
+  train_steps(masked_net, masked, 3, 5);
+  for (const auto& p : masked_net->parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}

@@ -47,10 +47,24 @@ inline constexpr double kMaxGradNormDouble = 1e151;
 /// kMaxGradNorm, or -1: one reduction per gradient and one host synchronisation for the list.
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
-/// The same test on the device, nothing read back: a 0-d bool on the gradients' device, true
-/// when every gradient is usable (NonFinitePolicy::Mask). Undefined while a GradsAlreadyChecked
-/// lives on this thread (the caller found them usable: nothing to mask).
+/// The same test on the device, nothing read back: a 0-d bool, true when every gradient is usable
+/// (NonFinitePolicy::Mask), on the first gradient's device (one test per device, combined there).
+/// Undefined while a GradsAlreadyChecked lives on this thread (the caller found them usable:
+/// nothing to mask); while a StepMask lives, that mask's flag (the caller tested a superset).
 at::Tensor grads_usable(const std::vector<at::Tensor>& grads);
+
+/// While one lives on this thread, grads_usable returns `ok`: the caller's flag for the whole step
+/// (the hybrid's, over both sides' gradients), so that every side masks by the same flag.
+class [[nodiscard]] StepMask {
+ public:
+  explicit StepMask(at::Tensor ok);
+  ~StepMask();
+  StepMask(const StepMask&) = delete;
+  StepMask& operator=(const StepMask&) = delete;
+
+ private:
+  at::Tensor previous_;
+};
 
 /// first_unusable_grad over the gradients of `items` whose group `checked(group)` accepts:
 /// the index into `items` of the first unusable one, or -1.
