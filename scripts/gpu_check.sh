@@ -93,6 +93,13 @@ EOF
   "$build/examples/gpt2/gpt2" prepare-kjv --out "$carry/data/kjv.txt" >/dev/null ||
     die "pack: gpt2 prepare-kjv failed"
   du -sh "$carry"
+  # The device tool moves the working tree and the carried folder together, at most 64 MiB.
+  local tree carried
+  tree=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)
+  carried=$(du -sb "$carry" | cut -f1)
+  echo "pack: $((carried / 1048576)) MiB carried + $((tree / 1048576)) MiB tracked tree (limit 64 MiB)"
+  ((carried + tree < 64 * 1048576)) ||
+    die "pack: $carry and the tree exceed the device tool's 64 MiB; ship fewer binaries or less data"
 }
 
 prepare() {
