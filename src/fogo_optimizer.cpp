@@ -399,15 +399,16 @@ struct MemoryBefore {
   at::Tensor centroids, S, N, rbar, stats;
 };
 MemoryBefore memory_before(const GroupMemory& mem) {
-  return {mem.book.centroids.clone(), mem.book.S.clone(), mem.book.N.clone(), mem.rbar.clone(),
-          mem.stats.clone()};
+  const auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+  return {copy(mem.book.centroids), copy(mem.book.S), copy(mem.book.N), copy(mem.rbar),
+          copy(mem.stats)};
 }
 void keep_memory_unless(GroupMemory& mem, const MemoryBefore& before, const at::Tensor& ok) {
   mem.book.centroids = at::where(ok, mem.book.centroids, before.centroids);
   mem.book.S = at::where(ok, mem.book.S, before.S);
   mem.book.N = at::where(ok, mem.book.N, before.N);
   mem.rbar = at::where(ok, mem.rbar, before.rbar);
-  mem.stats = at::where(ok, mem.stats, before.stats);
+  if (before.stats.defined()) mem.stats = at::where(ok, mem.stats, before.stats);
   if (!mem.skipped.defined()) mem.skipped = at::zeros({}, ok.options().dtype(at::kLong));
   mem.skipped.add_(at::logical_not(ok));
 }
