@@ -356,9 +356,10 @@ class Run {
       if (buffer_ && buffer_->size() >= dp_.world_size()) loss = loss + replay_loss(gen);
     }
     // The loss and the correct predictions summed over the ranks in one all-reduce.
-    const auto sums = dp_.sum(
+    const auto local =
         torch::stack({loss.detach().to(torch::kCPU, torch::kDouble),
-                      (logits.argmax(1) == local_labels).sum().to(torch::kCPU, torch::kDouble)}));
+                      (logits.argmax(1) == local_labels).sum().to(torch::kCPU, torch::kDouble)});
+    const auto sums = communicate([&] { return dp_.sum(local); });
     const double loss_value = sums[0].item<double>() / static_cast<double>(dp_.world_size());
     const double acc = 100.0 * sums[1].item<double>() / static_cast<double>(global_batch());
     if (!std::isfinite(loss_value)) {
@@ -370,7 +371,9 @@ class Run {
     // Every rank offers the whole global batch, with every rank's logits, to its buffer: the
     // buffers stay identical (the same draws), and equal to one process's up to the logits.
     if (buffer_) {
-      buffer_->add(images, labels, dp_.gather_rows(logits.detach(), global_batch()), gen);
+      const auto all_logits =
+          communicate([&] { return dp_.gather_rows(logits.detach(), global_batch()); });
+      buffer_->add(images, labels, all_logits, gen);
     }
     return {loss_value, acc};
   }
@@ -408,11 +411,25 @@ class Run {
     return {model_->forward(inputs).to(torch::kFloat), index.slice(0, begin, end), weight};
   }
 
+  // Runs `f` (a collective) and adds its wall time to comm_seconds_: the wait for the gradient
+  // all-reduce that backward did not finish, the per-step sums and the replay gathers.
+  template <class F>
+  auto communicate(F&& f) -> decltype(f()) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = f();
+    comm_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  }
+
   // Backward, gradient clipping (and the norm for the log), optimizer step.
   void update(torch::Tensor& loss) {
     optimizer_->zero_grad();
     loss.backward();
-    dp_.finish_gradients();  // every gradient = (sum over ranks) / world
+    communicate([&] {
+      dp_.finish_gradients();  // every gradient = (sum over ranks) / world
+      return 0;
+    });
     if (*c_.grad_clip > 0) {
       grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.grad_clip);
     } else if ((step_ + 1) % c_.log_every == 0) {
@@ -456,6 +473,7 @@ class Run {
         .set("grad_norm", grad_norm_)
         .set("lr", *c_.lr * lr_factor_)
         .set("time_s", seconds_);
+    if (dp_.distributed()) r.set("comm_s", comm_seconds_);
     trainer::add_update_rms(r, optimizer_->group_names(), last_update_rms_);
     optimizer_->add_telemetry(r);
     train_log_->write(r);
@@ -579,6 +597,7 @@ class Run {
     signature().write(w);
     w.put("step", step_);
     w.put("seconds", seconds_);
+    w.put("comm_seconds", comm_seconds_);
     w.put("best_rare", best_rare_);
     if (rare_correct_.defined()) w.put_tensor("rare_correct", rare_correct_);
     w.put_module("model", *model_);
@@ -597,6 +616,7 @@ class Run {
                                " is outside this run's 0.." + std::to_string(total_));
     }
     seconds_ = in.get_double("seconds");
+    comm_seconds_ = in.has("comm_seconds") ? in.get_double("comm_seconds") : 0.0;
     best_rare_ = in.get_double("best_rare");
     rare_correct_ = in.has("rare_correct") ? in.get_tensor("rare_correct").cpu().to(torch::kBool)
                                            : torch::Tensor();
@@ -621,6 +641,15 @@ class Run {
     result_.R = R_;
     result_.summary = summarize();
     if (dp_.main()) write_result();
+    if (dp_.distributed() && seconds_ > 0) {
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "  communication %.2f s of %.2f s training (%.1f%%): the gradient all-reduce "
+                    "wait after backward, the per-step sums%s\n",
+                    comm_seconds_, seconds_, 100 * comm_seconds_ / seconds_,
+                    buffer_ ? ", the replay logits" : "");
+      log_ << line;
+    }
     return result_;
   }
 
@@ -674,6 +703,7 @@ class Run {
     Record r;
     r.set("optimizer", c_.optimizer).set("seed", c_.seed).set("steps", step_);
     r.set("completed", result_.completed()).set("train_seconds", seconds_);
+    if (dp_.distributed()) r.set("communication_seconds", comm_seconds_);
     for (size_t k = 0; k < result_.summary.size(); ++k) {
       r.set(result_.summary_names[k], result_.summary[k]);
     }
@@ -693,7 +723,8 @@ class Run {
   int64_t total_ = 0, step_ = 0;
   int64_t last_ = 0;  ///< the step this session stops after (--stop-at-step, or total_)
   double seconds_ = 0, grad_norm_ = kNaN, lr_factor_ = 1.0;
-  bool autocast_ = false;  ///< bf16 autocast of the forward passes (CUDA)
+  double comm_seconds_ = 0;  ///< data-parallel: time in collectives (communicate())
+  bool autocast_ = false;    ///< bf16 autocast of the forward passes (CUDA)
   trainer::UpdateRms update_rms_;
   std::vector<double> last_update_rms_;  ///< of the last logged step, per param group
   double seconds_before_ = 0;            ///< training time of the earlier sessions
