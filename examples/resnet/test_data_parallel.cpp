@@ -96,6 +96,11 @@ TEST_F(ResNetDataParallel, TwoRanksTrainInLockstepAndRankZeroAloneWrites) {
     const auto ckpt = fs::path(out) / "fogo-seed0" / fogo::trainer::kCheckpointFile;
     ASSERT_TRUE(fs::exists(ckpt)) << run.logs();
     EXPECT_EQ(fogo::trainer::CheckpointReader(ckpt.string()).get_int("step"), 10);
+    // The time spent in collectives, in the closing line and result.jsonl.
+    EXPECT_NE(run.ranks[0].log.find("communication "), std::string::npos) << run.logs();
+    EXPECT_NE(
+        read(fs::path(out) / "fogo-seed0" / "result.jsonl").find("\"communication_seconds\":"),
+        std::string::npos);
   }
 }
 
