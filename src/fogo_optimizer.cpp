@@ -441,6 +441,15 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   // Mask (past the group's first step, so the memory exists): what the step may have to undo.
   std::optional<MemoryBefore> before;
   if (ok.defined()) before = memory_before(mem);
+  // Whether consolidate() has something new to freeze after this step: on the host, unless the
+  // step may be masked (then a device flag, read at the task boundary).
+  if (!ok.defined()) {
+    mem.stepped_since_consolidate = at::Tensor();
+  } else if (mem.consolidated) {
+    mem.stepped_since_consolidate = ok.clone();
+  } else if (mem.stepped_since_consolidate.defined()) {
+    mem.stepped_since_consolidate.logical_or_(ok);
+  }
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   const StepShard& shard = impl_->shard;
@@ -522,6 +531,12 @@ void FOGO::consolidate() {
     const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
     if (!mem.initialized || o.freeze_per_task() == 0 || mem.consolidated) continue;
     mem.consolidated = true;
+    // Mask: every step since the last consolidation masked (the centroids as they were then): the
+    // same centroids would be frozen twice. One read-back, at the task boundary.
+    const bool stepped =
+        !mem.stepped_since_consolidate.defined() || mem.stepped_since_consolidate.item<bool>();
+    mem.stepped_since_consolidate = at::Tensor();
+    if (!stepped) continue;
     FrozenPicks picks = select_important(mem.book, mem.start, o.freeze_per_task());
     if (mem.frozen.defined() && mem.frozen.size(0) > 0) {
       mem.frozen = at::cat({mem.frozen, picks.centroids});

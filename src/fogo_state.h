@@ -45,7 +45,10 @@ struct GroupMemory {
   at::Tensor rbar;       ///< conflict EMA, 0-d
   at::Tensor stats;      ///< [kNumStats], last step's telemetry
   at::Tensor skipped;    ///< NonFinitePolicy::Mask: masked steps, 0-d int64 (undefined: none)
-  at::Generator gen;     ///< CPU generator: initialisation, re-seeding, candidate sampling
+  /// Mask: whether a step since the last consolidate() was taken rather than masked, 0-d bool on
+  /// the device; undefined when that is known on the host (consolidated says it).
+  at::Tensor stepped_since_consolidate;
+  at::Generator gen;  ///< CPU generator: initialisation, re-seeding, candidate sampling
   /// consolidate() ran since the last step: freezing again would add the same centroids.
   bool consolidated = false;
 };

@@ -654,6 +654,37 @@ TEST(FOGO, MaskedStepIsAsIfTheBadGradientNeverCame) {
   EXPECT_EQ(masked.telemetry()[0].skipped_steps, 2);
 }
 
+TEST(FOGO, MaskedStepsGiveATaskBoundaryNothingNewToFreeze) {
+  // After a task boundary, a boundary with only masked steps in between freezes nothing (the
+  // centroids are the ones already frozen), as one with no step at all; one real step between
+  // them freezes again.
+  for (const bool real_step : {false, true}) {
+    std::vector<torch::Tensor> params;
+    fogo::FOGO opt = masked_fogo(params, fogo::NonFinitePolicy::Mask, 0, 48);
+    const auto feed = [&](int64_t k, bool poisoned) {
+      auto g = grads_at(k);
+      if (poisoned) g[0][1][1] = NAN;
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i];
+    };
+    for (int64_t k = 0; k < 3; ++k) {
+      feed(k, false);
+      opt.step();
+    }
+    opt.task_boundary();
+    const int64_t frozen = opt.telemetry()[0].frozen;
+    ASSERT_EQ(frozen, 6);
+    feed(3, true);
+    opt.step();  // masked
+    if (real_step) {
+      feed(4, false);
+      opt.step();
+    }
+    opt.task_boundary();
+    EXPECT_EQ(opt.telemetry()[0].frozen, real_step ? 12 : 6);
+    EXPECT_EQ(opt.telemetry()[1].frozen, real_step ? 12 : 6);
+  }
+}
+
 TEST(FOGO, RejectsBadOptionsAndShapes) {
   auto p = [] { return torch::randn({4, 6}).requires_grad_(true); };
   using fogo::test::expect_error;
