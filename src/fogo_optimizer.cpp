@@ -185,6 +185,8 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
     Pf_parts.push_back(Pf);
   }
   if (Ps_parts.empty()) return {};  // a shard that owns none of the group
+  // One shape run: its rows as they are (contiguous slices), not copied by a cat of one.
+  if (Ps_parts.size() == 1) return {Ps_parts.front(), Pf_parts.front()};
   return {at::cat(Ps_parts), at::cat(Pf_parts)};
 }
 
