@@ -476,14 +476,13 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
     std::unique_ptr<torch::optim::Optimizer> opt;
     fogo::FOGO* fogo_opt = nullptr;
     if (use_fogo) {
-      auto f =
-          std::make_unique<fogo::FOGO>(params, fogo::FOGOOptions(0.01)
-                                                   .codebook_size(16)
-                                                   .proj_dim(32)
-                                                   .reseed_every(0)
-                                                   .freeze_per_task(4)
-                                                   .lt_candidates(2)
-                                                   .nonfinite(policy));
+      auto f = std::make_unique<fogo::FOGO>(params, fogo::FOGOOptions(0.01)
+                                                        .codebook_size(16)
+                                                        .proj_dim(32)
+                                                        .reseed_every(0)
+                                                        .freeze_per_task(4)
+                                                        .lt_candidates(2)
+                                                        .nonfinite(policy));
       fogo_opt = f.get();
       opt = std::move(f);
     } else {
