@@ -318,20 +318,20 @@ std::vector<Work> update_momenta(
     work.push_back(std::move(w));
   }
   if (work.empty()) return work;
+  // Mask: where ok is false, M * 1 + (-0), which is M bit for bit (-0 included, unlike + 0).
   if (ok.defined()) {
-    // Mask: where ok is false, M * 1 + (-0), which is M bit for bit (-0 included, unlike + 0).
     for (auto& g : G) g = at::where(ok, g, -0.0);
-    const auto factor = [&](double mu) { return at::where(ok, mu, 1.0).to(at::kFloat); };
-    at::_foreach_mul_(slow, factor(o.mu_s()));
-    at::_foreach_add_(slow, G);
-    at::_foreach_mul_(fast, factor(o.mu_f()));
-    at::_foreach_add_(fast, G);
-    return work;
   }
-  at::_foreach_mul_(slow, o.mu_s());
-  at::_foreach_add_(slow, G);
-  at::_foreach_mul_(fast, o.mu_f());
-  at::_foreach_add_(fast, G);
+  const auto accumulate = [&](std::vector<at::Tensor>& M, double mu) {
+    if (ok.defined()) {
+      at::_foreach_mul_(M, at::where(ok, mu, 1.0).to(at::kFloat));
+    } else {
+      at::_foreach_mul_(M, mu);
+    }
+    at::_foreach_add_(M, G);
+  };
+  accumulate(slow, o.mu_s());
+  accumulate(fast, o.mu_f());
   return work;
 }
 
@@ -400,10 +400,22 @@ void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGO
 struct MemoryBefore {
   at::Tensor centroids, S, N, rbar, stats;
 };
-MemoryBefore memory_before(const GroupMemory& mem) {
+// Before a step: what a Mask step (`ok` defined) may have to undo, and whether consolidate()
+// will have something new to freeze after it (on the host, unless the step may be masked: then
+// a device flag, read at the task boundary). None without `ok`.
+std::optional<MemoryBefore> memory_before(GroupMemory& mem, const at::Tensor& ok) {
+  if (!ok.defined()) {
+    mem.stepped_since_consolidate = at::Tensor();
+    return std::nullopt;
+  }
+  if (mem.consolidated) {
+    mem.stepped_since_consolidate = ok.clone();  // ok is shared by the groups: not in place
+  } else if (mem.stepped_since_consolidate.defined()) {
+    mem.stepped_since_consolidate.logical_or_(ok);
+  }
   const auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
-  return {copy(mem.book.centroids), copy(mem.book.S), copy(mem.book.N), copy(mem.rbar),
-          copy(mem.stats)};
+  return MemoryBefore{copy(mem.book.centroids), copy(mem.book.S), copy(mem.book.N), copy(mem.rbar),
+                      copy(mem.stats)};
 }
 void keep_memory_unless(GroupMemory& mem, const MemoryBefore& before, const at::Tensor& ok) {
   mem.book.centroids = at::where(ok, mem.book.centroids, before.centroids);
@@ -441,17 +453,7 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   std::vector<Work> work = update_momenta(params, grads, state_, o, projection, ok);  // 1
   if (work.empty()) return;
   // Mask (past the group's first step, so the memory exists): what the step may have to undo.
-  std::optional<MemoryBefore> before;
-  if (ok.defined()) before = memory_before(mem);
-  // Whether consolidate() has something new to freeze after this step: on the host, unless the
-  // step may be masked (then a device flag, read at the task boundary).
-  if (!ok.defined()) {
-    mem.stepped_since_consolidate = at::Tensor();
-  } else if (mem.consolidated) {
-    mem.stepped_since_consolidate = ok.clone();
-  } else if (mem.stepped_since_consolidate.defined()) {
-    mem.stepped_since_consolidate.logical_or_(ok);
-  }
+  const std::optional<MemoryBefore> before = memory_before(mem, ok);
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   const StepShard& shard = impl_->shard;
@@ -595,8 +597,8 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     std::vector<at::Tensor> stats;  // each group's statistics, then its count of masked steps
     for (const size_t g : groups) {
       const GroupMemory& mem = impl_->groups[g];
-      const at::Tensor skipped = mem.skipped.defined() ? mem.skipped.to(at::kDouble).reshape({1})
-                                                       : at::zeros({1}, mem.stats.options());
+      const at::Tensor skipped =
+          mem.skipped.defined() ? mem.skipped.reshape({1}) : at::zeros({1}, mem.stats.options());
       stats.push_back(at::cat({mem.stats.to(at::kDouble), skipped.to(at::kDouble)}));
     }
     const at::Tensor host = at::stack(stats).to(at::kCPU).contiguous();
