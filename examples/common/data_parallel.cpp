@@ -66,6 +66,19 @@ struct DataParallel::Impl {
     }
     return values;
   }
+
+  // Rank 0's 1-D `values` on every rank (the others pass nullopt; rank 0 may too: then every
+  // rank gets nullopt): its length (-1: none), then its contents.
+  std::optional<torch::Tensor> from_main(const std::optional<torch::Tensor>& values,
+                                         at::ScalarType dtype) const {
+    auto size = torch::tensor({values ? values->numel() : int64_t{-1}});
+    fogo::dist::broadcast_tensors(group, {size});
+    const int64_t n = size.item<int64_t>();
+    if (n < 0) return std::nullopt;
+    auto data = values ? values->contiguous() : torch::empty({n}, dtype);
+    fogo::dist::broadcast_tensors(group, {data});
+    return data;
+  }
 };
 
 DataParallel& DataParallel::process(std::chrono::seconds timeout) {
@@ -140,11 +153,9 @@ void DataParallel::sum_in_place(torch::Tensor& values) const {
 
 std::vector<double> DataParallel::from_main(const std::vector<double>& values) const {
   if (!impl_) return values;
-  auto size = torch::tensor({main() ? static_cast<int64_t>(values.size()) : int64_t{0}});
-  fogo::dist::broadcast_tensors(impl_->group, {size});
-  auto data = main() ? torch::tensor(values, torch::kDouble)
-                     : torch::empty({size.item<int64_t>()}, torch::kDouble);
-  fogo::dist::broadcast_tensors(impl_->group, {data});
+  std::optional<torch::Tensor> mine;
+  if (main()) mine = torch::tensor(values, torch::kDouble);
+  const torch::Tensor data = *impl_->from_main(mine, torch::kDouble);
   return {data.data_ptr<double>(), data.data_ptr<double>() + data.numel()};
 }
 
@@ -174,19 +185,18 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
     return bytes.str();
   };
   if (!impl_) return read();
-  // Rank 0 reads; the size (-1: no file), then the bytes, go to every rank.
-  std::optional<std::string> contents;
-  if (main()) contents = read();
-  auto size = torch::tensor({contents ? static_cast<int64_t>(contents->size()) : int64_t{-1}},
-                            torch::kLong);
-  fogo::dist::broadcast_tensors(impl_->group, {size});
-  const int64_t n = size.item<int64_t>();
-  if (n < 0) return std::nullopt;
-  auto bytes = torch::empty({n}, torch::kUInt8);
-  if (main()) std::memcpy(bytes.data_ptr<uint8_t>(), contents->data(), static_cast<size_t>(n));
-  fogo::dist::broadcast_tensors(impl_->group, {bytes});
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
-                     static_cast<size_t>(n));
+  // Rank 0 reads; the bytes (or that there is no file) go to every rank.
+  std::optional<torch::Tensor> mine;
+  if (main()) {
+    if (const auto contents = read()) {
+      mine = torch::empty({static_cast<int64_t>(contents->size())}, torch::kUInt8);
+      std::memcpy(mine->data_ptr<uint8_t>(), contents->data(), contents->size());
+    }
+  }
+  const auto bytes = impl_->from_main(mine, torch::kUInt8);
+  if (!bytes) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(bytes->data_ptr<uint8_t>()),
+                     static_cast<size_t>(bytes->numel()));
 }
 
 std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer& optimizer) const {

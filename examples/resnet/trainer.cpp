@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -359,7 +360,8 @@ class Run {
     const auto local =
         torch::stack({loss.detach().to(torch::kCPU, torch::kDouble),
                       (logits.argmax(1) == local_labels).sum().to(torch::kCPU, torch::kDouble)});
-    const auto sums = communicate([&] { return dp_.sum(local); });
+    torch::Tensor sums;
+    communicate([&] { sums = dp_.sum(local); });
     const double loss_value = sums[0].item<double>() / static_cast<double>(dp_.world_size());
     const double acc = 100.0 * sums[1].item<double>() / static_cast<double>(global_batch());
     if (!std::isfinite(loss_value)) {
@@ -371,8 +373,8 @@ class Run {
     // Every rank offers the whole global batch, with every rank's logits, to its buffer: the
     // buffers stay identical (the same draws), and equal to one process's up to the logits.
     if (buffer_) {
-      const auto all_logits =
-          communicate([&] { return dp_.gather_rows(logits.detach(), global_batch()); });
+      torch::Tensor all_logits;
+      communicate([&] { all_logits = dp_.gather_rows(logits.detach(), global_batch()); });
       buffer_->add(images, labels, all_logits, gen);
     }
     return {loss_value, acc};
@@ -413,23 +415,18 @@ class Run {
 
   // Runs `f` (a collective) and adds its wall time to comm_seconds_: the wait for the gradient
   // all-reduce that backward did not finish, the per-step sums and the replay gathers.
-  template <class F>
-  auto communicate(F&& f) -> decltype(f()) {
+  void communicate(const std::function<void()>& f) {
     const auto start = std::chrono::steady_clock::now();
-    auto result = f();
+    f();
     comm_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return result;
   }
 
   // Backward, gradient clipping (and the norm for the log), optimizer step.
   void update(torch::Tensor& loss) {
     optimizer_->zero_grad();
     loss.backward();
-    communicate([&] {
-      dp_.finish_gradients();  // every gradient = (sum over ranks) / world
-      return 0;
-    });
+    communicate([&] { dp_.finish_gradients(); });  // every gradient = (sum over ranks) / world
     if (*c_.grad_clip > 0) {
       grad_norm_ = torch::nn::utils::clip_grad_norm_(model_->parameters(), *c_.grad_clip);
     } else if ((step_ + 1) % c_.log_every == 0) {
