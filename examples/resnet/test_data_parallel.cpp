@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/checkpoint.h"
+#include "common/testing.h"
 #include "rank_launcher.h"
 #include "resnet.h"
 
@@ -21,18 +22,7 @@ namespace {
 
 const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
-std::string temp_dir() {
-  std::string pattern = (fs::temp_directory_path() / "fogo_resnet_dp_XXXXXX").string();
-  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-  return pattern;
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using fogo::trainer::testing::read_file;
 
 // A tiny class-imbalanced run (16 images per class, 8 rows per rank and step).
 std::vector<std::string> flags(const std::string& out, int64_t batch,
@@ -68,7 +58,7 @@ class ResNetDataParallel : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kFashionMnist)) GTEST_SKIP() << kFashionMnist << " missing (scripts/setup.sh)";
-    dir_ = temp_dir();
+    dir_ = fogo::trainer::testing::make_temp_dir("fogo_resnet_dp");
   }
   void TearDown() override {
     // Not std::filesystem::remove_all: libtorch.so exports its own, which crashes here.
@@ -99,7 +89,7 @@ TEST_F(ResNetDataParallel, TwoRanksTrainInLockstepAndRankZeroAloneWrites) {
     // The time spent in collectives, in the closing line and result.jsonl.
     EXPECT_NE(run.ranks[0].log.find("communication "), std::string::npos) << run.logs();
     EXPECT_NE(
-        read(fs::path(out) / "fogo-seed0" / "result.jsonl").find("\"communication_seconds\":"),
+        read_file(fs::path(out) / "fogo-seed0" / "result.jsonl").find("\"communication_seconds\":"),
         std::string::npos);
   }
 }
@@ -174,7 +164,7 @@ TEST_F(ResNetDataParallel, LrSweepChoosesOneLrOnEveryRank) {
   ASSERT_TRUE(run.all_succeeded()) << run.logs();
   EXPECT_EQ(run.ranks[1].log, "") << run.logs();
   EXPECT_TRUE(fs::exists(fs::path(out) / "summary.md")) << run.logs();
-  const std::string sweep = read(fs::path(out) / "sweep.md");
+  const std::string sweep = read_file(fs::path(out) / "sweep.md");
   EXPECT_NE(sweep.find("| yes"), std::string::npos) << sweep;
 }
 

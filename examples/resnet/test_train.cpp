@@ -23,11 +23,7 @@ using namespace fogo::resnet;
 
 namespace {
 
-std::string temp_dir() {
-  std::string pattern = (fs::temp_directory_path() / "fogo_resnet_run_XXXXXX").string();
-  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-  return pattern;
-}
+std::string temp_dir() { return fogo::trainer::testing::make_temp_dir("fogo_resnet_run"); }
 
 // 10 classes of 12x12 images: class k is a bright 3x3 patch at position k of a 4x4 grid (minus
 // the last six cells), over noise. Easy enough that a few dozen steps show learning.
@@ -68,12 +64,7 @@ Config small(const std::string& scenario, const std::string& out) {
   return c;
 }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using fogo::trainer::testing::read_file;
 
 void copy(const std::string& from, const std::string& to) {
   std::ofstream(to, std::ios::binary) << std::ifstream(from, std::ios::binary).rdbuf();
@@ -112,7 +103,7 @@ TEST_P(SmokeRun, LossDrops) {
   std::ostringstream log;
   const RunResult r = train_run(resolve(c, GetParam(), 0), data, log);
   EXPECT_TRUE(r.completed());
-  const auto loss = field(read(run_dir(r.config) + "/train.jsonl"), "loss");
+  const auto loss = field(read_file(run_dir(r.config) + "/train.jsonl"), "loss");
   ASSERT_GE(loss.size(), 15u);
   double first = 0, last = 0;
   for (size_t k = 0; k < 5; ++k) {
@@ -123,7 +114,7 @@ TEST_P(SmokeRun, LossDrops) {
   // The applied update's RMS per param group, every logged step. FOGO scales each matrix's
   // update to RMS sigma * lr exactly (ALGORITHM.md step 9; weight decay 0 here), so every
   // stage group reads 0.1 * 1e-2 (the class-imbalanced preset's sigma).
-  const std::string train = read(run_dir(r.config) + "/train.jsonl");
+  const std::string train = read_file(run_dir(r.config) + "/train.jsonl");
   if (GetParam() == "fogo") {
     for (const char* stage : {"stem", "layer1", "layer2", "layer3", "layer4", "fc"}) {
       const auto rms = field(train, std::string("update_rms/") + stage);
@@ -141,7 +132,7 @@ TEST_P(SmokeRun, LossDrops) {
   // The rare test samples' forgetting events: a count at every evaluation, and a rate in
   // [0, 100] where it is defined (null at the first evaluation, and where no rare test image
   // was correct at the previous one).
-  const std::string eval = read(run_dir(r.config) + "/eval.jsonl");
+  const std::string eval = read_file(run_dir(r.config) + "/eval.jsonl");
   const auto rate = field(eval, "rare_forget_rate"), events = field(eval, "rare_forget_events");
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events.front(), 0);
@@ -161,7 +152,7 @@ TEST(Schedule, CosineLrIsAppliedPerTaskAndLogged) {
   c.lr = 1e-2;
   std::ostringstream log;
   const RunResult r = train_run(resolve(c, "muon", 0), data, log);
-  const auto lr = field(read(run_dir(r.config) + "/train.jsonl"), "lr");
+  const auto lr = field(read_file(run_dir(r.config) + "/train.jsonl"), "lr");
   ASSERT_EQ(lr.size(), 24u);
   for (int t = 0; t < 2; ++t) {
     EXPECT_NEAR(lr[12 * t + 0], 1e-2 / 3, 1e-9);
@@ -201,7 +192,7 @@ TEST(Sweep, ChoosesOnValidationAndComparesOnTestSeeds) {
     p.score = r.summary.front();
     s.metric = r.summary_names.front();
     // The validation split: 20% of the 20 training images of each class.
-    EXPECT_EQ(field(read(run_dir(p.config) + "/eval.jsonl"), "acc").size(), 1u);
+    EXPECT_EQ(field(read_file(run_dir(p.config) + "/eval.jsonl"), "acc").size(), 1u);
   }
   for (const char* opt : {"adam", "muon"}) {
     const double chosen = choose_lr(s.points, opt);
@@ -219,7 +210,7 @@ TEST(Sweep, ChoosesOnValidationAndComparesOnTestSeeds) {
   ASSERT_EQ(s.finals.size(), 6u);
   EXPECT_EQ(s.finals[0].config.eval_split, "test");
   report_sweep(c, s, log);
-  const std::string md = read(c.out + "/sweep.md");
+  const std::string md = read_file(c.out + "/sweep.md");
   EXPECT_NE(md.find("Welch"), std::string::npos) << md;
   EXPECT_NE(md.find("| acc | adam | muon |"), std::string::npos) << md;
   // Fewer than three seeds cannot be compared.
@@ -289,7 +280,7 @@ TEST(Compare, ReportEndsWithAPlainVerdictOnTheHeadlineMetric) {
   EXPECT_NE(text.rfind("\n" + verdict), std::string::npos) << text;
   EXPECT_EQ(text.back(), '\n');
   EXPECT_EQ(text.find('\n', text.rfind(verdict)), text.size() - 1) << text;  // the last line
-  EXPECT_NE(read(c.out + "/summary.md").find(verdict), std::string::npos);
+  EXPECT_NE(read_file(c.out + "/summary.md").find(verdict), std::string::npos);
 }
 
 TEST(Autocast, Bf16IsRefusedOffCuda) {
@@ -350,9 +341,9 @@ TEST_P(Resume, EqualsUninterrupted) {
   const auto a = model_state(straight), b = model_state(resumed);
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << "tensor " << k;
-  EXPECT_EQ(read(run_dir(straight.config) + "/eval.jsonl"), read(dir + "/eval.jsonl"));
-  const std::string ta = read(run_dir(straight.config) + "/train.jsonl");
-  const std::string tb = read(dir + "/train.jsonl");
+  EXPECT_EQ(read_file(run_dir(straight.config) + "/eval.jsonl"), read_file(dir + "/eval.jsonl"));
+  const std::string ta = read_file(run_dir(straight.config) + "/train.jsonl");
+  const std::string tb = read_file(dir + "/train.jsonl");
   EXPECT_EQ(field(ta, "step"), field(tb, "step"));
   EXPECT_EQ(field(ta, "loss"), field(tb, "loss"));
   // NaN where a metric is undefined (a rare forget rate with nothing learned) counts as equal.
