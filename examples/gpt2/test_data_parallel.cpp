@@ -49,6 +49,26 @@ class DataParallel : public test::CorpusTest {
     return c;
   }
 
+  /// `gpt2 compare` of config `name` on 2 ranks with `extra` flags: every rank succeeds, rank 1
+  /// prints nothing, and rank 0 writes `report`; returns its text.
+  std::string compare_on_two_ranks(const std::string& name, const std::vector<std::string>& extra,
+                                   const std::string& report) const {
+    TrainConfig c = config("adamw", 4, name);
+    std::vector<std::string> args = flags(c);
+    args[0] = "compare";
+    std::erase_if(args, [](const std::string& a) { return a.rfind("--optimizer=", 0) == 0; });
+    args.insert(args.end(), extra.begin(), extra.end());
+    const fs::path logs = fs::path(c.out_dir + "_logs");
+    fs::create_directories(logs);
+    const auto run = fogo::testing::launch_ranks(
+        {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 90});
+    EXPECT_TRUE(run.all_succeeded()) << run.logs();
+    EXPECT_EQ(run.ranks[1].log, "") << run.logs();
+    std::ifstream in(fs::path(c.out_dir) / report);
+    EXPECT_TRUE(in.good()) << report << " missing\n" << run.logs();
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+
   /// The same run as command-line flags of `gpt2 train`.
   static std::vector<std::string> flags(const TrainConfig& c) {
     return {"train",
@@ -229,21 +249,8 @@ TEST_F(DataParallel, CheckpointsMoveBetweenWorldSizes) {
 TEST_F(DataParallel, CompareUnderRanksWritesOneReportFromRankZero) {
   // `gpt2 compare` on 2 ranks: each optimizer's run is data-parallel; rank 0 alone prints and
   // writes compare.md and the plot, naming both optimizers.
-  TrainConfig c = config("adamw", 4, "compare_ranks");
-  std::vector<std::string> args = flags(c);
-  args[0] = "compare";
-  std::erase_if(args, [](const std::string& a) { return a.rfind("--optimizer=", 0) == 0; });
-  args.push_back("--optimizers=adamw,muon");
-  const fs::path logs = fs::path(c.out_dir + "_logs");
-  fs::create_directories(logs);
-  const auto run = fogo::testing::launch_ranks(
-      {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 60});
-  ASSERT_TRUE(run.all_succeeded()) << run.logs();
-  EXPECT_EQ(run.ranks[1].log, "") << run.logs();
-  std::ifstream report(fs::path(c.out_dir) / "compare.md");
-  ASSERT_TRUE(report.good()) << run.logs();
-  const std::string text((std::istreambuf_iterator<char>(report)),
-                         std::istreambuf_iterator<char>());
+  const std::string text =
+      compare_on_two_ranks("compare_ranks", {"--optimizers=adamw,muon"}, "compare.md");
   for (const char* name : {"adamw", "muon", "2 ranks (data-parallel)"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
   }
@@ -253,23 +260,8 @@ TEST_F(DataParallel, LrSweepUnderRanksChoosesOneLrEverywhere) {
   // `gpt2 compare --lr-sweep` on 2 ranks: the tuning loss is reduced over the ranks, so every
   // rank chooses the same factor (one that chose another would train apart and fail the lockstep
   // check); rank 0 alone writes sweep.md.
-  TrainConfig c = config("adamw", 4, "sweep_ranks");
-  std::vector<std::string> args = flags(c);
-  args[0] = "compare";
-  std::erase_if(args, [](const std::string& a) { return a.rfind("--optimizer=", 0) == 0; });
-  for (const char* a : {"--optimizers=adamw", "--lr-sweep=0.5,2", "--seeds=0,1,2"}) {
-    args.push_back(a);
-  }
-  const fs::path logs = fs::path(c.out_dir + "_logs");
-  fs::create_directories(logs);
-  const auto run = fogo::testing::launch_ranks(
-      {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 90});
-  ASSERT_TRUE(run.all_succeeded()) << run.logs();
-  EXPECT_EQ(run.ranks[1].log, "") << run.logs();
-  std::ifstream report(fs::path(c.out_dir) / "sweep.md");
-  ASSERT_TRUE(report.good()) << run.logs();
-  const std::string text((std::istreambuf_iterator<char>(report)),
-                         std::istreambuf_iterator<char>());
+  const std::string text = compare_on_two_ranks(
+      "sweep_ranks", {"--optimizers=adamw", "--lr-sweep=0.5,2", "--seeds=0,1,2"}, "sweep.md");
   EXPECT_NE(text.find("| yes"), std::string::npos) << text;
 }
 
