@@ -863,7 +863,7 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
   }
   const auto find = [owner_of](const at::Tensor& p) {
     const auto it = owner_of->find(p.unsafeGetTensorImpl());
-    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_step: a parameter of the FOGO step ",
+    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_step: a parameter of the step ",
                 "was not in the optimizer when it was sharded; call shard_step again after ",
                 "add_param_group");
     return it->second;
@@ -882,7 +882,7 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
         owners.push_back(owner);
       }
     }
-    broadcast_from_owners(impl(group), tensors, owners, "FOGO shard exchange");
+    broadcast_from_owners(impl(group), tensors, owners, "shard_step exchange");
   };
   if (fogo_opt) {
     fogo_opt->set_step_shard(std::move(shard));
