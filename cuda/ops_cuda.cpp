@@ -194,7 +194,7 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   launch_flush_decorrelate(f32(book.S), f32(book.N), r > 0 ? f32(corr) : nullptr, f32(prev), C, d,
                            r, static_cast<float>(p.lambda_c), eps, f32(out), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  book.centroids = out;
+  book.centroids.copy_(out);
 }
 
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at::Tensor& delta_in,

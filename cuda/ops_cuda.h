@@ -20,7 +20,7 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& nu, const at::Tensor& rbar,
                                    const ProjectedStepParams& p);
 
-/// book.S and book.N are updated in place (contiguous); book.centroids is replaced.
+/// book.S, book.N (contiguous) and book.centroids are updated in place.
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
 
 /// `param` contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta [m, n] fp32.

@@ -61,7 +61,7 @@ void flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
   const at::Tensor raw = ctilde - p.lambda_c * h;
   const at::Tensor raw_norm = at::linalg_vector_norm(raw, 2, {1}, /*keepdim=*/true);
   const at::Tensor keep = (book.N.unsqueeze(1) <= p.eps) | (raw_norm <= p.eps);
-  book.centroids = at::where(keep, prev, raw / (raw_norm + p.eps));
+  book.centroids.copy_(at::where(keep, prev, raw / (raw_norm + p.eps)));  // in place
 }
 
 void reseed(Codebook& book, const at::Tensor& q, const at::Tensor& valid, double threshold,
@@ -111,17 +111,22 @@ FrozenPicks select_important(const Codebook& book, const at::Tensor& start, int6
   return {c.index_select(0, index).clone(), nu.to(c.options())};
 }
 
-at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, at::Generator& gen) {
+at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, const at::Tensor& log_u) {
   const int64_t F = nu.size(0);
   TORCH_CHECK(k >= 1 && k <= F, "sample_candidates: k must be in [1, ", F, "], got ", k);
+  TORCH_CHECK(log_u.dim() == 1 && log_u.size(0) == F && log_u.scalar_type() == at::kDouble,
+              "sample_candidates: log_u must be [", F, "] float64, got ", log_u.sizes(), " ",
+              log_u.scalar_type());
   // log(u) / w is a monotone transform of u^(1/w): the k largest are a weighted sample without
-  // replacement. The uniforms are drawn on the host from the group's generator (identical on
-  // every device, in checkpoints and across ranks) and copied without waiting for the device.
-  at::Tensor log_u = at::rand({F}, gen, at::TensorOptions().dtype(at::kDouble)).log_();
-  if (nu.is_cuda()) log_u = log_u.pin_memory();
-  const at::Tensor keys =
-      log_u.to(nu.device(), /*non_blocking=*/true) / (nu.to(at::kDouble).clamp_min(1e-12));
+  // replacement.
+  const at::Tensor keys = log_u / nu.to(at::kDouble).clamp_min(1e-12);
   return std::get<1>(keys.topk(k));
+}
+
+at::Tensor candidate_keys(int64_t F, at::Generator& gen, const c10::Device& device) {
+  at::Tensor log_u = at::rand({F}, gen, at::TensorOptions().dtype(at::kDouble)).log_();
+  if (device.is_cuda()) log_u = log_u.pin_memory();
+  return log_u.to(device, /*non_blocking=*/true);
 }
 
 }  // namespace fogo

@@ -346,12 +346,21 @@ void initialize_memory(GroupMemory& mem, const at::Tensor& Ps, const at::Tensor&
   mem.initialized = true;
 }
 
-// A_t: the frozen centroids this step protects against, lt_candidates of the bank sampled by
-// importance when the bank is larger.
-std::pair<at::Tensor, at::Tensor> long_term_candidates(GroupMemory& mem, const FOGOOptions& o) {
-  if (!mem.frozen.defined() || mem.frozen.size(0) <= o.lt_candidates())
-    return {mem.frozen, mem.frozen_nu};
-  const at::Tensor pick = sample_candidates(mem.frozen_nu, o.lt_candidates(), mem.gen);
+// The keys of this step's draw of long-term candidates (step 7), from the group's CPU generator
+// before any device work: undefined when the step protects against the whole frozen bank (it
+// holds at most lt_candidates, or this is the group's first step).
+at::Tensor draw_candidate_keys(GroupMemory& mem, const FOGOOptions& o, const c10::Device& device) {
+  if (!mem.initialized || !mem.frozen.defined() || mem.frozen.size(0) <= o.lt_candidates())
+    return {};
+  return candidate_keys(mem.frozen.size(0), mem.gen, device);
+}
+
+// A_t: the frozen centroids this step protects against: the whole bank, or lt_candidates of it
+// sampled by importance with `keys` (draw_candidate_keys).
+std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, const FOGOOptions& o,
+                                                       const at::Tensor& keys) {
+  if (!keys.defined()) return {mem.frozen, mem.frozen_nu};
+  const at::Tensor pick = sample_candidates(mem.frozen_nu, o.lt_candidates(), keys);
   return {mem.frozen.index_select(0, pick), mem.frozen_nu.index_select(0, pick)};
 }
 
@@ -384,15 +393,12 @@ std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns
   return ratios;
 }
 
-// The codebook flush (after all parameters of the group have stepped), then re-seeding every
-// reseed_every steps.
-void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGOOptions& o) {
+// The codebook flush (after all parameters of the group have stepped), then re-seeding when
+// `reseed_now` (every reseed_every steps).
+void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGOOptions& o,
+                      bool reseed_now) {
   ops::codebook_flush(mem.book, {r.m, r.s}, {o.beta_cb(), o.lambda_c(), o.eps(), o.r_dec()});
-  ++mem.step;
-  mem.consolidated = false;
-  if (o.reseed_every() > 0 && mem.step % o.reseed_every() == 0) {
-    reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
-  }
+  if (reseed_now) reseed(mem.book, r.q, r.valid, o.reseed_threshold(), mem.gen);
 }
 
 // Mask: the tensors of a group's memory that a step changes, as they were before it, put back
@@ -400,30 +406,33 @@ void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGO
 struct MemoryBefore {
   at::Tensor centroids, S, N, rbar, stats;
 };
-// Before a step: what a Mask step (`ok` defined) may have to undo, and whether consolidate()
-// will have something new to freeze after it (on the host, unless the step may be masked: then
-// a device flag, read at the task boundary). None without `ok`.
-std::optional<MemoryBefore> memory_before(GroupMemory& mem, const at::Tensor& ok) {
+// On the host before a step: the device counters a Mask step (`ok` defined) updates in place,
+// and how consolidate() will know whether it has something new to freeze: on the host, unless
+// a step since the last consolidation may be masked; then a device flag, or-ed with each step's
+// ok and read at the task boundary.
+void prepare_mask_state(GroupMemory& mem, const at::Tensor& ok) {
   if (!ok.defined()) {
     mem.stepped_since_consolidate = at::Tensor();
-    return std::nullopt;
+    return;
   }
-  if (mem.consolidated) {
-    mem.stepped_since_consolidate = ok.clone();  // ok is shared by the groups: not in place
-  } else if (mem.stepped_since_consolidate.defined()) {
-    mem.stepped_since_consolidate.logical_or_(ok);
-  }
+  if (!mem.skipped.defined()) mem.skipped = at::zeros({}, ok.options().dtype(at::kLong));
+  if (mem.consolidated) mem.stepped_since_consolidate = at::zeros_like(ok);
+}
+// Before a step's device work: what a Mask step may have to undo. None without `ok`.
+std::optional<MemoryBefore> memory_before(GroupMemory& mem, const at::Tensor& ok) {
+  if (!ok.defined()) return std::nullopt;
+  if (mem.stepped_since_consolidate.defined()) mem.stepped_since_consolidate.logical_or_(ok);
   const auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
   return MemoryBefore{copy(mem.book.centroids), copy(mem.book.S), copy(mem.book.N), copy(mem.rbar),
                       copy(mem.stats)};
 }
 void keep_memory_unless(GroupMemory& mem, const MemoryBefore& before, const at::Tensor& ok) {
-  mem.book.centroids = at::where(ok, mem.book.centroids, before.centroids);
-  mem.book.S = at::where(ok, mem.book.S, before.S);
-  mem.book.N = at::where(ok, mem.book.N, before.N);
-  mem.rbar = at::where(ok, mem.rbar, before.rbar);
-  if (before.stats.defined()) mem.stats = at::where(ok, mem.stats, before.stats);
-  if (!mem.skipped.defined()) mem.skipped = at::zeros({}, ok.options().dtype(at::kLong));
+  const auto keep = [&](at::Tensor& t, const at::Tensor& was) { t.copy_(at::where(ok, t, was)); };
+  keep(mem.book.centroids, before.centroids);
+  keep(mem.book.S, before.S);
+  keep(mem.book.N, before.N);
+  keep(mem.rbar, before.rbar);
+  if (before.stats.defined()) keep(mem.stats, before.stats);
   mem.skipped.add_(at::logical_not(ok));
 }
 
@@ -438,19 +447,44 @@ void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
   stats[kEntropy] = entropy(mem.book.N);
   stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
   stats[kDeltaRatio] = delta_ratio / static_cast<double>(delta_ratios.size());
-  mem.stats = stats;
+  if (mem.stats.defined()) {
+    mem.stats.copy_(stats);
+  } else {
+    mem.stats = stats;
+  }
 }
 
 }  // namespace
+
+// What a group's step reads besides its memory and options, prepared on the host: the stages
+// (step_stages) decide nothing on the host, so a CUDA graph can capture and replay them.
+struct FOGO::StepInputs {
+  std::vector<at::Tensor> params, grads;
+  at::Tensor ok;    ///< NonFinitePolicy::Mask: 0-d bool on the group's device, else undefined
+  at::Tensor keys;  ///< step 7's candidate keys (draw_candidate_keys), or undefined
+  bool reseed_now = false;
+};
 
 void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
                       const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->group(g, o);
+  const StepInputs in{params, grads, ok, draw_candidate_keys(mem, o, params.front().device()),
+                      o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0};
+  prepare_mask_state(mem, ok);
+  step_stages(g, in);
+  ++mem.step;
+  mem.consolidated = false;
+}
+
+void FOGO::step_stages(size_t g, const StepInputs& in) {
+  const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+  GroupMemory& mem = impl_->groups[g];
+  const at::Tensor& ok = in.ok;
   const auto projection = [&](int64_t n) -> const Projection& {
-    return impl_->projection(o, n, params.front().device());
+    return impl_->projection(o, n, in.params.front().device());
   };
-  std::vector<Work> work = update_momenta(params, grads, state_, o, projection, ok);  // 1
+  std::vector<Work> work = update_momenta(in.params, in.grads, state_, o, projection, ok);  // 1
   if (work.empty()) return;
   // Mask (past the group's first step, so the memory exists): what the step may have to undo.
   const std::optional<MemoryBefore> before = memory_before(mem, ok);
@@ -462,16 +496,15 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   if (mine.sharded) std::tie(Ps, Pf) = share_projections(work, mine, Ps, Pf, o, shard);
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);
-  const auto [frozen, nu] = first ? std::pair<at::Tensor, at::Tensor>{mem.frozen, mem.frozen_nu}
-                                  : long_term_candidates(mem, o);
+  const auto [frozen, nu] = long_term_candidates(mem, o, in.keys);
   const ProjectedStepResult r =
       ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
                           projected_step_params(o, /*filter=*/!first));  // 4-7
-  mem.rbar = r.rbar;
+  mem.rbar.copy_(r.rbar);
   const std::vector<at::Tensor> ratios =
       share_updates(work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o, ok),
                     shard);  // 8, 9
-  flush_and_reseed(mem, r, o);
+  flush_and_reseed(mem, r, o, in.reseed_now);
   record_telemetry(mem, r, ratios, o);
   if (before) keep_memory_unless(mem, *before, ok);
 }

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "test_util.h"
+
 namespace {
 
 torch::Tensor unit(torch::Tensor x) { return x / x.norm(); }
@@ -250,7 +252,12 @@ TEST(Codebook, FlushFollowsTheEmaFormulas) {
                       torch::rand({4}) + 0.5};
   const auto S0 = book.S.clone(), N0 = book.N.clone(), c0 = book.centroids.clone();
   fogo::Assignments acc{torch::tensor({2.0, 0.0, 1.0, 3.0}), torch::randn({4, 5})};
+  const void* storage[] = {book.centroids.data_ptr(), book.S.data_ptr(), book.N.data_ptr()};
   fogo::flush(book, acc, {0.9, 0.0, 1e-8, 2});  // lambda_c = 0: no decorrelation
+  // In place (a CUDA graph replaying the step reads and writes the same memory every time).
+  EXPECT_EQ(book.centroids.data_ptr(), storage[0]);
+  EXPECT_EQ(book.S.data_ptr(), storage[1]);
+  EXPECT_EQ(book.N.data_ptr(), storage[2]);
   const auto S = 0.9 * S0 + 0.1 * acc.s, N = 0.9 * N0 + 0.1 * acc.m;
   EXPECT_LT(max_abs(book.S - S), 1e-6);
   EXPECT_LT(max_abs(book.N - N), 1e-6);
@@ -342,10 +349,13 @@ TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {
   // replacement (computed by hand from the sequential definition), over many draws.
   const auto nu = torch::tensor({0.6, 0.3, 0.1});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto draw = [](const torch::Tensor& w, int64_t k, at::Generator& g) {
+    return fogo::sample_candidates(w, k, fogo::candidate_keys(w.size(0), g, w.device()));
+  };
   std::vector<double> count(3, 0.0);
   const int draws = 20000;
   for (int k = 0; k < draws; ++k) {
-    const auto pick = fogo::sample_candidates(nu, 2, gen);
+    const auto pick = draw(nu, 2, gen);
     ASSERT_EQ(pick.size(0), 2);
     ASSERT_NE(pick[0].item<int64_t>(), pick[1].item<int64_t>());
     for (int j = 0; j < 2; ++j) count[pick[j].item<int64_t>()] += 1.0 / draws;
@@ -361,12 +371,18 @@ TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {
   // The same generator state gives the same picks; a zero weight is drawn only when it must be.
   auto a = at::make_generator<at::CPUGeneratorImpl>(9),
        b = at::make_generator<at::CPUGeneratorImpl>(9);
-  EXPECT_TRUE(torch::equal(fogo::sample_candidates(nu, 2, a), fogo::sample_candidates(nu, 2, b)));
+  EXPECT_TRUE(torch::equal(draw(nu, 2, a), draw(nu, 2, b)));
   const auto zero = torch::tensor({0.5, 0.0, 0.5});
   for (int k = 0; k < 50; ++k) {
-    const auto pick = std::get<0>(fogo::sample_candidates(zero, 2, a).sort());
+    const auto pick = std::get<0>(draw(zero, 2, a).sort());
     EXPECT_TRUE(torch::equal(pick, torch::tensor({0, 2}, torch::kLong)));
-    EXPECT_EQ(fogo::sample_candidates(zero, 3, a).size(0), 3);
+    EXPECT_EQ(draw(zero, 3, a).size(0), 3);
   }
-  EXPECT_THROW(fogo::sample_candidates(nu, 4, a), c10::Error);
+  EXPECT_THROW(draw(nu, 4, a), c10::Error);
+  // Keys of another length or type are refused, naming them.
+  fogo::test::expect_error(
+      [&] { fogo::sample_candidates(nu, 2, torch::zeros({2}, torch::kDouble)); },
+      "log_u must be [3] float64");
+  fogo::test::expect_error([&] { fogo::sample_candidates(nu, 2, torch::zeros({3})); },
+                           "log_u must be [3] float64");
 }

@@ -41,6 +41,7 @@ struct FlushParams {
 /// h_j = sum over the r_dec previous centroids l != j most |correlated| with chat_j of
 /// <chat_j, cbar_l> cbar_l; c_j = unit(ctilde_j - lambda_c h_j). A centroid whose N_j is
 /// numerically zero (<= eps), or whose new direction vanishes, keeps its previous direction.
+/// Every tensor of `book` is updated in place.
 void flush(Codebook& book, const Assignments& acc, const FlushParams& p);
 
 /// Every centroid with N_j < threshold gets a distinct valid query q_i drawn by `gen`
@@ -61,8 +62,13 @@ FrozenPicks select_important(const Codebook& book, const at::Tensor& start, int6
 
 /// A_t: `k` indices of the frozen bank drawn without replacement with probabilities
 /// proportional to `nu` [F] (Efraimidis–Spirakis: the k largest log(u_i) / nu_i, u_i uniform).
-/// The uniforms come from the CPU generator `gen`; the selection runs on nu's device, so on a GPU
-/// nothing waits for the device. Zero weights are floored at 1e-12 (still drawable, last).
-at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, at::Generator& gen);
+/// `log_u` [F] float64 are the draw's keys (candidate_keys); the selection runs on nu's device.
+/// Zero weights are floored at 1e-12 (still drawable, last).
+at::Tensor sample_candidates(const at::Tensor& nu, int64_t k, const at::Tensor& log_u);
+
+/// The keys log(u_i) of one candidate draw over a bank of F, u_i uniform from the CPU generator
+/// `gen` (identical on every device, in checkpoints and across ranks), on `device`: copied from
+/// pinned memory without waiting for the device, so a GPU step does not wait for the host.
+at::Tensor candidate_keys(int64_t F, at::Generator& gen, const c10::Device& device);
 
 }  // namespace fogo

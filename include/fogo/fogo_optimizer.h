@@ -123,11 +123,15 @@ class FOGO : public torch::optim::Optimizer {
   MemoryView memory(size_t group) const;
 
  private:
-  /// Steps 1-9 and the flush for param group `g`, whose parameters with gradients are `params`.
-  /// `ok` (NonFinitePolicy::Mask; else undefined): a 0-d bool on the group's device; where it is
+  /// Param group `g`'s step, for its parameters with gradients `params`: what the host decides
+  /// (random draws, the re-seeding cadence, counters), then the stages. `ok`
+  /// (NonFinitePolicy::Mask; else undefined): a 0-d bool on the group's device; where it is
   /// false the step leaves every tensor as it was.
   void step_group(size_t g, const std::vector<at::Tensor>& params,
                   const std::vector<at::Tensor>& grads, const at::Tensor& ok);
+  struct StepInputs;
+  /// Steps 1-9 and the flush: device work only, every state tensor updated in place.
+  void step_stages(size_t g, const StepInputs& in);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>
