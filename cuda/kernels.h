@@ -118,6 +118,7 @@ void launch_rms_norms(const void* Os, FloatType os_type, const float* delta, int
 
 struct UpdateArgs {
   double lr, weight_decay, sigma, eps;
+  const double* device_lr;  ///< when not null, the learning rate (read by the kernel) instead of lr
 };
 
 /// theta <- (1 - lr wd) theta - lr gamma_t Ohat, gamma_t = sigma sqrt(mn)/(|Ohat|_F + eps),

@@ -210,6 +210,7 @@ at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Os = Os_in.contiguous(), delta = delta_in.contiguous();
   const int64_t m = Os.size(0), n = Os.size(1);
+  check_device_lr(param, p);
   at::Tensor partials =
       at::empty({3 * rms_partial_blocks(m * n)}, delta.options().dtype(at::kDouble));
   at::Tensor ratio = at::empty({}, delta.options());
@@ -217,7 +218,9 @@ at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at
   launch_rms_norms(Os.data_ptr(), os_type, f32(delta), m * n, partials.data_ptr<double>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   launch_rms_apply(param.data_ptr(), param_type, Os.data_ptr(), os_type, f32(delta), m, n,
-                   transposed, partials.data_ptr<double>(), {p.lr, p.weight_decay, p.sigma, p.eps},
+                   transposed, partials.data_ptr<double>(),
+                   {p.lr, p.weight_decay, p.sigma, p.eps,
+                    p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr},
                    f32(ratio), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would, for autograd

@@ -84,12 +84,13 @@ __global__ void __launch_bounds__(kThreads)
   dd = block_sum(dd, scratch);
   oo = block_sum(oo, scratch);
   const float eps = static_cast<float>(args.eps);
+  const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
   // lr gamma_t = lr sigma sqrt(mn) / (|Ohat|_F + eps); the arithmetic below is fp32 with each
   // product and difference rounded as the reference's separate ATen ops round them.
   const float step =
-      static_cast<float>(args.lr * args.sigma * std::sqrt(static_cast<double>(m * n))) /
+      static_cast<float>(lr * args.sigma * std::sqrt(static_cast<double>(m * n))) /
       (static_cast<float>(std::sqrt(hat)) + eps);
-  const float decay = static_cast<float>(1.0 - args.lr * args.weight_decay);
+  const float decay = static_cast<float>(1.0 - lr * args.weight_decay);
   if (blockIdx.x == 0 && threadIdx.x == 0)
     ratio[0] = static_cast<float>(std::sqrt(dd)) / (static_cast<float>(std::sqrt(oo)) + eps);
 

@@ -88,7 +88,8 @@ at::Tensor working_view(const at::Tensor& t, bool transposed) {
 namespace {
 
 // `first`: the group's first parameter. A group shares one codebook, kept on one device.
-void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Tensor& first) {
+void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Tensor& first,
+                  const FOGOOptions& o) {
   TORCH_CHECK(p.dim() >= 2, "FOGO handles matrices and N-D weights, but ",
               detail::describe_param(group, index, p),
               " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
@@ -96,6 +97,16 @@ void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Ten
               "codebook and must be on one device, but ", detail::describe_param(group, index, p),
               " is on ", p.device(), " and the group's first parameter on ", first.device(),
               "; put each device's parameters in a param group of their own");
+  if (o.cuda_graph()) {
+#ifdef FOGO_WITH_CUDA
+    TORCH_CHECK(p.is_cuda(), "FOGO: option 'cuda_graph' captures the step on a CUDA device, but ",
+                detail::describe_param(group, index, p), " is on ", p.device(),
+                "; set cuda_graph(false) for this param group");
+#else
+    TORCH_CHECK(false, "FOGO: option 'cuda_graph' needs fogo built with CUDA (FOGO_WITH_CUDA); ",
+                "param group ", group, " sets it");
+#endif
+  }
 }
 
 }  // namespace
@@ -108,7 +119,7 @@ FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, F
     const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
     options.validate();
     for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
-      check_matrix(g, i, param_groups_[g].params()[i], param_groups_[g].params()[0]);
+      check_matrix(g, i, param_groups_[g].params()[i], param_groups_[g].params()[0], options);
     }
   }
 }
@@ -366,11 +377,11 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, c
 
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
-// decay. Returns |delta|_F / |O_s|_F of each parameter, in `work` order. With `ok` (Mask), a
-// parameter keeps its value where ok is false.
+// decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's). Returns |delta|_F / |O_s|_F of
+// each parameter, in `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
 std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
-                                        const at::Tensor& ok) {
+                                        const at::Tensor& device_lr, const at::Tensor& ok) {
   std::vector<at::Tensor> ratios;
   int64_t row = 0;
   for (const auto& [begin, end] : runs) {
@@ -384,9 +395,9 @@ std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns
     for (size_t i = begin; i < end; ++i) {
       Work& w = work[i];
       const at::Tensor before = ok.defined() ? w.param.clone() : at::Tensor();
-      ratios.push_back(ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)],
-                                             w.transposed,
-                                             {o.lr(), o.weight_decay(), o.sigma(), o.eps()}));
+      ratios.push_back(
+          ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)], w.transposed,
+                                {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr}));
       if (ok.defined()) w.param.copy_(at::where(ok, w.param, before));
     }
   }
@@ -463,6 +474,7 @@ struct FOGO::StepInputs {
   at::Tensor ok;    ///< NonFinitePolicy::Mask: 0-d bool on the group's device, else undefined
   at::Tensor keys;  ///< step 7's candidate keys (draw_candidate_keys), or undefined
   bool reseed_now = false;
+  at::Tensor lr;  ///< a CUDA graph's learning rate (0-d float64 on the device); else o.lr()
 };
 
 void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
@@ -472,7 +484,15 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
   const StepInputs in{params, grads, ok, draw_candidate_keys(mem, o, params.front().device()),
                       o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0};
   prepare_mask_state(mem, ok);
-  step_stages(g, in);
+  // A CUDA graph takes the steady-state steps: not the first (it builds the codebook), not a
+  // re-seeding one (it reads the queries back), not a sharded one (it exchanges with the ranks).
+  const bool graphed = o.cuda_graph() && mem.initialized && !in.reseed_now && !impl_->shard.owns &&
+                       !impl_->graphs[g].failed;
+  if (graphed) {
+    graph_step(g, in);
+  } else {
+    step_stages(g, in);
+  }
   ++mem.step;
   mem.consolidated = false;
 }
@@ -501,12 +521,100 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
       ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
                           projected_step_params(o, /*filter=*/!first));  // 4-7
   mem.rbar.copy_(r.rbar);
-  const std::vector<at::Tensor> ratios =
-      share_updates(work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o, ok),
-                    shard);  // 8, 9
+  const std::vector<at::Tensor> ratios = share_updates(
+      work, mine, lift_and_update(mine.work, mine.runs, rows_of(r.dz, mine), o, in.lr, ok),
+      shard);  // 8, 9
   flush_and_reseed(mem, r, o, in.reseed_now);
   record_telemetry(mem, r, ratios, o);
   if (before) keep_memory_unless(mem, *before, ok);
+}
+
+namespace {
+
+// Appends what a captured step depends on of `t`: its address, type and shape (-1: undefined).
+void describe_for_graph(std::vector<int64_t>& out, const at::Tensor& t) {
+  if (!t.defined()) {
+    out.push_back(-1);
+    return;
+  }
+  out.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
+  out.push_back(static_cast<int64_t>(t.scalar_type()));
+  out.insert(out.end(), t.sizes().begin(), t.sizes().end());
+  out.insert(out.end(), t.strides().begin(), t.strides().end());
+}
+
+}  // namespace
+
+void FOGO::graph_step(size_t g, const StepInputs& in) {
+#ifdef FOGO_WITH_CUDA
+  const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+  GroupMemory& mem = impl_->groups[g];
+  GroupGraph& graph = impl_->graphs[g];
+  // Every tensor the stages read or write, as the graph would see it: a replay is valid only
+  // while they all stay where the capture found them (in-place updates keep them there; a load, a
+  // task boundary or another parameter set moves some).
+  std::vector<int64_t> layout;
+  for (size_t k = 0; k < in.params.size(); ++k) {
+    describe_for_graph(layout, in.params[k]);
+    layout.push_back(static_cast<int64_t>(in.grads[k].scalar_type()));
+    layout.insert(layout.end(), in.grads[k].sizes().begin(), in.grads[k].sizes().end());
+    const auto it = state_.find(in.params[k].unsafeGetTensorImpl());
+    if (it == state_.end()) {
+      layout.push_back(-1);
+      continue;
+    }
+    const auto& st = static_cast<const FOGOParamState&>(*it->second);
+    describe_for_graph(layout, st.slow_momentum());
+    describe_for_graph(layout, st.fast_momentum());
+  }
+  for (const at::Tensor* t :
+       {&mem.book.centroids, &mem.book.S, &mem.book.N, &mem.rbar, &mem.stats, &mem.frozen,
+        &mem.frozen_nu, &mem.skipped, &mem.stepped_since_consolidate}) {
+    describe_for_graph(layout, *t);
+  }
+  layout.push_back(in.ok.defined());
+  layout.push_back(in.keys.defined() ? in.keys.size(0) : -1);
+  FOGOOptions options = o;
+  options.lr(0.0);  // read from the device at each replay
+
+  if (graph.graph.empty() || layout != graph.layout || !(options == graph.options)) {
+    const int64_t captures = graph.captures, replays = graph.replays;
+    graph = GroupGraph{};  // the old graph and its memory pool go
+    graph.captures = captures + 1;
+    graph.replays = replays;
+    graph.grads = in.grads;
+    graph.ok = in.ok.defined() ? in.ok.clone() : at::Tensor();
+    graph.keys = in.keys.defined() ? in.keys.clone() : at::Tensor();
+    graph.lr = at::full({}, o.lr(), in.params.front().options().dtype(at::kDouble));
+    graph.layout = std::move(layout);
+    graph.options = options;
+    const StepInputs captured{in.params, graph.grads, graph.ok, graph.keys, false, graph.lr};
+    try {
+      graph.graph.capture_and_run([&] { step_stages(g, captured); }, in.params.front().device());
+    } catch (const std::exception& e) {
+      // Nothing ran: this step, and the group's later ones, run eagerly.
+      TORCH_WARN("FOGO: param group ", g, "'s step could not be captured in a CUDA graph; it ",
+                 "steps without one from now on. The capture failed with: ", e.what());
+      graph.failed = true;
+      graph.captures = captures;
+      step_stages(g, in);
+      return;
+    }
+  } else {
+    // The static inputs, refreshed on the stream before the replay reads them.
+    for (size_t k = 0; k < in.grads.size(); ++k) {
+      if (!in.grads[k].is_same(graph.grads[k])) graph.grads[k].copy_(in.grads[k]);
+    }
+    if (in.ok.defined()) graph.ok.copy_(in.ok);
+    if (in.keys.defined()) graph.keys.copy_(in.keys);
+    graph.lr.fill_(o.lr());
+    graph.graph.replay();
+  }
+  ++graph.replays;
+#else
+  (void)in;
+  TORCH_CHECK(false, "FOGO: param group ", g, " asks for a CUDA graph in a build without CUDA");
+#endif
 }
 
 torch::Tensor FOGO::step(LossClosure closure) {
@@ -521,7 +629,8 @@ torch::Tensor FOGO::step(LossClosure closure) {
       "FOGO", param_groups_,
       [&](size_t g) { static_cast<const FOGOOptions&>(param_groups_[g].options()).validate(); },
       [&](size_t g, size_t i, const at::Tensor& p) {
-        check_matrix(g, i, p, param_groups_[g].params()[0]);
+        check_matrix(g, i, p, param_groups_[g].params()[0],
+                     static_cast<const FOGOOptions&>(param_groups_[g].options()));
       });
   const auto& [params, grads, where] = items;
   const auto policy = [&](size_t g) {
@@ -624,6 +733,10 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     const GroupMemory& mem = impl_->groups[g];
     out[g].step = mem.step;
     out[g].frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
+    if (const auto it = impl_->graphs.find(g); it != impl_->graphs.end()) {
+      out[g].graph_captures = it->second.captures;
+      out[g].graph_replays = it->second.replays;
+    }
     if (mem.stats.defined()) by_device[mem.stats.device().str()].push_back(g);
   }
   for (const auto& [device, groups] : by_device) {

@@ -13,6 +13,9 @@
 #include "fogo/codebook.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/projection.h"
+#ifdef FOGO_WITH_CUDA
+#include "step_graph.h"
+#endif
 
 namespace fogo {
 
@@ -59,8 +62,23 @@ struct Projection {
   at::Tensor Pi, K, Pi_bf16, K_bf16;
 };
 
+// FOGOOptions::cuda_graph: a group's captured step and the static inputs it reads, refreshed
+// before each replay (FOGO::graph_step).
+struct GroupGraph {
+#ifdef FOGO_WITH_CUDA
+  cuda::StepGraph graph;
+#endif
+  std::vector<at::Tensor> grads;  ///< those seen at capture; other gradients are copied in
+  at::Tensor ok, keys, lr;        ///< the Mask flag, candidate keys, learning rate (float64)
+  std::vector<int64_t> layout;    ///< the state it was captured against (graph_layout)
+  FOGOOptions options;            ///< the options it was captured with, lr set to 0
+  int64_t captures = 0, replays = 0;
+  bool failed = false;  ///< a capture failed: the group steps eagerly
+};
+
 struct FOGO::Impl {
   std::vector<GroupMemory> groups;
+  std::map<size_t, GroupGraph> graphs;
   StepShard shard;  // data-parallel sharding of steps 2-3 and 8-9 (empty: none)
   // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
   // regenerated from the seed, never stored.

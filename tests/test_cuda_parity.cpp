@@ -328,6 +328,12 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
         auto ref = base.clone(), got = base.clone();
         const auto ref_ratio = fogo::apply_rms_update(ref, Os, delta, transposed, p);
         const auto got_ratio = fogo::ops::apply_rms_update(got, Os, delta, transposed, p);
+        // The learning rate read from the device (a CUDA graph's): the same bits.
+        auto on_device = base.clone();
+        fogo::UpdateParams pd = p;
+        pd.device_lr = torch::full({}, p.lr, torch::dtype(torch::kDouble).device(torch::kCUDA));
+        fogo::ops::apply_rms_update(on_device, Os, delta, transposed, pd);
+        EXPECT_TRUE(torch::equal(on_device, got));
         const std::string where = std::to_string(m) + "x" + std::to_string(n) + " " +
                                   std::string(c10::toString(dtype)) + ", O_s " +
                                   std::string(c10::toString(os_dtype));
@@ -455,8 +461,9 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
 // lt_candidates (so the candidates are sampled on the device every step), with re-seeding off (it
 // reads the dead centroids back, every reseed_every steps). The non-finite check of Raise and
 // Skip reads one flag vector back per step (docs/cuda.md), so these steps run Unchecked or Mask
-// (FOGO; Mask with a NaN gradient in one step, skipped on the device) and with check_finite off
-// (Muon). The gradients are made before the mode is set.
+// (FOGO; Mask with a NaN gradient in one step, skipped on the device; Mask again with the steps
+// replayed from a CUDA graph) and with check_finite off (Muon). The gradients are made before the
+// mode is set.
 #ifdef FOGO_WITH_CUDA
 TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
   FOGO_REQUIRE_GPU();
@@ -468,8 +475,14 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
     }
   };
-  for (const auto policy : {fogo::NonFinitePolicy::Unchecked, fogo::NonFinitePolicy::Mask,
-                            fogo::NonFinitePolicy::Raise /* Muon */}) {
+  struct Case {
+    fogo::NonFinitePolicy policy;
+    bool graph;
+  };
+  for (const auto [policy, graph] :
+       {Case{fogo::NonFinitePolicy::Unchecked, false}, Case{fogo::NonFinitePolicy::Mask, false},
+        Case{fogo::NonFinitePolicy::Mask, true},
+        Case{fogo::NonFinitePolicy::Raise /* Muon */, false}}) {
     const bool use_fogo = policy != fogo::NonFinitePolicy::Raise;
     const bool masked = policy == fogo::NonFinitePolicy::Mask;
     auto params = small_network(torch::kCUDA);
@@ -482,7 +495,8 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
                                                         .reseed_every(0)
                                                         .freeze_per_task(4)
                                                         .lt_candidates(2)
-                                                        .nonfinite(policy));
+                                                        .nonfinite(policy)
+                                                        .cuda_graph(graph));
       fogo_opt = f.get();
       opt = std::move(f);
     } else {
@@ -509,15 +523,93 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       SyncDebugError mode;
       for (int step = 3; step < 8; ++step) {
         take(step);
-        EXPECT_NO_THROW(opt->step()) << (use_fogo ? "FOGO" : "Muon") << " policy "
-                                     << static_cast<int>(policy) << " step " << step;
+        EXPECT_NO_THROW(opt->step())
+            << (use_fogo ? "FOGO" : "Muon") << " policy " << static_cast<int>(policy) << " graph "
+            << graph << " step " << step;
       }
     }
     torch::cuda::synchronize();
     for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
     if (fogo_opt) EXPECT_EQ(fogo_opt->telemetry()[0].frozen, 4);
     if (masked) EXPECT_EQ(fogo_opt->telemetry()[0].skipped_steps, 1);
+    if (graph) {  // captured at step 1, again after the task boundary, then replayed
+      EXPECT_EQ(fogo_opt->telemetry()[0].graph_captures, 2);
+      EXPECT_EQ(fogo_opt->telemetry()[0].graph_replays, 7);
+    }
   }
+}
+
+// FOGOOptions::cuda_graph: steps replayed from a captured graph against the same steps run
+// eagerly, over three tasks (frozen banks larger than lt_candidates, so each step samples its
+// candidates with keys drawn on the host), a learning rate that changes every step, re-seeding
+// steps (eager, between replays), a masked NaN step, and gradients that are mostly the same
+// tensors overwritten (read in place by the graph) and sometimes new ones (copied in). The memory
+// read accumulates with float atomics (cuda/projected.cu), so two eager runs may differ in the last
+// bits: the graph is held to 4x that run-to-run difference plus 1e-6 of the parameter's size, far
+// below what a stale input would cause (a learning rate 5% off moves a parameter by ~1e-4 of its
+// size in one step).
+TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
+  FOGO_REQUIRE_KERNELS();
+  constexpr int kSteps = 18;
+  struct Run {
+    std::vector<std::vector<torch::Tensor>> params;  // after each step
+    fogo::FOGOTelemetry telemetry;
+    fogo::FOGO::MemoryView memory;
+  };
+  const auto run = [&](bool graph) {
+    auto params = small_network(torch::kCUDA);
+    fogo::FOGO opt(params, fogo::FOGOOptions(0.02)
+                               .codebook_size(16)
+                               .proj_dim(32)
+                               .reseed_every(4)
+                               .freeze_per_task(4)
+                               .lt_candidates(3)
+                               .eps_lt(0.01)
+                               .nonfinite(fogo::NonFinitePolicy::Mask)
+                               .cuda_graph(graph));
+    Run out;
+    std::vector<torch::Tensor> held;  // gradient tensors kept from step to step
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == 6 || step == 12) opt.task_boundary();
+      opt.param_groups()[0].options().set_lr(0.02 * (1.0 + 0.05 * step));
+      set_gradients(params, step);
+      if (step == 0) {
+        for (const auto& p : params) held.push_back(p.grad());
+      } else if (step % 3 != 2) {  // as with zero_grad(set_to_none=false): the same tensors
+        for (size_t k = 0; k < params.size(); ++k) {
+          held[k].copy_(params[k].grad());
+          params[k].mutable_grad() = held[k];
+        }
+      }
+      if (step == 9) params[1].mutable_grad().view(-1)[3] = NAN;  // masked on the device
+      opt.step();
+      std::vector<torch::Tensor> now;
+      for (const auto& p : params) now.push_back(p.detach().clone());
+      out.params.push_back(now);
+    }
+    out.telemetry = opt.telemetry()[0];
+    out.memory = opt.memory(0);
+    return out;
+  };
+  const Run eager = run(false), again = run(false), graphed = run(true);
+  // Eager steps: the first (it builds the codebook) and the re-seeding ones (steps 3, 7, 11, 15);
+  // captures: step 1, and after each task boundary (the frozen bank moved): steps 6 and 12.
+  EXPECT_EQ(graphed.telemetry.graph_captures, 3);
+  EXPECT_EQ(graphed.telemetry.graph_replays, kSteps - 5);
+  EXPECT_EQ(eager.telemetry.graph_replays, 0);
+  EXPECT_EQ(graphed.telemetry.skipped_steps, 1);
+  EXPECT_EQ(graphed.telemetry.frozen, 8);
+  for (int step = 0; step < kSteps; ++step) {
+    for (size_t k = 0; k < eager.params[step].size(); ++k) {
+      const auto& e = eager.params[step][k];
+      const double noise = max_abs(again.params[step][k] - e);
+      const double scale = max_abs(e);
+      EXPECT_LE(max_abs(graphed.params[step][k] - e), 4 * noise + 1e-6 * scale)
+          << "step " << step << " parameter " << k << " (eager runs differ by " << noise << ")";
+    }
+  }
+  const double noise = max_abs(again.memory.centroids - eager.memory.centroids);
+  EXPECT_LE(max_abs(graphed.memory.centroids - eager.memory.centroids), 4 * noise + 1e-6);
 }
 #endif
 

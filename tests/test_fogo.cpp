@@ -710,6 +710,25 @@ TEST(FOGO, RejectsBadOptionsAndShapes) {
   expect_error([&] { opt.step(); }, "sparse");
 }
 
+TEST(FOGO, CudaGraphOnCpuParametersIsRefusedAndChangesNothing) {
+  // The option captures the step on a GPU: CPU parameters are refused at construction, and at the
+  // step when a param group's options ask for it later; the refused step changes nothing.
+  auto p = torch::randn({4, 6}).requires_grad_(true);
+  fogo::test::expect_error([&] { fogo::FOGO({p}, fogo::FOGOOptions().cuda_graph(true)); },
+                           "option 'cuda_graph'");
+  fogo::FOGO opt({p}, fogo::FOGOOptions(0.1));
+  p.mutable_grad() = torch::randn({4, 6});
+  opt.step();
+  const auto before = p.detach().clone();
+  const auto memory = opt.memory(0).centroids;
+  static_cast<fogo::FOGOOptions&>(opt.param_groups()[0].options()).cuda_graph(true);
+  fogo::test::expect_error([&] { opt.step(); }, "set cuda_graph(false)");
+  EXPECT_TRUE(torch::equal(p, before));
+  EXPECT_TRUE(torch::equal(opt.memory(0).centroids, memory));
+  EXPECT_EQ(opt.telemetry()[0].step, 1);
+  EXPECT_EQ(opt.telemetry()[0].graph_captures, 0);
+}
+
 TEST(FOGO, WorksInTheHybridWithShapeGroupsAndSchedulers) {
   torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
                             torch::nn::ReLU(), torch::nn::Linear(32, 32), torch::nn::Linear(32, 4));

@@ -5,6 +5,7 @@
 #include <fogo/codebook.h>
 #include <fogo/projected.h>
 #include <fogo/projection.h>
+#include <fogo/update.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -342,6 +343,39 @@ TEST(Codebook, ConsolidationPicksByImportance) {
   fogo::Codebook drifted{torch::eye(5), torch::eye(5), torch::tensor({1.0, 2.0, 0.0, 1.5, 2.0})};
   picks = fogo::select_important(drifted, start, 1);  // 4: 0.308 * 1.29 beats 1: 0.308
   EXPECT_TRUE(torch::equal(picks.centroids[0], torch::eye(5)[4]));
+}
+
+TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
+  // A CUDA graph reads the learning rate from a device tensor; the arithmetic must not change.
+  torch::manual_seed(14);
+  for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (const bool transposed : {false, true}) {
+      for (const double lr : {0.02, 3e-4, 1.0 / 3.0}) {
+        const auto base = torch::randn({12, 20}).to(dtype);
+        const auto Os =
+            torch::randn(transposed ? std::vector<int64_t>{20, 12} : std::vector<int64_t>{12, 20});
+        const auto delta = 0.1 * torch::randn(Os.sizes());
+        const fogo::UpdateParams host{lr, 0.1, 0.2, 1e-8};
+        fogo::UpdateParams device = host;
+        device.lr = 123.0;  // ignored
+        device.device_lr = torch::full({}, lr, torch::kDouble);
+        auto a = base.clone(), b = base.clone();
+        const auto ra = fogo::apply_rms_update(a, Os, delta, transposed, host);
+        const auto rb = fogo::apply_rms_update(b, Os, delta, transposed, device);
+        EXPECT_TRUE(torch::equal(a, b)) << dtype << " lr " << lr;
+        EXPECT_TRUE(torch::equal(ra, rb));
+        EXPECT_FALSE(torch::equal(a, base));
+      }
+    }
+  }
+  auto p = torch::randn({4, 6});
+  const auto Os = torch::randn({4, 6}), delta = torch::zeros({4, 6});
+  fogo::UpdateParams bad{0.1, 0.0, 0.2, 1e-8};
+  for (const auto& lr : {torch::full({}, 0.1), torch::full({1}, 0.1, torch::kDouble)}) {
+    bad.device_lr = lr;
+    fogo::test::expect_error([&] { fogo::apply_rms_update(p, Os, delta, false, bad); },
+                             "device_lr must be a 0-d float64 tensor");
+  }
 }
 
 TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {

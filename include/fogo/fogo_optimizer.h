@@ -60,6 +60,11 @@ struct FOGOTelemetry {
   /// NonFinitePolicy::Mask: steps whose unusable gradients were masked on the device (since
   /// construction or the last load; not checkpointed)
   int64_t skipped_steps = 0;
+  /// FOGOOptions::cuda_graph: captures of the group's step (the first steady-state step, and
+  /// again after what changes its memory layout: a task boundary, a load, other parameters), and
+  /// steps run from a captured graph (the capturing step included)
+  int64_t graph_captures = 0;
+  int64_t graph_replays = 0;
 };
 
 class FOGO : public torch::optim::Optimizer {
@@ -132,6 +137,8 @@ class FOGO : public torch::optim::Optimizer {
   struct StepInputs;
   /// Steps 1-9 and the flush: device work only, every state tensor updated in place.
   void step_stages(size_t g, const StepInputs& in);
+  /// FOGOOptions::cuda_graph: step_stages from the group's captured CUDA graph.
+  void graph_step(size_t g, const StepInputs& in);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>

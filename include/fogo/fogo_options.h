@@ -83,7 +83,9 @@ enum class NonFinitePolicy : int64_t {
 #define FOGO_PLAIN_OPTIONS(X)                                                                     \
   X(coefficients_t, ns_coefficients,          kQuintic)  /* or kCubic */                          \
   X(bool,           spectral_scaling,         true)      /* gamma_lt by the trace bound */        \
-  X(bool,           reinit_codebook_on_task,  false)
+  X(bool,           reinit_codebook_on_task,  false)                                             \
+  /* CUDA parameters: capture steady-state steps in a CUDA graph, replay them (FOGO::step) */     \
+  X(bool,           cuda_graph,               false)
 
 /// Enumerations, serialized as integers: X(type, name, default).
 #define FOGO_ENUM_OPTIONS(X)                                                                      \

@@ -469,6 +469,8 @@ py::list telemetry(const fogo::FOGO& opt) {
     d["delta_ratio"] = t.delta_ratio;
     d["frozen"] = t.frozen;
     d["skipped_steps"] = t.skipped_steps;
+    d["graph_captures"] = t.graph_captures;
+    d["graph_replays"] = t.graph_replays;
     out.append(d);
   }
   return out;
