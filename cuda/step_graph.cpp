@@ -3,8 +3,28 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
 
 namespace fogo::cuda {
+namespace {
+
+// One capture stream per device for the whole process: cuBLAS keeps a workspace per stream,
+// allocated at a stream's first GEMM (during a capture, from that graph's pool, and kept), so
+// recaptures on one stream reuse one workspace instead of adding one per pool stream.
+c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(device);
+  if (it == streams.end())
+    it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+  return it->second;
+}
+
+}  // namespace
 
 StepGraph::StepGraph() = default;
 StepGraph::~StepGraph() = default;
@@ -16,7 +36,7 @@ void StepGraph::capture_and_run(const std::function<void()>& work, const c10::De
   const c10::cuda::CUDAGuard device_guard(device);
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
   {
-    const c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, device.index()));
+    const c10::cuda::CUDAStreamGuard side(capture_stream(device.index()));
     // Thread-local mode: a forbidden call (a synchronisation, say) made by this thread fails the
     // capture; other threads of the program (data loaders) are not affected.
     graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
@@ -27,6 +47,7 @@ void StepGraph::capture_and_run(const std::function<void()>& work, const c10::De
         graph->capture_end();  // ends the (invalidated) capture; throws for it
       } catch (...) {
       }
+      (void)cudaGetLastError();  // the failed call's error must not surface at a later check
       throw;
     }
     graph->capture_end();

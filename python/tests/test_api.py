@@ -230,6 +230,17 @@ def test_telemetry_and_task_boundary(gen):
     opt.begin_task()
 
 
+def test_cuda_graph_on_cpu_parameters_is_refused(gen):
+    w = mat(gen, 4, 6)
+    with pytest.raises(RuntimeError, match="option 'cuda_graph'"):
+        fogo.FOGO([w], cuda_graph=True)
+    opt = fogo.FOGO([w], lr=0.01)
+    w.grad = randn(gen, 4, 6)
+    opt.step()
+    tel = opt.telemetry()[0]
+    assert tel["graph_captures"] == 0 and tel["graph_replays"] == 0
+
+
 def test_presets():
     gpt2 = fogo.presets.gpt2()
     assert gpt2["lr"] == 6e-4 and gpt2["codebook_size"] == 256 and gpt2["proj_dim"] == 512
