@@ -87,9 +87,8 @@ __global__ void __launch_bounds__(kThreads)
   const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
   // lr gamma_t = lr sigma sqrt(mn) / (|Ohat|_F + eps); the arithmetic below is fp32 with each
   // product and difference rounded as the reference's separate ATen ops round them.
-  const float step =
-      static_cast<float>(lr * args.sigma * std::sqrt(static_cast<double>(m * n))) /
-      (static_cast<float>(std::sqrt(hat)) + eps);
+  const float step = static_cast<float>(lr * args.sigma * std::sqrt(static_cast<double>(m * n))) /
+                     (static_cast<float>(std::sqrt(hat)) + eps);
   const float decay = static_cast<float>(1.0 - lr * args.weight_decay);
   if (blockIdx.x == 0 && threadIdx.x == 0)
     ratio[0] = static_cast<float>(std::sqrt(dd)) / (static_cast<float>(std::sqrt(oo)) + eps);
