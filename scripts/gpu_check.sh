@@ -277,6 +277,11 @@ train() {
       --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-$opt" \
       >"$logs/gpt2-$opt.log" 2>&1 || rc=1
   done
+  # FOGO's steady-state steps replayed from a CUDA graph, sync-free (Mask).
+  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
+    --fogo cuda_graph=true --fogo nonfinite=mask --no-deterministic --steps 40 \
+    --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-graph" \
+    >"$logs/gpt2-fogo-graph.log" 2>&1 || rc=1
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
     --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-deterministic" \
     >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1
