@@ -129,4 +129,12 @@ void launch_rms_apply(void* param, FloatType param_type, const void* Os, FloatTy
                       const float* delta, int64_t m, int64_t n, bool transposed,
                       const double* partials, UpdateArgs args, float* ratio, cudaStream_t stream);
 
+/// Step 1 for one parameter (fogo::momenta_step): Bs, Bf, G fp32 [rows, cols] row-major;
+/// B = fl(fl(B mu) + G) for both streams, or, where `ok` (a device bool; null: always) is false,
+/// B = fl(fl(B 1) + -0) (its bits kept). Then Xs, Xf (null: not wanted) = B in x_type, [rows,
+/// cols], or [cols, rows] (B transposed) when `transposed`. One read of G, Bs, Bf.
+void launch_momenta(float* Bs, float* Bf, const float* G, int64_t rows, int64_t cols, float mu_s,
+                    float mu_f, const bool* ok, void* Xs, void* Xf, FloatType x_type,
+                    bool transposed, cudaStream_t stream);
+
 }  // namespace fogo::cuda

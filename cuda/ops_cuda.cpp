@@ -197,6 +197,46 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   book.centroids.copy_(out);
 }
 
+void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+                  const at::Tensor& ok) {
+  if (items.empty()) return;
+  const c10::Device device = items.front().Bs.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (ok.defined()) {
+    TORCH_CHECK(
+        ok.is_cuda() && ok.device() == device && ok.scalar_type() == at::kBool && ok.numel() == 1,
+        "fogo CUDA momenta_step: ok must be one bool on ", device);
+  }
+  for (const MomentaItem& item : items) {
+    for (const auto& [t, what] : {std::pair{&item.Bs, "B_s"}, {&item.Bf, "B_f"}, {&item.G, "G"}}) {
+      check_f32_cuda(*t, what, device);
+      TORCH_CHECK(t->is_contiguous() && t->sizes() == item.Bs.sizes(),
+                  "fogo CUDA momenta_step: B_s, B_f and G must be contiguous and of one shape");
+    }
+    const int64_t rows = item.Bs.size(0), cols = item.Bs.numel() / rows;
+    const at::Tensor& X = item.Xs.defined() ? item.Xs : item.Xf;
+    FloatType x_type = FloatType::Float;
+    if (X.defined()) {
+      x_type = float_type(X, "the Newton–Schulz input");
+      for (const at::Tensor* x : {&item.Xs, &item.Xf}) {
+        TORCH_CHECK(
+            !x->defined() || (x->device() == device && x->is_contiguous() &&
+                              x->scalar_type() == X.scalar_type() && x->numel() == rows * cols),
+            "fogo CUDA momenta_step: the Newton–Schulz inputs must be contiguous, of one "
+            "dtype and of the momenta's size, on ",
+            device);
+      }
+    }
+    launch_momenta(f32(item.Bs), f32(item.Bf), f32(item.G), rows, cols, static_cast<float>(mu_s),
+                   static_cast<float>(mu_f), ok.defined() ? ok.data_ptr<bool>() : nullptr,
+                   item.Xs.defined() ? item.Xs.data_ptr() : nullptr,
+                   item.Xf.defined() ? item.Xf.data_ptr() : nullptr, x_type, item.transposed,
+                   stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at::Tensor& delta_in,
                             bool transposed, const UpdateParams& p) {
   check_f32_cuda(delta_in, "delta", param.device());

@@ -5,6 +5,7 @@
 // floating-point summation order.
 
 #include <fogo/codebook.h>
+#include <fogo/momenta.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 
@@ -22,6 +23,11 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
 
 /// book.S, book.N (contiguous) and book.centroids are updated in place.
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
+
+/// Every item's Bs, Bf, G contiguous fp32 on one device; Xs, Xf contiguous fp32, bf16 or fp16 (or
+/// undefined); `ok` a 0-d bool on that device or undefined.
+void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+                  const at::Tensor& ok);
 
 /// `param` contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta [m, n] fp32.
 at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,

@@ -4,14 +4,12 @@
 // and writes the parameter. The step size depends on a norm over the whole matrix, so the two
 // passes cannot be one; the partials are re-reduced by every block of the second pass in a fixed
 // order (deterministic, no atomics, nothing to zero first).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "convert.cuh"
 #include "kernels.h"
 #include "reduce.cuh"
 
@@ -22,24 +20,6 @@ constexpr int kThreads = 256;
 constexpr int kMaxPartials = 128;
 constexpr int kTile = 32;  // the transposed write goes through a kTile x kTile shared tile
 constexpr int kMaxTileBlocks = 1024;
-
-template <typename T>
-struct Convert;
-template <>
-struct Convert<float> {
-  __device__ static float load(float v) { return v; }
-  __device__ static float store(float v) { return v; }
-};
-template <>
-struct Convert<__nv_bfloat16> {
-  __device__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Convert<__half> {
-  __device__ static float load(__half v) { return __half2float(v); }
-  __device__ static __half store(float v) { return __float2half_rn(v); }
-};
 
 template <typename TO>
 __global__ void __launch_bounds__(kThreads)
@@ -116,19 +96,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();  // the tile is refilled next round
-  }
-}
-
-// Calls f with a null pointer of the element type `type` names (its template argument).
-template <typename F>
-void with_type(FloatType type, F&& f) {
-  switch (type) {
-    case FloatType::Float:
-      return f(static_cast<float*>(nullptr));
-    case FloatType::BFloat16:
-      return f(static_cast<__nv_bfloat16*>(nullptr));
-    case FloatType::Half:
-      return f(static_cast<__half*>(nullptr));
   }
 }
 

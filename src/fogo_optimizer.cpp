@@ -67,21 +67,16 @@ struct Work {
   at::Tensor param;
   bool transposed;
   int64_t m, n;
-  at::Tensor Bs, Bf;  ///< momenta, working orientation (views of the state)
-  at::Tensor Os;      ///< orthogonalized slow stream in the NS compute dtype (the fast one is only
-                      ///< ever projected)
+  at::Tensor slow, fast;  ///< the momenta B_s, B_f (state, in the parameter's shape)
+  at::Tensor G;           ///< the gradient in fp32
+  at::Tensor Os;  ///< orthogonalized slow stream in the NS compute dtype (the fast one is only
+                  ///< ever projected)
   const Projection* proj;
 };
 
 // [begin, end) of each run of same-shape parameters in `work`: a run shares Pi and goes through
 // Newton–Schulz, the projection and the lift as one batch (detail/batching.h).
 using ShapeRuns = detail::Runs;
-
-at::Tensor working_view(const at::Tensor& t, bool transposed) {
-  const int64_t rows = t.size(0);
-  const at::Tensor flat = t.reshape({rows, t.numel() / rows});
-  return transposed ? flat.t() : flat;
-}
 
 }  // namespace
 
@@ -139,8 +134,8 @@ namespace {
 // and the projections P = O Pi as one GEMM per run and stream. Sets each w.Os and returns
 // (Ps, Pf) [R, d] fp32 with the rows in `work` order.
 //
-// The chain's input is written in the compute dtype straight from the momenta (one cast-and-copy
-// pass, no fp32 stack), and O_s stays in that dtype: the update reads it as is.
+// The chains' inputs `inputs` (one [2P, m, n] per run: the slow streams, then the fast ones) were
+// written by step 1 in the compute dtype, and O_s stays in that dtype: the update reads it as is.
 //
 // Only P_f = O_f Pi of the fast stream is ever used: newton_schulz_projected computes it from
 // m x m Gram iterations when that takes fewer multiply-adds, with fp32/fp64 compute only (in bf16
@@ -149,22 +144,15 @@ namespace {
 // With unit-scale Pi (entries +-1, exact in bf16), a bf16 O times Pi is exact products summed in
 // fp32 (mm_bf16_f32): tensor cores on CUDA, the same result up to summation order.
 std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const ShapeRuns& runs,
+                                                const std::vector<at::Tensor>& inputs,
                                                 const FOGOOptions& o) {
   const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
   std::vector<at::Tensor> Ps_parts, Pf_parts;
-  for (const auto& [begin, end] : runs) {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [begin, end] = runs[r];
     const int64_t m = work[begin].m, n = work[begin].n;
     const int64_t P = static_cast<int64_t>(end - begin);
     const Projection& proj = *work[begin].proj;
-    const auto stacked = [&](std::initializer_list<at::Tensor Work::*> streams) {
-      at::Tensor X = at::empty({P * static_cast<int64_t>(streams.size()), m, n},
-                               work[begin].Bs.options().dtype(o.ns_dtype()));
-      int64_t k = 0;
-      for (const auto stream : streams) {
-        for (size_t i = begin; i < end; ++i) X[k++].copy_(work[i].*stream);
-      }
-      return X;
-    };
     const auto project = [&](const at::Tensor& O) {  // [B, m, n] -> [B m, d], fp32
       const at::Tensor rows = O.reshape({-1, n});
       return O.scalar_type() == at::kBFloat16 && proj.Pi_bf16.defined()
@@ -175,16 +163,15 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
         full_precision && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast());
     at::Tensor Os, Ps, Pf;
     if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
-      const at::Tensor O =
-          newton_schulz(stacked({&Work::Bs, &Work::Bf}), ns_config(o, o.ns_steps_slow()));
+      const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
       const at::Tensor projected = project(O);
       Os = O.slice(0, 0, P);
       Ps = projected.slice(0, 0, P * m);
       Pf = projected.slice(0, P * m);
     } else {
-      Os = newton_schulz(stacked({&Work::Bs}), ns_config(o, o.ns_steps_slow()));
+      Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
       Ps = project(Os);
-      const at::Tensor Bf = stacked({&Work::Bf});
+      const at::Tensor Bf = inputs[r].slice(0, P);
       const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
       Pf = gram ? newton_schulz_projected(Bf, proj.Pi, ns_fast)
                       .reshape({-1, o.proj_dim()})
@@ -239,7 +226,7 @@ std::pair<at::Tensor, at::Tensor> share_projections(const std::vector<Work>& wor
   std::vector<std::vector<at::Tensor>> values;
   for (const Work& w : work) {
     params.push_back(w.param);
-    const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.Bs.options()); };
+    const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.slow.options()); };
     values.push_back({buffer(), buffer()});
   }
   int64_t row = 0;
@@ -291,16 +278,13 @@ at::Tensor entropy(const at::Tensor& N) {
 
 // The stages of one group's step, in ALGORITHM.md's order (FOGO::step_group names them).
 
-// Step 1: both momenta of every parameter of the group that has a gradient, as multi-tensor ops
-// (a few launches on CUDA instead of four per parameter; per tensor, the same arithmetic), and
-// each parameter's working orientation.
-std::vector<Work> update_momenta(
+// Every parameter of the group that has elements (and a gradient): its momenta (created on its
+// first step), fp32 gradient, working orientation and projection.
+std::vector<Work> working_set(
     const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
     ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
-    const FOGOOptions& o, const std::function<const Projection&(int64_t n)>& projection,
-    const at::Tensor& ok) {
+    const std::function<const Projection&(int64_t n)>& projection) {
   std::vector<Work> work;
-  std::vector<at::Tensor> slow, fast, G;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
     if (p.numel() == 0) continue;  // nothing to update (and no rows to orthogonalize)
@@ -312,38 +296,52 @@ std::vector<Work> update_momenta(
       slot = std::move(fresh);
     }
     auto& st = static_cast<FOGOParamState&>(*slot);
-    slow.push_back(st.slow_momentum());
-    fast.push_back(st.fast_momentum());
-    G.push_back(grads[k].to(at::kFloat));
     const int64_t rows = p.size(0), cols = p.numel() / rows;
-    const bool transposed = rows > cols;
     Work w{p,
-           transposed,
+           rows > cols,
            std::min(rows, cols),
            std::max(rows, cols),
-           working_view(st.slow_momentum(), transposed),
-           working_view(st.fast_momentum(), transposed),
+           st.slow_momentum(),
+           st.fast_momentum(),
+           grads[k].to(at::kFloat),
            {},
            nullptr};
     w.proj = &projection(w.n);
     work.push_back(std::move(w));
   }
-  if (work.empty()) return work;
-  // Mask: where ok is false, M * 1 + (-0), which is M bit for bit (-0 included, unlike + 0).
-  if (ok.defined()) {
-    for (auto& g : G) g = at::where(ok, g, -0.0);
-  }
-  const auto accumulate = [&](std::vector<at::Tensor>& M, double mu) {
-    if (ok.defined()) {
-      at::_foreach_mul_(M, at::where(ok, mu, 1.0).to(at::kFloat));
-    } else {
-      at::_foreach_mul_(M, mu);
-    }
-    at::_foreach_add_(M, G);
-  };
-  accumulate(slow, o.mu_s());
-  accumulate(fast, o.mu_f());
   return work;
+}
+
+// The inputs of step 2's chains, one [2P, m, n] per run of the share in the NS compute dtype: the
+// P slow streams, then the P fast ones (written by step 1).
+std::vector<at::Tensor> ns_inputs(const std::vector<Work>& work, const ShapeRuns& runs,
+                                  const FOGOOptions& o) {
+  std::vector<at::Tensor> inputs;
+  for (const auto& [begin, end] : runs) {
+    inputs.push_back(
+        at::empty({2 * static_cast<int64_t>(end - begin), work[begin].m, work[begin].n},
+                  work[begin].slow.options().dtype(o.ns_dtype())));
+  }
+  return inputs;
+}
+
+// Step 1: both momenta of every parameter of the group, and, for the share's parameters, the NS
+// inputs in the same pass (ops::momenta_step: one kernel per parameter on CUDA).
+void update_momenta(const std::vector<Work>& work, const Share& s,
+                    const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
+                    const at::Tensor& ok) {
+  std::vector<MomentaItem> items;
+  for (const Work& w : work) items.push_back({w.slow, w.fast, w.G, {}, {}, w.transposed});
+  for (size_t r = 0; r < s.runs.size(); ++r) {
+    const auto [begin, end] = s.runs[r];
+    const int64_t P = static_cast<int64_t>(end - begin);
+    for (size_t j = begin; j < end; ++j) {
+      MomentaItem& item = items[s.index[j]];
+      item.Xs = inputs[r][static_cast<int64_t>(j - begin)];
+      item.Xf = inputs[r][P + static_cast<int64_t>(j - begin)];
+    }
+  }
+  ops::momenta_step(items, o.mu_s(), o.mu_f(), ok);
 }
 
 // A group's first step: the codebook from that step's queries (ALGORITHM.md "First step").
@@ -504,15 +502,17 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
   const auto projection = [&](int64_t n) -> const Projection& {
     return impl_->projection(o, n, in.params.front().device());
   };
-  std::vector<Work> work = update_momenta(in.params, in.grads, state_, o, projection, ok);  // 1
+  std::vector<Work> work = working_set(in.params, in.grads, state_, projection);
   if (work.empty()) return;
   // Mask (past the group's first step, so the memory exists): what the step may have to undo.
   const std::optional<MemoryBefore> before = memory_before(mem, ok);
   const ShapeRuns runs =
       detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   const StepShard& shard = impl_->shard;
-  Share mine = share_of(work, runs, shard);                // all parameters unless sharded
-  auto [Ps, Pf] = orthogonalize(mine.work, mine.runs, o);  // 2, 3
+  Share mine = share_of(work, runs, shard);  // all parameters unless sharded
+  const std::vector<at::Tensor> inputs = ns_inputs(mine.work, mine.runs, o);
+  update_momenta(work, mine, inputs, o, ok);                       // 1
+  auto [Ps, Pf] = orthogonalize(mine.work, mine.runs, inputs, o);  // 2, 3
   if (mine.sharded) std::tie(Ps, Pf) = share_projections(work, mine, Ps, Pf, o, shard);
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);

@@ -1,6 +1,7 @@
 #include "fogo/ops.h"
 
 #ifdef FOGO_WITH_CUDA
+#include <algorithm>
 #include <initializer_list>
 
 #include "ops_cuda.h"
@@ -43,6 +44,26 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
     return cuda::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
 #endif
   return fogo::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
+}
+
+void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+                  const at::Tensor& ok) {
+#ifdef FOGO_WITH_CUDA
+  // The fused kernel for contiguous fp32 state and fp32/bf16/fp16 inputs (fp64 NS: the
+  // reference).
+  const auto fused = [](const MomentaItem& item) {
+    const auto input = [](const at::Tensor& x) {
+      const auto type = x.scalar_type();
+      return !x.defined() || (x.is_contiguous() &&
+                              (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf));
+    };
+    return cuda_f32({&item.Bs, &item.Bf, &item.G}) && item.Bs.is_contiguous() &&
+           item.Bf.is_contiguous() && item.G.is_contiguous() && input(item.Xs) && input(item.Xf);
+  };
+  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
+    return cuda::momenta_step(items, mu_s, mu_f, ok);
+#endif
+  fogo::momenta_step(items, mu_s, mu_f, ok);
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {

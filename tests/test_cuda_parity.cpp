@@ -367,6 +367,56 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Step 1: the fused momenta kernel against the reference, bit for bit (the same fp32 roundings;
+// the NS inputs rounded to nearest even as ATen's copy rounds them).
+
+TEST(CudaParity, MomentaKernelMatchesReferenceBitForBit) {
+  FOGO_REQUIRE_KERNELS();
+  torch::manual_seed(16);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  // Wide, tall (input transposed), conv, odd sizes and more tiles than the grid.
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{40, 300},
+                                            {300, 40},
+                                            {16, 8, 3, 3},
+                                            {70, 3, 1, 1},
+                                            {1, 5},
+                                            {3072, 768}}) {
+    const int64_t rows = shape[0], cols = torch::empty(shape).numel() / rows;
+    const bool transposed = rows > cols;
+    const std::vector<int64_t> x_shape =
+        transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+    for (const auto x_dtype : {torch::kBFloat16, torch::kFloat, torch::kHalf}) {
+      for (const int ok_state : {-1, 0, 1}) {  // no flag, masked, taken
+        const auto Bs = torch::randn(shape, on_cuda), Bf = torch::randn(shape, on_cuda);
+        auto G = torch::randn(shape, on_cuda);
+        if (ok_state == 0) G.view(-1)[0] = NAN;
+        const auto ok = ok_state < 0 ? torch::Tensor()
+                                     : torch::full({}, ok_state == 1, on_cuda.dtype(torch::kBool));
+        const auto item = [&] {
+          return fogo::MomentaItem{Bs.clone(),
+                                   Bf.clone(),
+                                   G,
+                                   torch::empty(x_shape, on_cuda.dtype(x_dtype)),
+                                   torch::empty(x_shape, on_cuda.dtype(x_dtype)),
+                                   transposed};
+        };
+        const fogo::MomentaItem ref = item(), got = item();
+        fogo::momenta_step({ref}, 0.95, 0.35, ok);
+        fogo::ops::momenta_step({got}, 0.95, 0.35, ok);
+        const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                                  std::string(c10::toString(x_dtype)) + " ok " +
+                                  std::to_string(ok_state);
+        EXPECT_TRUE(torch::equal(got.Bs, ref.Bs)) << where;
+        EXPECT_TRUE(torch::equal(got.Bf, ref.Bf)) << where;
+        EXPECT_TRUE(torch::equal(got.Xs, ref.Xs)) << where;
+        EXPECT_TRUE(torch::equal(got.Xf, ref.Xf)) << where;
+        if (ok_state == 0) EXPECT_TRUE(torch::equal(got.Bs, Bs)) << where;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Whole optimizers: CUDA against CPU
 
 // Parameters of a small network: wide, tall (transposed), conv, and a layer narrower than d.

@@ -3,11 +3,14 @@
 // force and the spec's formulas for the codebook.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fogo/codebook.h>
+#include <fogo/momenta.h>
 #include <fogo/projected.h>
 #include <fogo/projection.h>
 #include <fogo/update.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "test_util.h"
 
@@ -343,6 +346,52 @@ TEST(Codebook, ConsolidationPicksByImportance) {
   fogo::Codebook drifted{torch::eye(5), torch::eye(5), torch::tensor({1.0, 2.0, 0.0, 1.5, 2.0})};
   picks = fogo::select_important(drifted, start, 1);  // 4: 0.308 * 1.29 beats 1: 0.308
   EXPECT_TRUE(torch::equal(picks.centroids[0], torch::eye(5)[4]));
+}
+
+TEST(Momenta, BothStreamsAndTheirNewtonSchulzInputsInOnePass) {
+  // B = mu B + G (fp32, each operation rounded), X = B's working view in the NS dtype (the
+  // transpose of a tall parameter's 2-D view); with ok false every momentum bit stays.
+  torch::manual_seed(15);
+  for (const auto x_dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
+    const auto Bs = torch::randn({6, 2, 2}), Bf = torch::randn({6, 2, 2}),
+               G = torch::randn({6, 2, 2});
+    Bf[0][0][0] = -0.0f;  // a masked step keeps its sign
+    fogo::MomentaItem tall{
+        Bs.clone(), Bf.clone(), G, torch::empty({4, 6}, x_dtype), torch::empty({4, 6}, x_dtype),
+        true};
+    const auto W = torch::randn({3, 5}), H = torch::randn({3, 5});
+    fogo::MomentaItem wide{
+        W.clone(), H.clone(), torch::randn({3, 5}), torch::empty({3, 5}, x_dtype),
+        {},        false};  // no fast input: a parameter another rank orthogonalizes
+    fogo::momenta_step({tall, wide}, 0.9, 0.3, {});
+    const float mu_s = 0.9f, mu_f = 0.3f;  // the scalars as fp32 arithmetic sees them
+    EXPECT_TRUE(torch::equal(tall.Bs, Bs * mu_s + G));
+    EXPECT_TRUE(torch::equal(tall.Bf, Bf * mu_f + G));
+    EXPECT_TRUE(torch::equal(tall.Xs, tall.Bs.reshape({6, 4}).t().to(x_dtype)));
+    EXPECT_TRUE(torch::equal(tall.Xf, tall.Bf.reshape({6, 4}).t().to(x_dtype)));
+    EXPECT_TRUE(torch::equal(wide.Bs, W * mu_s + wide.G));
+    EXPECT_TRUE(torch::equal(wide.Xs, wide.Bs.to(x_dtype)));
+    EXPECT_TRUE(torch::equal(wide.Bf, H * mu_f + wide.G));
+
+    // Mask: ok false keeps B's bits whatever G holds; ok true is the plain step.
+    fogo::MomentaItem masked{Bs.clone(),
+                             Bf.clone(),
+                             torch::full({6, 2, 2}, NAN),
+                             torch::empty({4, 6}, x_dtype),
+                             torch::empty({4, 6}, x_dtype),
+                             true};
+    fogo::momenta_step({masked}, 0.9, 0.3, torch::tensor(false));
+    EXPECT_TRUE(torch::equal(masked.Bs, Bs));
+    EXPECT_TRUE(std::signbit(masked.Bf[0][0][0].item<float>()));
+    EXPECT_TRUE(torch::equal(masked.Bf, Bf));
+    EXPECT_TRUE(torch::equal(masked.Xs, Bs.reshape({6, 4}).t().to(x_dtype)));
+    fogo::MomentaItem taken{
+        Bs.clone(), Bf.clone(), G, torch::empty({4, 6}, x_dtype), torch::empty({4, 6}, x_dtype),
+        true};
+    fogo::momenta_step({taken}, 0.9, 0.3, torch::tensor(true));
+    EXPECT_TRUE(torch::equal(taken.Bs, tall.Bs));
+    EXPECT_TRUE(torch::equal(taken.Xf, tall.Xf));
+  }
 }
 
 TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {

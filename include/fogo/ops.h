@@ -5,6 +5,7 @@
 // instead. The choice is made here and nowhere else; kernels compute, they do not decide.
 
 #include <fogo/codebook.h>
+#include <fogo/momenta.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 
@@ -17,6 +18,9 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
                                    const at::Tensor& nu, const at::Tensor& rbar,
                                    const ProjectedStepParams& p);
+
+void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+                  const at::Tensor& ok);
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
 
