@@ -200,19 +200,17 @@ void BM_Stage_FOGO(benchmark::State& state) {
 
   std::function<void()> run;
   switch (stage) {
-    case kMomenta: {
-      std::vector<torch::Tensor> Bs, Bf, G;
+    case kMomenta: {  // both momenta and the NS inputs, as the step writes them
+      std::vector<fogo::MomentaItem> items;
       for (const Shape& shape : shapes) {
-        Bs.push_back(torch::zeros(shape, f32));
-        Bf.push_back(torch::zeros(shape, f32));
-        G.push_back(torch::randn(shape, f32));
+        const int64_t rows = shape[0], cols = c10::multiply_integers(shape) / rows;
+        const auto x_shape =
+            rows > cols ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+        items.push_back({torch::zeros(shape, f32), torch::zeros(shape, f32),
+                         torch::randn(shape, f32), torch::empty(x_shape, f32.dtype(s.ns_dtype)),
+                         torch::empty(x_shape, f32.dtype(s.ns_dtype)), rows > cols});
       }
-      run = [=]() mutable {
-        for (size_t k = 0; k < G.size(); ++k) {
-          Bs[k].mul_(o.mu_s()).add_(G[k]);
-          Bf[k].mul_(o.mu_f()).add_(G[k]);
-        }
-      };
+      run = [=] { fogo::ops::momenta_step(items, o.mu_s(), o.mu_f(), {}); };
       break;
     }
     case kNs:
