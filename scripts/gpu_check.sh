@@ -70,6 +70,9 @@ pack() {
   grep -qE '^FOGO_CUDA_ARCHITECTURES:STRING=.*\b90' "$build/CMakeCache.txt" &&
     readelf -S "$carry/bin/fogo_tests" | grep -q '\.nv_fatbin' ||
     die "pack: fogo_tests holds no sm_90 kernels (FOGO_CUDA_ARCHITECTURES)"
+  # xz-compressed (about 7x): the uncompressed binaries alone come near the device tool's 64 MiB.
+  # `environment` unpacks them there (with Python's lzma: nothing else is assumed).
+  xz -T2 -6 -f "$carry"/bin/* || die "pack: xz failed"
   # The test data directory is compiled in as an absolute path of this checkout.
   echo "$root" >"$carry/bin/SOURCE_ROOT"
   # A Fashion-MNIST subset in the same IDX format (throughput needs images, not all 60,000).
@@ -161,6 +164,15 @@ environment() {
   cudalib=$(cd "$torchlib/../../nvidia/cu13/lib" 2>/dev/null && pwd) ||
     die "no nvidia/cu13/lib beside $torchlib: not a CUDA 13 torch wheel"
   export LD_LIBRARY_PATH="$torchlib:$cudalib:$root/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Binaries carried xz-compressed (pack): unpacked once, in place.
+  "$python" - "$bin" <<'PY' || die "cannot unpack the binaries in $bin"
+import glob, lzma, os, sys
+for packed in glob.glob(os.path.join(sys.argv[1], "*.xz")):
+    with lzma.open(packed) as src, open(packed[:-3], "wb") as dst:
+        dst.write(src.read())
+    os.chmod(packed[:-3], 0o755)
+    os.remove(packed)
+PY
   # The tests read data from the checkout they were built in; point that path here.
   local built_in
   built_in=$(cat "$bin/SOURCE_ROOT" 2>/dev/null) || die "no binaries in $bin: run 'pack' here first, or 'build'"
