@@ -27,9 +27,7 @@ void FOGOOptions::validate() const {
   TORCH_CHECK(
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");
-  TORCH_CHECK(nonfinite() == NonFinitePolicy::Raise || nonfinite() == NonFinitePolicy::Skip ||
-                  nonfinite() == NonFinitePolicy::Unchecked || nonfinite() == NonFinitePolicy::Mask,
-              "FOGO: option 'nonfinite' is not a known policy");
+  TORCH_CHECK(is_known(nonfinite()), "FOGO: option 'nonfinite' is not a known policy");
 }
 
 void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {

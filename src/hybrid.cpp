@@ -75,22 +75,24 @@ void check_state_shapes(const torch::optim::Optimizer& opt, const char* side) {
 
 enum class NonFiniteCheck { None, Raise, Mask, Skip };
 
-// What the matrix side does with NaN/Inf gradients: FOGO raises, masks or skips by its groups'
-// NonFinitePolicy (Skip in any group skips; else Mask in any group masks; Unchecked groups ask
-// for nothing), Muon raises where check_finite is on; a hybrid without a matrix side behaves as
-// LibTorch's AdamW (no check).
+// What the matrix side does with NaN/Inf gradients, by its groups' NonFinitePolicy (FOGO's or
+// Muon's): Skip in any group skips; else Mask in any group masks; else Raise in any group raises
+// (Unchecked groups ask for nothing); a hybrid without a matrix side behaves as LibTorch's AdamW
+// (no check).
 NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
   NonFiniteCheck check = NonFiniteCheck::None;
   if (!matrix) return check;
   for (const auto& group : matrix->param_groups()) {
+    NonFinitePolicy policy = NonFinitePolicy::Unchecked;
     if (const auto* f = dynamic_cast<const FOGOOptions*>(&group.options())) {
-      if (f->nonfinite() == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
-      if (f->nonfinite() == NonFinitePolicy::Mask) check = NonFiniteCheck::Mask;
-      if (f->nonfinite() == NonFinitePolicy::Raise && check == NonFiniteCheck::None) {
-        check = NonFiniteCheck::Raise;
-      }
+      policy = f->nonfinite();
     } else if (const auto* m = dynamic_cast<const MuonOptions*>(&group.options())) {
-      if (m->check_finite()) check = NonFiniteCheck::Raise;
+      policy = m->nonfinite();
+    }
+    if (policy == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
+    if (policy == NonFinitePolicy::Mask) check = NonFiniteCheck::Mask;
+    if (policy == NonFinitePolicy::Raise && check == NonFiniteCheck::None) {
+      check = NonFiniteCheck::Raise;
     }
   }
   return check;

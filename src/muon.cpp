@@ -64,6 +64,8 @@ void MuonOptions::validate() const {
   TORCH_CHECK(ns_gram_restart() >= 0, "Muon: option 'ns_gram_restart' must be >= 0, got ",
               ns_gram_restart());
   fogo::validate(ns_config(*this));
+  TORCH_CHECK(is_known(nonfinite()), "Muon: option 'nonfinite' is not a known policy (",
+              static_cast<int64_t>(nonfinite()), ")");
   TORCH_CHECK(adjust_lr() == MuonAdjustLR::Original || adjust_lr() == MuonAdjustLR::MatchRmsAdamW,
               "Muon: option 'adjust_lr' is not a known rule (", static_cast<int64_t>(adjust_lr()),
               ")");
@@ -80,7 +82,7 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("adjust_lr", c10::IValue(static_cast<int64_t>(adjust_lr())));
   archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(strict_2d);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(check_finite);
+  archive.write("nonfinite", c10::IValue(static_cast<int64_t>(nonfinite())));
   archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
 }
@@ -99,7 +101,12 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   archive.read("ns_dtype", value);
   ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, strict_2d);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, check_finite);
+  // Older checkpoints hold check_finite (true: Raise, false: Unchecked) instead.
+  if (archive.try_read("nonfinite", value)) {
+    nonfinite(static_cast<NonFinitePolicy>(value.toInt()));
+  } else if (archive.try_read("check_finite", value)) {
+    nonfinite(value.toBool() ? NonFinitePolicy::Raise : NonFinitePolicy::Unchecked);
+  }
   // Added later: absent from older checkpoints, whose defaults hold.
   if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
   if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
@@ -110,7 +117,7 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.nesterov() == b.nesterov() && a.ns_coefficients() == b.ns_coefficients() &&
          a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
          a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
-         a.check_finite() == b.check_finite() && a.ns_form() == b.ns_form() &&
+         a.nonfinite() == b.nonfinite() && a.ns_form() == b.ns_form() &&
          a.ns_gram_restart() == b.ns_gram_restart();
 }
 
@@ -173,19 +180,34 @@ torch::Tensor Muon::step(LossClosure closure) {
       [&](size_t g, size_t i, const at::Tensor& p) {
         check_param_shape(g, i, p, static_cast<const MuonOptions&>(param_groups_[g].options()));
       });
-  if (const int64_t k = detail::first_unusable_item(
-          items,
-          [&](size_t g) {
-            return static_cast<const MuonOptions&>(param_groups_[g].options()).check_finite();
-          });
+  const auto policy = [&](size_t g) {
+    return static_cast<const MuonOptions&>(param_groups_[g].options()).nonfinite();
+  };
+  if (const int64_t k = detail::first_unusable_item(items,
+                                                    [&](size_t g) {
+                                                      return policy(g) == NonFinitePolicy::Raise ||
+                                                             policy(g) == NonFinitePolicy::Skip;
+                                                    });
       k >= 0) {
+    if (policy(items.where[k].first) == NonFinitePolicy::Skip) return loss;
     detail::throw_unusable_grad("Muon", items.where[k].first, items.where[k].second,
                                 items.params[k]);
   }
+  // Mask: one flag for the step, true when every gradient of the masked groups is usable; their
+  // parameters and momentum buffers are copied before the step and put back where it is false.
+  std::vector<at::Tensor> masked_grads;
+  for (size_t k = 0; k < items.grads.size(); ++k) {
+    if (policy(items.where[k].first) == NonFinitePolicy::Mask)
+      masked_grads.push_back(items.grads[k]);
+  }
+  const at::Tensor ok = detail::grads_usable(masked_grads);
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (tensor, its copy)
 
   const bool sharded = shard_.enabled("Muon");
-  for (auto& group : param_groups_) {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    auto& group = param_groups_[g];
     const auto& options = static_cast<const MuonOptions&>(group.options());
+    const bool masked = ok.defined() && options.nonfinite() == NonFinitePolicy::Mask;
     const NSConfig ns = ns_config(options);
     const double lr = options.lr();
     const double momentum = options.momentum();
@@ -231,6 +253,9 @@ torch::Tensor Muon::step(LossClosure closure) {
         }
         grads.push_back(p.grad());
         bufs.push_back(static_cast<MuonParamState&>(*slot).momentum_buffer());
+        if (masked) {
+          for (const auto& t : {p, bufs.back()}) saved.emplace_back(t, t.clone());
+        }
       }
       at::_foreach_lerp_(bufs, grads, 1.0 - momentum);
       const std::vector<torch::Tensor> nesterov =
@@ -259,6 +284,9 @@ torch::Tensor Muon::step(LossClosure closure) {
         mine[k].add_(ortho[static_cast<int64_t>(k)].reshape(mine[k].sizes()), -adjusted_lr);
       }
     }
+  }
+  for (const auto& [tensor, before] : saved) {
+    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
   }
   if (sharded) {
     std::vector<std::vector<torch::Tensor>> values;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <sstream>
 
 #include "test_util.h"
@@ -319,13 +320,14 @@ TEST(HybridOptimizer, NonFinitePolicyCoversBothSides) {
 namespace {
 
 // Every tensor a hybrid step may change, copied, as integer bits (-0.0 and NaN count): the
-// parameters, AdamW's moments, FOGO's momenta and codebook memory.
+// parameters, AdamW's moments, FOGO's momenta and codebook memory or Muon's momentum buffers.
 std::vector<torch::Tensor> all_state(TinyNet& net, fogo::HybridOptimizer& opt) {
   std::vector<torch::Tensor> out;
   const auto bits = [](const torch::Tensor& t) {
     return t.detach().clone().contiguous().view(torch::kInt);
   };
-  auto* f = opt.matrix<fogo::FOGO>();
+  auto* f = dynamic_cast<fogo::FOGO*>(opt.matrix());
+  auto* muon = dynamic_cast<fogo::Muon*>(opt.matrix());
   for (const auto& p : net->parameters()) {  // in the model's order (the state maps have none)
     out.push_back(bits(p));
     const auto key = p.unsafeGetTensorImpl();
@@ -334,13 +336,17 @@ std::vector<torch::Tensor> all_state(TinyNet& net, fogo::HybridOptimizer& opt) {
       out.push_back(bits(a.exp_avg()));
       out.push_back(bits(a.exp_avg_sq()));
     }
-    if (const auto it = f->state().find(key); it != f->state().end()) {
-      const auto& s = static_cast<const fogo::FOGOParamState&>(*it->second);
-      out.push_back(bits(s.slow_momentum()));
-      out.push_back(bits(s.fast_momentum()));
+    if (f) {
+      if (const auto it = f->state().find(key); it != f->state().end()) {
+        const auto& s = static_cast<const fogo::FOGOParamState&>(*it->second);
+        out.push_back(bits(s.slow_momentum()));
+        out.push_back(bits(s.fast_momentum()));
+      }
+    } else if (const auto it = muon->state().find(key); it != muon->state().end()) {
+      out.push_back(bits(static_cast<const fogo::MuonParamState&>(*it->second).momentum_buffer()));
     }
   }
-  for (size_t g = 0; g < f->param_groups().size(); ++g) {
+  for (size_t g = 0; f && g < f->param_groups().size(); ++g) {
     const auto m = f->memory(g);
     for (const auto& t : {m.centroids, m.S, m.N}) out.push_back(bits(t));
   }
@@ -361,21 +367,26 @@ fogo::HybridOptimizer fogo_hybrid(TinyNet& net, fogo::NonFinitePolicy policy) {
       torch::optim::AdamWOptions(3e-3));
 }
 
-}  // namespace
+fogo::HybridOptimizer muon_hybrid(TinyNet& net, fogo::NonFinitePolicy policy) {
+  return fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.02).nonfinite(policy),
+                                       torch::optim::AdamWOptions(3e-3));
+}
 
-TEST(HybridOptimizer, MaskKeepsBothSidesOnTheDeviceWithoutReadingBack) {
+// Mask over both sides of a hybrid whose matrix side `make` builds (FOGO or Muon).
+void expect_mask_keeps_both_sides(
+    const std::function<fogo::HybridOptimizer(TinyNet&, fogo::NonFinitePolicy)>& make) {
   torch::manual_seed(1);
   TinyNet masked_net;
   torch::manual_seed(1);
   TinyNet raised_net;
-  auto masked = fogo_hybrid(masked_net, fogo::NonFinitePolicy::Mask);
-  auto raised = fogo_hybrid(raised_net, fogo::NonFinitePolicy::Raise);
+  auto masked = make(masked_net, fogo::NonFinitePolicy::Mask);
+  auto raised = make(raised_net, fogo::NonFinitePolicy::Raise);
   // Usable gradients: Mask steps both sides bit for bit as Raise does (the first step, before
-  // AdamW has state and FOGO a codebook, is checked on the host).
+  // AdamW has state, is checked on the host).
   train_steps(masked_net, masked, 0, 3);
   train_steps(raised_net, raised, 0, 3);
   ASSERT_TRUE(same(all_state(masked_net, masked), all_state(raised_net, raised)));
-  // A NaN on the AdamW side (a bias), then on the FOGO side (a weight): both sides step on the
+  // A NaN on the AdamW side (a bias), then on the matrix side (a weight): both sides step on the
   // device and every tensor keeps its bits; nothing is read back.
   const int64_t reads = fogo::detail::unusable_grad_reads();
   for (auto* poisoned : {&masked_net->fc1->bias, &masked_net->fc1->weight}) {
@@ -385,8 +396,16 @@ TEST(HybridOptimizer, MaskKeepsBothSidesOnTheDeviceWithoutReadingBack) {
     EXPECT_TRUE(same(all_state(masked_net, masked), before));
   }
   EXPECT_EQ(fogo::detail::unusable_grad_reads(), reads);
-  EXPECT_EQ(masked.matrix<fogo::FOGO>()->telemetry()[0].skipped_steps, 2);
+  if (auto* f = dynamic_cast<fogo::FOGO*>(masked.matrix()))
+    EXPECT_EQ(f->telemetry()[0].skipped_steps, 2);
   // Training goes on.
   train_steps(masked_net, masked, 3, 5);
   for (const auto& p : masked_net->parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+}  // namespace
+
+TEST(HybridOptimizer, MaskKeepsBothSidesOnTheDeviceWithoutReadingBack) {
+  expect_mask_keeps_both_sides(fogo_hybrid);
+  expect_mask_keeps_both_sides(muon_hybrid);
 }

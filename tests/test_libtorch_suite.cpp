@@ -63,7 +63,7 @@ struct MuonCase {
         .adjust_lr(fogo::MuonAdjustLR::MatchRmsAdamW)
         .ns_dtype(torch::kFloat)
         .strict_2d(true)
-        .check_finite(false);
+        .nonfinite(fogo::NonFinitePolicy::Unchecked);
   }
 };
 

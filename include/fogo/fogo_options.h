@@ -6,6 +6,7 @@
 // fogo::presets.
 
 #include <fogo/newton_schulz.h>
+#include <fogo/nonfinite.h>
 #include <fogo/projection.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
@@ -16,23 +17,6 @@
 #include <tuple>
 
 namespace fogo {
-
-/// What a step does with a gradient holding NaN or Inf.
-enum class NonFinitePolicy : int64_t {
-  Raise = 0,  ///< throw naming the parameter; nothing is changed (default)
-  Skip = 1,   ///< skip the whole step, leave every parameter and state untouched
-  /// No check: the step reads nothing back from the device (no host synchronisation on a GPU),
-  /// and NaN or Inf gradients reach the parameters, as with torch.optim's optimizers. For
-  /// training loops that check the gradients themselves (a loss scaler's inf check, say).
-  Unchecked = 2,
-  /// Skip on the device: the step is computed, and where a gradient is unusable every parameter,
-  /// momentum and codebook tensor keeps its value (selected on the device), so a steady-state
-  /// step reads nothing back (no host synchronisation on a GPU; what CUDA-graph capture needs).
-  /// Unlike Skip, the skipped step still counts: the step counter (re-seeding cadence) and the
-  /// CPU random stream advance as if it had been taken. Telemetry's skipped_steps counts them. A
-  /// group's first step (the codebook is built from it) is checked on the host as with Skip.
-  Mask = 3,
-};
 
 // clang-format off
 /// Numeric options: X(type, name, default, smallest valid, largest valid). Symbols of

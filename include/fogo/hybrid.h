@@ -94,11 +94,12 @@ class HybridOptimizer : public torch::optim::Optimizer {
 
   /// Evaluates `closure` once (if given, with autograd on), then steps both sides. NaN/Inf
   /// gradients on either side are handled for the whole step by the matrix side's policy
-  /// (FOGO's NonFinitePolicy, Muon's check_finite): Skip steps neither side, Raise throws naming
+  /// (FOGO's or Muon's NonFinitePolicy): Skip steps neither side, Raise throws naming
   /// the parameter and steps neither side, Mask steps both and keeps every tensor of both on the
-  /// device, with nothing read back (FOGO's Mask groups by one flag for the whole step; the AdamW
-  /// side's parameters and moments put back; its step counters advance, as FOGO's do). Mask is
-  /// checked on the host, as Skip, while an AdamW parameter has no state yet (its first step).
+  /// device, with nothing read back (the matrix side's Mask groups by one flag for the whole step;
+  /// the AdamW side's parameters and moments put back; its step counters advance, as FOGO's do).
+  /// Mask is checked on the host, as Skip, while an AdamW parameter has no state yet (its first
+  /// step).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Sets every group's lr to (its base lr) * factor: how a schedule drives both sides, whose

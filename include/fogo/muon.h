@@ -23,6 +23,7 @@
 // docs/muon.md has the details.
 
 #include <fogo/newton_schulz.h>
+#include <fogo/nonfinite.h>
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
@@ -55,9 +56,11 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
   /// Reject N-D (conv) weights the way torch.optim.Muon does instead of flattening them.
   TORCH_ARG(bool, strict_2d) = false;
-  /// Raise naming the parameter when a gradient holds NaN/Inf or has a norm where the update's
-  /// arithmetic overflows (one host sync per step).
-  TORCH_ARG(bool, check_finite) = true;
+  /// A gradient holding NaN/Inf or with a norm where the update's arithmetic overflows: Raise
+  /// naming the parameter (one host sync per step), Skip the step, Mask it on the device (no
+  /// sync: the parameters and momentum buffers keep their bits), or Unchecked (no check, as
+  /// torch.optim.Muon). nonfinite.h.
+  TORCH_ARG(NonFinitePolicy, nonfinite) = NonFinitePolicy::Raise;
   /// Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), or
   /// Gram where a cost model says it is cheaper for the shape (Auto); newton_schulz.h.
   TORCH_ARG(NSForm, ns_form) = NSForm::Plain;

@@ -198,6 +198,8 @@ class Muon(_CppOptimizer):
 
     ``adjust_lr`` is "original" (torch.optim.Muon's default, also given as None) or
     "match_rms_adamw"; torch.optim.Muon's ``adjust_lr_fn`` keyword is accepted for it.
+    ``nonfinite`` is "raise", "skip", "unchecked" (torch.optim.Muon's behaviour) or "mask", as
+    for :class:`FOGO`.
     """
 
     _Cpp = _C.Muon

@@ -176,7 +176,7 @@ using Plain = std::decay_t<T>;
   X(adjust_lr)                  \
   X(ns_dtype)                   \
   X(strict_2d)                  \
-  X(check_finite)               \
+  X(nonfinite)                  \
   X(ns_form)                    \
   X(ns_gram_restart)
 

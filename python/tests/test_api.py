@@ -147,6 +147,24 @@ def test_nonfinite_mask_policy_skips_on_the_device_and_counts(gen):
     assert tel["skipped_steps"] == 1 and tel["step"] == 2  # counted as taken
 
 
+def test_muon_nonfinite_policies(gen):
+    a = mat(gen, 6, 8)
+    opt = fogo.Muon([a], nonfinite="mask")
+    assert opt.param_groups[0]["nonfinite"] == "mask"
+    a.grad = randn(gen, 6, 8)
+    opt.step()
+    before = a.detach().clone()
+    buf = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    a.grad = torch.full((6, 8), float("inf"))
+    opt.step()  # masked on the device: nothing changes
+    assert torch.equal(a, before)
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], buf)
+    unchecked = fogo.Muon([mat(gen, 6, 8)], nonfinite="unchecked")
+    unchecked.param_groups[0]["params"][0].grad = torch.full((6, 8), float("nan"))
+    unchecked.step()  # as torch.optim.Muon: the NaN goes through
+    assert unchecked.param_groups[0]["params"][0].isnan().all()
+
+
 # -- torch.optim behaviour -------------------------------------------------------------------
 
 def test_lr_scheduler_drives_the_cpp_step(gen):
