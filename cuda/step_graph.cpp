@@ -1,6 +1,7 @@
 #include "step_graph.h"
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -11,16 +12,22 @@
 namespace fogo::cuda {
 namespace {
 
-// One capture stream per device for the whole process: cuBLAS keeps a workspace per stream,
-// allocated at a stream's first GEMM (during a capture, from that graph's pool, and kept), so
-// recaptures on one stream reuse one workspace instead of adding one per pool stream.
+// One capture stream per device for the whole process, created here rather than taken from
+// PyTorch's pool: cuBLAS keeps a workspace per (handle, stream), allocated at a stream's first GEMM
+// (in a capture, from that graph's pool, and kept) and baked into the graph. A stream of its own
+// keeps that workspace to fogo's graphs, which replay one after another on the caller's stream;
+// a pool stream could be handed to other code whose GEMMs would share it concurrently.
 c10::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
   static std::mutex mutex;
   static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = streams.find(device);
-  if (it == streams.end())
-    it = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+  if (it == streams.end()) {
+    const c10::cuda::CUDAGuard guard(device);
+    cudaStream_t stream = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));  // never destroyed
+    it = streams.emplace(device, c10::cuda::getStreamFromExternal(stream, device)).first;
+  }
   return it->second;
 }
 
