@@ -479,13 +479,17 @@ void FOGO::step_group(size_t g, const std::vector<at::Tensor>& params,
                       const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->group(g, o);
-  const StepInputs in{params, grads, ok, draw_candidate_keys(mem, o, params.front().device()),
-                      o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0};
+  const StepInputs in{params,
+                      grads,
+                      ok,
+                      draw_candidate_keys(mem, o, params.front().device()),
+                      o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0,
+                      {}};
   prepare_mask_state(mem, ok);
   // A CUDA graph takes the steady-state steps: not the first (it builds the codebook), not a
   // re-seeding one (it reads the queries back), not a sharded one (it exchanges with the ranks).
   const bool graphed = o.cuda_graph() && mem.initialized && !in.reseed_now && !impl_->shard.owns &&
-                       !impl_->graphs[g].failed;
+                       !impl_->graphs[g].step.failed();
   if (graphed) {
     graph_step(g, in);
   } else {
@@ -529,92 +533,40 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
   if (before) keep_memory_unless(mem, *before, ok);
 }
 
-namespace {
-
-// Appends what a captured step depends on of `t`: its address, type and shape (-1: undefined).
-void describe_for_graph(std::vector<int64_t>& out, const at::Tensor& t) {
-  if (!t.defined()) {
-    out.push_back(-1);
-    return;
-  }
-  out.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
-  out.push_back(static_cast<int64_t>(t.scalar_type()));
-  out.insert(out.end(), t.sizes().begin(), t.sizes().end());
-  out.insert(out.end(), t.strides().begin(), t.strides().end());
-}
-
-}  // namespace
-
 void FOGO::graph_step(size_t g, const StepInputs& in) {
-#ifdef FOGO_WITH_CUDA
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->groups[g];
   GroupGraph& graph = impl_->graphs[g];
-  // Every tensor the stages read or write, as the graph would see it: a replay is valid only
-  // while they all stay where the capture found them (in-place updates keep them there; a load, a
-  // task boundary or another parameter set moves some).
-  std::vector<int64_t> layout;
-  for (size_t k = 0; k < in.params.size(); ++k) {
-    describe_for_graph(layout, in.params[k]);
-    layout.push_back(static_cast<int64_t>(in.grads[k].scalar_type()));
-    layout.insert(layout.end(), in.grads[k].sizes().begin(), in.grads[k].sizes().end());
-    const auto it = state_.find(in.params[k].unsafeGetTensorImpl());
-    if (it == state_.end()) {
-      layout.push_back(-1);
-      continue;
-    }
+  FOGOOptions options = o;
+  options.lr(0.0);  // read from the device at each replay
+  if (!(options == graph.options)) {
+    graph.options = options;
+    ++graph.options_epoch;
+  }
+  // Every tensor the stages read or write besides the static inputs: a replay is valid only while
+  // they all stay where the capture found them (in-place updates keep them there; a load, a task
+  // boundary or another parameter set moves some).
+  std::vector<int64_t> layout{graph.options_epoch};
+  for (const at::Tensor& p : in.params) {
+    detail::GraphedStep::describe(layout, p);
+    const auto it = state_.find(p.unsafeGetTensorImpl());
+    if (it == state_.end()) continue;
     const auto& st = static_cast<const FOGOParamState&>(*it->second);
-    describe_for_graph(layout, st.slow_momentum());
-    describe_for_graph(layout, st.fast_momentum());
+    detail::GraphedStep::describe(layout, st.slow_momentum());
+    detail::GraphedStep::describe(layout, st.fast_momentum());
   }
   for (const at::Tensor* t :
        {&mem.book.centroids, &mem.book.S, &mem.book.N, &mem.rbar, &mem.stats, &mem.frozen,
         &mem.frozen_nu, &mem.skipped, &mem.stepped_since_consolidate}) {
-    describe_for_graph(layout, *t);
+    detail::GraphedStep::describe(layout, *t);
   }
-  layout.push_back(in.ok.defined());
-  layout.push_back(in.keys.defined() ? in.keys.size(0) : -1);
-  FOGOOptions options = o;
-  options.lr(0.0);  // read from the device at each replay
-
-  if (graph.graph.empty() || layout != graph.layout || !(options == graph.options)) {
-    const int64_t captures = graph.captures, replays = graph.replays;
-    graph = GroupGraph{};  // the old graph and its memory pool go
-    graph.captures = captures + 1;
-    graph.replays = replays;
-    graph.grads = in.grads;
-    graph.ok = in.ok.defined() ? in.ok.clone() : at::Tensor();
-    graph.keys = in.keys.defined() ? in.keys.clone() : at::Tensor();
-    graph.lr = at::full({}, o.lr(), in.params.front().options().dtype(at::kDouble));
-    graph.layout = std::move(layout);
-    graph.options = options;
-    const StepInputs captured{in.params, graph.grads, graph.ok, graph.keys, false, graph.lr};
-    try {
-      graph.graph.capture_and_run([&] { step_stages(g, captured); }, in.params.front().device());
-    } catch (const std::exception& e) {
-      // Nothing ran: this step, and the group's later ones, run eagerly.
-      TORCH_WARN("FOGO: param group ", g, "'s step could not be captured in a CUDA graph; it ",
-                 "steps without one from now on. The capture failed with: ", e.what());
-      graph.failed = true;
-      graph.captures = captures;
-      step_stages(g, in);
-      return;
-    }
-  } else {
-    // The static inputs, refreshed on the stream before the replay reads them.
-    for (size_t k = 0; k < in.grads.size(); ++k) {
-      if (!in.grads[k].is_same(graph.grads[k])) graph.grads[k].copy_(in.grads[k]);
-    }
-    if (in.ok.defined()) graph.ok.copy_(in.ok);
-    if (in.keys.defined()) graph.keys.copy_(in.keys);
-    graph.lr.fill_(o.lr());
-    graph.graph.replay();
-  }
-  ++graph.replays;
-#else
-  (void)in;
-  TORCH_CHECK(false, "FOGO: param group ", g, " asks for a CUDA graph in a build without CUDA");
-#endif
+  const bool ran = graph.step.run(
+      std::move(layout), in.grads, {in.ok, in.keys}, o.lr(), in.params.front().device(),
+      [&](const detail::GraphedStep::Inputs& s) {
+        step_stages(g, {in.params, s.grads, s.tensors[0], s.tensors[1], false, s.lr});
+      },
+      "FOGO: param group " + std::to_string(g));
+  if (!ran) step_stages(g, in);  // the capture failed; nothing ran
 }
 
 torch::Tensor FOGO::step(LossClosure closure) {
@@ -734,8 +686,8 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     out[g].step = mem.step;
     out[g].frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
     if (const auto it = impl_->graphs.find(g); it != impl_->graphs.end()) {
-      out[g].graph_captures = it->second.captures;
-      out[g].graph_replays = it->second.replays;
+      out[g].graph_captures = it->second.step.captures();
+      out[g].graph_replays = it->second.step.replays();
     }
     if (mem.stats.defined()) by_device[mem.stats.device().str()].push_back(g);
   }

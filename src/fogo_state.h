@@ -13,9 +13,7 @@
 #include "fogo/codebook.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/projection.h"
-#ifdef FOGO_WITH_CUDA
-#include "step_graph.h"
-#endif
+#include "graphed_step.h"
 
 namespace fogo {
 
@@ -62,18 +60,12 @@ struct Projection {
   at::Tensor Pi, K, Pi_bf16, K_bf16;
 };
 
-// FOGOOptions::cuda_graph: a group's captured step and the static inputs it reads, refreshed
-// before each replay (FOGO::graph_step).
+// FOGOOptions::cuda_graph: a group's captured step (FOGO::graph_step), and its options as last
+// seen, lr aside; options_epoch counts their changes (part of the graph's layout).
 struct GroupGraph {
-#ifdef FOGO_WITH_CUDA
-  cuda::StepGraph graph;
-#endif
-  std::vector<at::Tensor> grads;  ///< those seen at capture; other gradients are copied in
-  at::Tensor ok, keys, lr;        ///< the Mask flag, candidate keys, learning rate (float64)
-  std::vector<int64_t> layout;    ///< the state it was captured against (graph_layout)
-  FOGOOptions options;            ///< the options it was captured with, lr set to 0
-  int64_t captures = 0, replays = 0;
-  bool failed = false;  ///< a capture failed: the group steps eagerly
+  detail::GraphedStep step;
+  FOGOOptions options;
+  int64_t options_epoch = 0;
 };
 
 struct FOGO::Impl {

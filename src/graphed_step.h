@@ -1,0 +1,61 @@
+#pragma once
+// The CUDA-graph mode of fogo's optimizers (FOGOOptions::cuda_graph, MuonOptions::cuda_graph): a
+// param group's device work captured once and replayed. What changes from step to step is a
+// static input of the graph, refreshed on the stream before each replay: the gradients (read in
+// place when they are the tensors seen at capture, else copied in), small per-step tensors (a
+// Mask flag, candidate keys) and the learning rate (a float64 device scalar). The work is
+// captured again whenever its layout (every tensor it touches, by address, type and shape, and
+// whatever else the caller folds in) differs from the captured one.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fogo::detail {
+
+class GraphedStep {
+ public:
+  /// The static inputs the captured work reads.
+  struct Inputs {
+    std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> tensors;  ///< undefined entries stay undefined
+    at::Tensor lr;                    ///< 0-d float64 on the device
+  };
+
+  GraphedStep();
+  ~GraphedStep();
+  GraphedStep(GraphedStep&&) noexcept;
+  GraphedStep& operator=(GraphedStep&&) noexcept;
+
+  /// Appends what captured work depends on of `t`: its address, type, shape and strides (-1:
+  /// undefined).
+  static void describe(std::vector<int64_t>& layout, const at::Tensor& t);
+
+  /// Runs `work` from the graph: captures it (and runs it once) when there is no graph or
+  /// `layout` differs from the captured one, else refreshes the static inputs from `grads`,
+  /// `tensors` and `lr` and replays. `layout` need not describe the gradients and tensors: their
+  /// types and shapes are added here. If the capture fails nothing has run: a warning naming
+  /// `who`, failed() turns true and false is returned, for the caller to run the step eagerly
+  /// (now and from then on).
+  bool run(std::vector<int64_t> layout, const std::vector<at::Tensor>& grads,
+           const std::vector<at::Tensor>& tensors, double lr, const c10::Device& device,
+           const std::function<void(const Inputs&)>& work, const std::string& who);
+
+  bool failed() const { return failed_; }
+  int64_t captures() const { return captures_; }
+  int64_t replays() const { return replays_; }
+
+ private:
+  struct Graph;  // cuda::StepGraph in builds with CUDA
+  std::unique_ptr<Graph> graph_;
+  Inputs inputs_;
+  std::vector<int64_t> layout_;
+  int64_t captures_ = 0, replays_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace fogo::detail
