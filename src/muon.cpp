@@ -13,6 +13,7 @@
 #include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
 #include "fogo/newton_schulz.h"
+#include "graphed_step.h"
 
 namespace fogo {
 
@@ -83,6 +84,7 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(strict_2d);
   archive.write("nonfinite", c10::IValue(static_cast<int64_t>(nonfinite())));
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(cuda_graph);
   archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
 }
@@ -110,6 +112,7 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   // Added later: absent from older checkpoints, whose defaults hold.
   if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
   if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
+  if (archive.try_read("cuda_graph", value)) cuda_graph(value.toBool());
 }
 
 bool operator==(const MuonOptions& a, const MuonOptions& b) {
@@ -118,7 +121,7 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
          a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
          a.nonfinite() == b.nonfinite() && a.ns_form() == b.ns_form() &&
-         a.ns_gram_restart() == b.ns_gram_restart();
+         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph();
 }
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
@@ -138,8 +141,26 @@ void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
+namespace {
+
+// MuonOptions::cuda_graph: a group's captured step, and its options as last seen, lr aside;
+// options_epoch counts their changes (part of the graph's layout).
+struct GroupGraph {
+  detail::GraphedStep step;
+  MuonOptions options;
+  int64_t options_epoch = 0;
+};
+
+}  // namespace
+
+struct Muon::Graphs {
+  std::map<size_t, GroupGraph> groups;
+  GroupGraph& of(size_t g) { return groups[g]; }
+};
+
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
-    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)) {
+    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
+      graphs_(std::make_unique<Graphs>()) {
   defaults.validate();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
@@ -150,8 +171,22 @@ Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, M
   }
 }
 
+Muon::~Muon() = default;
+Muon::Muon(Muon&&) noexcept = default;
+Muon& Muon::operator=(Muon&&) noexcept = default;
+
 void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                              const MuonOptions& options) const {
+  if (options.cuda_graph()) {
+#ifdef FOGO_WITH_CUDA
+    TORCH_CHECK(p.is_cuda(), "Muon: option 'cuda_graph' captures the step on a CUDA device, but ",
+                detail::describe_param(group, index, p), " is on ", p.device(),
+                "; set cuda_graph(false) for this param group");
+#else
+    TORCH_CHECK(false, "Muon: option 'cuda_graph' needs fogo built with CUDA (FOGO_WITH_CUDA); ",
+                "param group ", group, " sets it");
+#endif
+  }
   if (options.strict_2d()) {
     TORCH_CHECK(p.dim() == 2,
                 "Muon only supports 2D parameters whereas we found a parameter with size: ",
@@ -201,92 +236,29 @@ torch::Tensor Muon::step(LossClosure closure) {
       masked_grads.push_back(items.grads[k]);
   }
   const at::Tensor ok = detail::grads_usable(masked_grads);
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (tensor, its copy)
 
   const bool sharded = shard_.enabled("Muon");
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    auto& group = param_groups_[g];
-    const auto& options = static_cast<const MuonOptions&>(group.options());
-    const bool masked = ok.defined() && options.nonfinite() == NonFinitePolicy::Mask;
-    const NSConfig ns = ns_config(options);
-    const double lr = options.lr();
-    const double momentum = options.momentum();
-
-    // On a GPU, one Newton–Schulz chain per matrix shape: each run's updates go through a
-    // single batched chain, which fills the GPU where one small GEMM per parameter cannot (tall
-    // and wide shapes stay apart; newton_schulz transposes tall ones itself). On the CPU every
-    // parameter takes its own chain, as torch.optim.Muon does: batching gains nothing there
-    // (the GEMMs are compute-bound), and ATen's CPU bmm can round differently from mm on small
-    // matrices, which would break the bit-identity with PyTorch.
-    std::vector<torch::Tensor> params;
-    for (const auto& p : group.params()) {
-      if (p.grad().defined()) params.push_back(p);
-    }
-    // The shape key: the matrix view [rows, numel / rows] and the device; on the CPU each
-    // parameter's position too, so that every run there is one parameter.
-    std::map<const void*, size_t> position;
-    for (size_t k = 0; k < params.size(); ++k) position[params[k].unsafeGetTensorImpl()] = k;
-    const auto key = [&](const torch::Tensor& p) {
-      const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
-      const size_t alone = p.is_cuda() ? 0 : position.at(p.unsafeGetTensorImpl());
-      return std::make_tuple(alone, static_cast<int>(p.device().type()), p.device().index(), rows,
-                             cols);
-    };
-    const detail::Runs runs = detail::sort_into_runs(params, key);
-
-    // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
-    // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
-    // per-parameter lerp_/lerp/mul_ do (on the CPU they are those calls).
-    for (const auto& [begin, end] : runs) {
-      const std::vector<torch::Tensor> run(params.begin() + static_cast<std::ptrdiff_t>(begin),
-                                           params.begin() + static_cast<std::ptrdiff_t>(end));
-      const int64_t rows = run.front().size(0),
-                    cols = run.front().numel() / std::max<int64_t>(rows, 1);
-      const auto count = static_cast<int64_t>(run.size());
-      std::vector<torch::Tensor> grads, bufs;
-      for (const torch::Tensor& p : run) {
-        auto& slot = state_[p.unsafeGetTensorImpl()];
-        if (!slot) {
-          auto fresh = std::make_unique<MuonParamState>();
-          fresh->momentum_buffer(torch::zeros_like(p.grad(), at::MemoryFormat::Preserve));
-          slot = std::move(fresh);
-        }
-        grads.push_back(p.grad());
-        bufs.push_back(static_cast<MuonParamState&>(*slot).momentum_buffer());
-        if (masked) {
-          for (const auto& t : {p, bufs.back()}) saved.emplace_back(t, t.clone());
-        }
-      }
-      at::_foreach_lerp_(bufs, grads, 1.0 - momentum);
-      const std::vector<torch::Tensor> nesterov =
-          options.nesterov() ? at::_foreach_lerp(grads, bufs, momentum) : bufs;
-      // Sharded: Newton–Schulz and the update of the owned parameters only (per parameter the
-      // same arithmetic); the momenta above are every parameter's.
-      std::vector<torch::Tensor> mine, input;
-      for (int64_t k = 0; k < count; ++k) {
-        if (!sharded || shard_.owns(run[k])) {
-          mine.push_back(run[k]);
-          input.push_back(nesterov[k]);
-        }
-      }
-      if (mine.empty()) continue;
-      torch::Tensor updates =
-          at::empty({static_cast<int64_t>(mine.size()), rows, cols},
-                    at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
-      for (size_t k = 0; k < input.size(); ++k) {  // cast to the compute dtype in the copy
-        updates[static_cast<int64_t>(k)].view(input[k].sizes()).copy_(input[k]);
-      }
-      const torch::Tensor ortho = mine.size() == 1 ? newton_schulz(updates[0], ns).unsqueeze(0)
-                                                   : newton_schulz(updates, ns);
-      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
-      at::_foreach_mul_(mine, 1.0 - lr * options.weight_decay());
-      for (size_t k = 0; k < mine.size(); ++k) {
-        mine[k].add_(ortho[static_cast<int64_t>(k)].reshape(mine[k].sizes()), -adjusted_lr);
+    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+    std::vector<at::Tensor> params, grads;
+    for (const auto& p : param_groups_[g].params()) {
+      if (!p.grad().defined()) continue;
+      params.push_back(p);
+      grads.push_back(p.grad());
+      auto& slot = state_[p.unsafeGetTensorImpl()];  // created on the host, before the stages
+      if (!slot) {
+        auto fresh = std::make_unique<MuonParamState>();
+        fresh->momentum_buffer(torch::zeros_like(p.grad(), at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
       }
     }
-  }
-  for (const auto& [tensor, before] : saved) {
-    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
+    if (params.empty()) continue;
+    const at::Tensor group_ok = options.nonfinite() == NonFinitePolicy::Mask ? ok : at::Tensor();
+    if (options.cuda_graph() && !sharded && !graphs_->of(g).step.failed()) {
+      graph_group(g, params, grads, group_ok);
+    } else {
+      step_group(g, params, grads, group_ok, {});
+    }
   }
   if (sharded) {
     std::vector<std::vector<torch::Tensor>> values;
@@ -294,6 +266,136 @@ torch::Tensor Muon::step(LossClosure closure) {
     shard_.exchange(items.params, values);
   }
   return loss;
+}
+
+void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
+                      const std::vector<at::Tensor>& grads, const at::Tensor& ok,
+                      const at::Tensor& device_lr) {
+  const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+  const NSConfig ns = ns_config(options);
+  const double lr = options.lr();
+  const double momentum = options.momentum();
+  const bool sharded = static_cast<bool>(shard_.owns);
+  // Mask: the group's parameters and momentum buffers, copied before the step and put back
+  // where ok is false.
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (tensor, its copy)
+
+  // On a GPU, one Newton–Schulz chain per matrix shape: each run's updates go through a
+  // single batched chain, which fills the GPU where one small GEMM per parameter cannot (tall
+  // and wide shapes stay apart; newton_schulz transposes tall ones itself). On the CPU every
+  // parameter takes its own chain, as torch.optim.Muon does: batching gains nothing there
+  // (the GEMMs are compute-bound), and ATen's CPU bmm can round differently from mm on small
+  // matrices, which would break the bit-identity with PyTorch.
+  // The shape key: the matrix view [rows, numel / rows] and the device; on the CPU each
+  // parameter's position too, so that every run there is one parameter.
+  std::map<const void*, size_t> position;
+  for (size_t k = 0; k < params.size(); ++k) position[params[k].unsafeGetTensorImpl()] = k;
+  const auto key = [&](const torch::Tensor& p) {
+    const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
+    const size_t alone = p.is_cuda() ? 0 : position.at(p.unsafeGetTensorImpl());
+    return std::make_tuple(alone, static_cast<int>(p.device().type()), p.device().index(), rows,
+                           cols);
+  };
+  std::vector<size_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  const detail::Runs runs = detail::sort_into_runs(order, [&](size_t k) { return key(params[k]); });
+
+  // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
+  // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
+  // per-parameter lerp_/lerp/mul_ do (on the CPU they are those calls).
+  for (const auto& [begin, end] : runs) {
+    std::vector<torch::Tensor> run, run_grads, bufs;
+    for (size_t i = begin; i < end; ++i) {
+      const at::Tensor& p = params[order[i]];
+      run.push_back(p);
+      run_grads.push_back(grads[order[i]]);
+      bufs.push_back(
+          static_cast<MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
+      if (ok.defined()) {
+        for (const auto& t : {p, bufs.back()}) saved.emplace_back(t, t.clone());
+      }
+    }
+    const int64_t rows = run.front().size(0),
+                  cols = run.front().numel() / std::max<int64_t>(rows, 1);
+    const auto count = static_cast<int64_t>(run.size());
+    at::_foreach_lerp_(bufs, run_grads, 1.0 - momentum);
+    const std::vector<torch::Tensor> nesterov =
+        options.nesterov() ? at::_foreach_lerp(run_grads, bufs, momentum) : bufs;
+    // Sharded: Newton–Schulz and the update of the owned parameters only (per parameter the
+    // same arithmetic); the momenta above are every parameter's.
+    std::vector<torch::Tensor> mine, input;
+    for (int64_t k = 0; k < count; ++k) {
+      if (!sharded || shard_.owns(run[k])) {
+        mine.push_back(run[k]);
+        input.push_back(nesterov[k]);
+      }
+    }
+    if (mine.empty()) continue;
+    torch::Tensor updates =
+        at::empty({static_cast<int64_t>(mine.size()), rows, cols},
+                  at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
+    for (size_t k = 0; k < input.size(); ++k) {  // cast to the compute dtype in the copy
+      updates[static_cast<int64_t>(k)].view(input[k].sizes()).copy_(input[k]);
+    }
+    const torch::Tensor ortho =
+        mine.size() == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
+    if (!device_lr.defined()) {
+      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
+      at::_foreach_mul_(mine, 1.0 - lr * options.weight_decay());
+      for (size_t k = 0; k < mine.size(); ++k) {
+        mine[k].add_(ortho[static_cast<int64_t>(k)].reshape(mine[k].sizes()), -adjusted_lr);
+      }
+    } else {
+      // A CUDA graph's learning rate, read on the device: the same update in the parameter's
+      // precision (fp32 for bf16/fp16 ones, one rounding at the end), to rounding.
+      const at::Tensor decay = 1.0 - device_lr * options.weight_decay();
+      const at::Tensor step = device_lr * muon_adjusted_lr(1.0, options.adjust_lr(), rows, cols);
+      for (size_t k = 0; k < mine.size(); ++k) {
+        at::Tensor& p = mine[k];
+        const auto type = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+        const at::Tensor o = ortho[static_cast<int64_t>(k)].reshape(p.sizes()).to(type);
+        p.copy_(p.to(type) * decay.to(type) - o * step.to(type));
+      }
+    }
+  }
+  for (const auto& [tensor, before] : saved) {
+    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
+  }
+}
+
+void Muon::graph_group(size_t g, const std::vector<at::Tensor>& params,
+                       const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
+  const auto& o = static_cast<const MuonOptions&>(param_groups_[g].options());
+  GroupGraph& graph = graphs_->of(g);
+  MuonOptions options = o;
+  options.lr(0.0);  // read from the device at each replay
+  if (!(options == graph.options)) {
+    graph.options = options;
+    ++graph.options_epoch;
+  }
+  // What the stages touch besides the static inputs: the parameters and their momentum buffers.
+  std::vector<int64_t> layout{graph.options_epoch};
+  for (const at::Tensor& p : params) {
+    detail::GraphedStep::describe(layout, p);
+    detail::GraphedStep::describe(
+        layout,
+        static_cast<const MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
+  }
+  const bool ran = graph.step.run(
+      std::move(layout), grads, {ok}, o.lr(), params.front().device(),
+      [&](const detail::GraphedStep::Inputs& s) {
+        step_group(g, params, s.grads, s.tensors[0], s.lr);
+      },
+      "Muon: param group " + std::to_string(g));
+  if (!ran) step_group(g, params, grads, ok, {});  // the capture failed; nothing ran
+}
+
+Muon::GraphStats Muon::graph_stats(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), "Muon::graph_stats: group ", group, " does not exist (",
+              param_groups_.size(), " groups)");
+  const auto it = graphs_->groups.find(group);
+  if (it == graphs_->groups.end()) return {};
+  return {it->second.step.captures(), it->second.step.replays()};
 }
 
 void Muon::set_step_shard(StepShard shard) {

@@ -304,6 +304,8 @@ TEST(Muon, RejectsBadInputWithNamedErrors) {
   expect_error(
       [&] { fogo::Muon({param()}, fogo::MuonOptions().ns_form(static_cast<fogo::NSForm>(7))); },
       "Muon: option 'ns_form'");
+  expect_error([&] { fogo::Muon({param()}, fogo::MuonOptions().cuda_graph(true)); },
+               "Muon: option 'cuda_graph' captures the step on a CUDA device");
 
   torch::Tensor p = param();
   fogo::Muon opt({p});

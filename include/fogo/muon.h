@@ -28,6 +28,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -66,6 +67,9 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(NSForm, ns_form) = NSForm::Plain;
   /// Gram form: iterations between re-formings of the Gram matrix (0: never).
   TORCH_ARG(int64_t, ns_gram_restart) = 3;
+  /// CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning
+  /// rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly).
+  TORCH_ARG(bool, cuda_graph) = false;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -94,6 +98,9 @@ class Muon : public torch::optim::Optimizer {
                 MuonOptions defaults = {});
   explicit Muon(std::vector<torch::Tensor> params, MuonOptions defaults = {})
       : Muon({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+  ~Muon() override;
+  Muon(Muon&&) noexcept;
+  Muon& operator=(Muon&&) noexcept;
 
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -109,8 +116,26 @@ class Muon : public torch::optim::Optimizer {
   /// StepShard turns sharding off.
   void set_step_shard(StepShard shard);
 
+  /// MuonOptions::cuda_graph: how often group `group`'s step was captured (its first step, and
+  /// again when its parameters, state or options other than lr change) and run from a graph.
+  struct GraphStats {
+    int64_t captures = 0, replays = 0;
+  };
+  GraphStats graph_stats(size_t group) const;
+
  private:
   StepShard shard_;
+  struct Graphs;
+  std::unique_ptr<Graphs> graphs_;
+  /// One group's step for its parameters with gradients (state created): the momenta, Newton–
+  /// Schulz and the update, device work only. `ok` (Mask): where false, the parameters and buffers
+  /// keep their bits. `device_lr` (a CUDA graph's, 0-d float64) replaces options().lr().
+  void step_group(size_t g, const std::vector<at::Tensor>& params,
+                  const std::vector<at::Tensor>& grads, const at::Tensor& ok,
+                  const at::Tensor& device_lr);
+  /// step_group from the group's captured CUDA graph.
+  void graph_group(size_t g, const std::vector<at::Tensor>& params,
+                   const std::vector<at::Tensor>& grads, const at::Tensor& ok);
   void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                          const MuonOptions& options) const;
   template <typename Self, typename Archive>

@@ -178,7 +178,8 @@ using Plain = std::decay_t<T>;
   X(strict_2d)                  \
   X(nonfinite)                  \
   X(ns_form)                    \
-  X(ns_gram_restart)
+  X(ns_gram_restart)            \
+  X(cuda_graph)
 
 struct FOGOTraits {
   using Optim = fogo::FOGO;
