@@ -257,6 +257,8 @@ def test_cuda_graph_on_cpu_parameters_is_refused(gen):
     opt.step()
     tel = opt.telemetry()[0]
     assert tel["graph_captures"] == 0 and tel["graph_replays"] == 0
+    with pytest.raises(RuntimeError, match="Muon: option 'cuda_graph'"):
+        fogo.Muon([mat(gen, 4, 6)], cuda_graph=True)
 
 
 def test_presets():

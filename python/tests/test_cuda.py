@@ -61,3 +61,21 @@ def test_cuda_graph_replays_follow_the_eager_step_and_the_lr(gen):
     assert opts[False].telemetry()[0]["graph_replays"] == 0
     for p, q in zip(ps[False], ps[True]):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+
+
+def test_muon_cuda_graph_follows_the_eager_step_and_the_lr(gen):
+    """fogo.Muon(cuda_graph=True): every step replayed from one captured graph, the lr read on the
+    device; the update rounds differently from add_'s alpha (docs/cuda.md), hence rtol 1e-5."""
+    shapes = [(32, 48), (48, 16)]
+    init = [randn(gen, *s, scale=0.1).cuda() for s in shapes]
+    grads = [[randn(gen, *s).cuda() for s in shapes] for _ in range(6)]
+    ps = {g: [p.clone().requires_grad_(True) for p in init] for g in (False, True)}
+    opts = {g: fogo.Muon(ps[g], lr=0.02, cuda_graph=g) for g in (False, True)}
+    for step, gs in enumerate(grads):
+        for g in (False, True):
+            opts[g].param_groups[0]["lr"] = 0.02 * (1 + 0.1 * step)
+            for p, grad in zip(ps[g], gs):
+                p.grad = grad.clone()
+            opts[g].step()
+    for p, q in zip(ps[False], ps[True]):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
