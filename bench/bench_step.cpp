@@ -116,6 +116,16 @@ void BM_Step_Muon(benchmark::State& state) {
     return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
   });
 }
+// fogo::Muon sync-free (Mask) and replayed from a CUDA graph (CUDA only): the issue's "batched,
+// sync-free, graph-captured" Muon.
+void BM_Step_MuonGraph(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02)
+                                               .ns_dtype(dt)
+                                               .nonfinite(fogo::NonFinitePolicy::Mask)
+                                               .cuda_graph(true));
+  });
+}
 void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignored
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType) {
     return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
@@ -314,6 +324,7 @@ BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
