@@ -84,6 +84,20 @@ GradsAlreadyChecked::GradsAlreadyChecked() : previous_(grads_already_checked) {
 }
 GradsAlreadyChecked::~GradsAlreadyChecked() { grads_already_checked = previous_; }
 
+void check_graph_device(const char* optimizer, size_t group, size_t index,
+                        const at::Tensor& param) {
+#ifdef FOGO_WITH_CUDA
+  TORCH_CHECK(param.is_cuda(), optimizer,
+              ": option 'cuda_graph' captures the step on a CUDA device, but ",
+              describe_param(group, index, param), " is on ", param.device(),
+              "; set cuda_graph(false) for this param group");
+#else
+  (void)param, (void)index;
+  TORCH_CHECK(false, optimizer, ": option 'cuda_graph' needs fogo built with CUDA ",
+              "(FOGO_WITH_CUDA); param group ", group, " sets it");
+#endif
+}
+
 int64_t unusable_grad_reads() { return reads; }
 
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {

@@ -92,16 +92,7 @@ void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Ten
               "codebook and must be on one device, but ", detail::describe_param(group, index, p),
               " is on ", p.device(), " and the group's first parameter on ", first.device(),
               "; put each device's parameters in a param group of their own");
-  if (o.cuda_graph()) {
-#ifdef FOGO_WITH_CUDA
-    TORCH_CHECK(p.is_cuda(), "FOGO: option 'cuda_graph' captures the step on a CUDA device, but ",
-                detail::describe_param(group, index, p), " is on ", p.device(),
-                "; set cuda_graph(false) for this param group");
-#else
-    TORCH_CHECK(false, "FOGO: option 'cuda_graph' needs fogo built with CUDA (FOGO_WITH_CUDA); ",
-                "param group ", group, " sets it");
-#endif
-  }
+  if (o.cuda_graph()) detail::check_graph_device("FOGO", group, index, p);
 }
 
 }  // namespace
@@ -536,17 +527,11 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
 void FOGO::graph_step(size_t g, const StepInputs& in) {
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->groups[g];
-  GroupGraph& graph = impl_->graphs[g];
-  FOGOOptions options = o;
-  options.lr(0.0);  // read from the device at each replay
-  if (!(options == graph.options)) {
-    graph.options = options;
-    ++graph.options_epoch;
-  }
+  auto& graph = impl_->graphs[g];
   // Every tensor the stages read or write besides the static inputs: a replay is valid only while
   // they all stay where the capture found them (in-place updates keep them there; a load, a task
   // boundary or another parameter set moves some).
-  std::vector<int64_t> layout{graph.options_epoch};
+  std::vector<int64_t> layout = graph.layout(o);
   for (const at::Tensor& p : in.params) {
     detail::GraphedStep::describe(layout, p);
     const auto it = state_.find(p.unsafeGetTensorImpl());

@@ -60,17 +60,9 @@ struct Projection {
   at::Tensor Pi, K, Pi_bf16, K_bf16;
 };
 
-// FOGOOptions::cuda_graph: a group's captured step (FOGO::graph_step), and its options as last
-// seen, lr aside; options_epoch counts their changes (part of the graph's layout).
-struct GroupGraph {
-  detail::GraphedStep step;
-  FOGOOptions options;
-  int64_t options_epoch = 0;
-};
-
 struct FOGO::Impl {
   std::vector<GroupMemory> groups;
-  std::map<size_t, GroupGraph> graphs;
+  std::map<size_t, detail::GroupGraph<FOGOOptions>> graphs;  // FOGOOptions::cuda_graph
   StepShard shard;  // data-parallel sharding of steps 2-3 and 8-9 (empty: none)
   // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
   // regenerated from the seed, never stored.

@@ -58,4 +58,27 @@ class GraphedStep {
   bool failed_ = false;
 };
 
+/// A param group's GraphedStep and its options as last seen, lr aside (the graph reads it on the
+/// device): a change of any other option starts a new epoch, which begins the layout, so the step
+/// is captured again.
+template <class Options>
+class GroupGraph {
+ public:
+  GraphedStep step;
+  /// The start of the layout of a step with options `o`.
+  std::vector<int64_t> layout(const Options& o) {
+    Options without_lr = o;
+    without_lr.set_lr(0.0);
+    if (!(without_lr == options_)) {
+      options_ = without_lr;
+      ++epoch_;
+    }
+    return {epoch_};
+  }
+
+ private:
+  Options options_;
+  int64_t epoch_ = 0;
+};
+
 }  // namespace fogo::detail

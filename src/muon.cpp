@@ -141,21 +141,10 @@ void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
-namespace {
-
-// MuonOptions::cuda_graph: a group's captured step, and its options as last seen, lr aside;
-// options_epoch counts their changes (part of the graph's layout).
-struct GroupGraph {
-  detail::GraphedStep step;
-  MuonOptions options;
-  int64_t options_epoch = 0;
-};
-
-}  // namespace
-
+// MuonOptions::cuda_graph: each group's captured step.
 struct Muon::Graphs {
-  std::map<size_t, GroupGraph> groups;
-  GroupGraph& of(size_t g) { return groups[g]; }
+  std::map<size_t, detail::GroupGraph<MuonOptions>> groups;
+  detail::GroupGraph<MuonOptions>& of(size_t g) { return groups[g]; }
 };
 
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
@@ -177,16 +166,7 @@ Muon& Muon::operator=(Muon&&) noexcept = default;
 
 void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                              const MuonOptions& options) const {
-  if (options.cuda_graph()) {
-#ifdef FOGO_WITH_CUDA
-    TORCH_CHECK(p.is_cuda(), "Muon: option 'cuda_graph' captures the step on a CUDA device, but ",
-                detail::describe_param(group, index, p), " is on ", p.device(),
-                "; set cuda_graph(false) for this param group");
-#else
-    TORCH_CHECK(false, "Muon: option 'cuda_graph' needs fogo built with CUDA (FOGO_WITH_CUDA); ",
-                "param group ", group, " sets it");
-#endif
-  }
+  if (options.cuda_graph()) detail::check_graph_device("Muon", group, index, p);
   if (options.strict_2d()) {
     TORCH_CHECK(p.dim() == 2,
                 "Muon only supports 2D parameters whereas we found a parameter with size: ",
@@ -366,15 +346,9 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
 void Muon::graph_group(size_t g, const std::vector<at::Tensor>& params,
                        const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
   const auto& o = static_cast<const MuonOptions&>(param_groups_[g].options());
-  GroupGraph& graph = graphs_->of(g);
-  MuonOptions options = o;
-  options.lr(0.0);  // read from the device at each replay
-  if (!(options == graph.options)) {
-    graph.options = options;
-    ++graph.options_epoch;
-  }
+  auto& graph = graphs_->of(g);
   // What the stages touch besides the static inputs: the parameters and their momentum buffers.
-  std::vector<int64_t> layout{graph.options_epoch};
+  std::vector<int64_t> layout = graph.layout(o);
   for (const at::Tensor& p : params) {
     detail::GraphedStep::describe(layout, p);
     detail::GraphedStep::describe(

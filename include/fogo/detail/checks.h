@@ -17,6 +17,10 @@ void check_range(const char* optimizer, const char* option, double value, double
 /// "parameter i of group g (shape [..])", for messages.
 std::string describe_param(size_t group, size_t index, const at::Tensor& param);
 
+/// For an optimizer option cuda_graph(true): throws unless `param` is on a CUDA device (and fogo
+/// was built with CUDA), naming the option and the parameter.
+void check_graph_device(const char* optimizer, size_t group, size_t index, const at::Tensor& param);
+
 /// Rejects gradients fogo's matrix optimizers cannot handle: complex or sparse tensors.
 void check_grad_kind(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
                      const at::Tensor& grad);
