@@ -40,42 +40,30 @@ def test_cuda_kernels_compiled_in():
     assert fogo.CUDA_KERNELS, "fogo was built without its CUDA kernels on a CUDA machine"
 
 
-def test_cuda_graph_replays_follow_the_eager_step_and_the_lr(gen):
-    """cuda_graph=True: the steps after the first are replayed from a captured graph (telemetry
-    counts them), the learning rate set in param_groups between steps reaches the replays, and
-    the result follows the eager step (to the s_j atomics' run-to-run noise, docs/cuda.md)."""
-    shapes = [(32, 48), (48, 16)]
-    init = [randn(gen, *s, scale=0.1).cuda() for s in shapes]
-    grads = [[randn(gen, *s).cuda() for s in shapes] for _ in range(6)]
-    options = {"lr": 0.01, "codebook_size": 8, "proj_dim": 8, "reseed_every": 0}
-    ps = {g: [p.clone().requires_grad_(True) for p in init] for g in (False, True)}
-    opts = {g: fogo.FOGO(ps[g], cuda_graph=g, **options) for g in (False, True)}
-    for step, gs in enumerate(grads):
-        for g in (False, True):
-            opts[g].param_groups[0]["lr"] = 0.01 * (1 + 0.1 * step)
-            for p, grad in zip(ps[g], gs):
-                p.grad = grad.clone()
-            opts[g].step()
-    tel = opts[True].telemetry()[0]
-    assert tel["graph_captures"] == 1 and tel["graph_replays"] == 5
-    assert opts[False].telemetry()[0]["graph_replays"] == 0
-    for p, q in zip(ps[False], ps[True]):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
-
-
-def test_muon_cuda_graph_follows_the_eager_step_and_the_lr(gen):
-    """fogo.Muon(cuda_graph=True): every step replayed from one captured graph, the lr read on the
-    device; the update rounds differently from add_'s alpha (docs/cuda.md), hence rtol 1e-5."""
+@pytest.mark.parametrize("cls, options, rtol, atol", [
+    # FOGO: to the s_j atomics' run-to-run noise (docs/cuda.md)
+    (fogo.FOGO, {"lr": 0.01, "codebook_size": 8, "proj_dim": 8, "reseed_every": 0}, 1e-4, 1e-5),
+    # Muon: its graph's update rounds differently from add_'s alpha (docs/cuda.md)
+    (fogo.Muon, {"lr": 0.02}, 1e-5, 1e-6),
+])
+def test_cuda_graph_replays_follow_the_eager_step_and_the_lr(gen, cls, options, rtol, atol):
+    """cuda_graph=True: the steps are replayed from a captured graph (FOGO's telemetry counts
+    them; FOGO's first step runs eagerly), the learning rate set in param_groups between steps
+    reaches the replays, and the result follows the eager step."""
     shapes = [(32, 48), (48, 16)]
     init = [randn(gen, *s, scale=0.1).cuda() for s in shapes]
     grads = [[randn(gen, *s).cuda() for s in shapes] for _ in range(6)]
     ps = {g: [p.clone().requires_grad_(True) for p in init] for g in (False, True)}
-    opts = {g: fogo.Muon(ps[g], lr=0.02, cuda_graph=g) for g in (False, True)}
+    opts = {g: cls(ps[g], cuda_graph=g, **options) for g in (False, True)}
     for step, gs in enumerate(grads):
         for g in (False, True):
-            opts[g].param_groups[0]["lr"] = 0.02 * (1 + 0.1 * step)
+            opts[g].param_groups[0]["lr"] = options["lr"] * (1 + 0.1 * step)
             for p, grad in zip(ps[g], gs):
                 p.grad = grad.clone()
             opts[g].step()
+    if cls is fogo.FOGO:
+        tel = opts[True].telemetry()[0]
+        assert tel["graph_captures"] == 1 and tel["graph_replays"] == 5
+        assert opts[False].telemetry()[0]["graph_replays"] == 0
     for p, q in zip(ps[False], ps[True]):
-        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(q, p, rtol=rtol, atol=atol)
