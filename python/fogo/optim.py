@@ -209,6 +209,12 @@ class Muon(_CppOptimizer):
             options["adjust_lr"] = options.pop("adjust_lr_fn")
         super().__init__(params, lr, **options)
 
+    def graph_stats(self, group: int = 0) -> dict[str, int]:
+        """With ``cuda_graph=True``: how often group ``group``'s step was captured in a CUDA graph
+        and run from one (``captures``, ``replays``)."""
+        self._sync()
+        return self._cpp.graph_stats(group)
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "adjust_lr_fn" in param_group:  # torch.optim.Muon's name
             param_group = dict(param_group)

@@ -601,7 +601,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("consolidate", [](Bound<FOGOTraits>& b) { b.get().consolidate(); })
       .def("begin_task", [](Bound<FOGOTraits>& b) { b.get().begin_task(); })
       .def("task_boundary", [](Bound<FOGOTraits>& b) { b.get().task_boundary(); });
-  bind_common<MuonTraits>(m, "Muon");
+  bind_common<MuonTraits>(m, "Muon").def("graph_stats", [](Bound<MuonTraits>& b, size_t g) {
+    const fogo::Muon::GraphStats s = b.get().graph_stats(g);
+    py::dict d;
+    d["captures"] = s.captures;
+    d["replays"] = s.replays;
+    return d;
+  });
 
   py::dict presets;
   presets["class_imbalanced_backbone"] =

@@ -259,6 +259,7 @@ def test_cuda_graph_on_cpu_parameters_is_refused(gen):
     assert tel["graph_captures"] == 0 and tel["graph_replays"] == 0
     with pytest.raises(RuntimeError, match="Muon: option 'cuda_graph'"):
         fogo.Muon([mat(gen, 4, 6)], cuda_graph=True)
+    assert fogo.Muon([mat(gen, 4, 6)]).graph_stats() == {"captures": 0, "replays": 0}
 
 
 def test_presets():

@@ -65,5 +65,8 @@ def test_cuda_graph_replays_follow_the_eager_step_and_the_lr(gen, cls, options, 
         tel = opts[True].telemetry()[0]
         assert tel["graph_captures"] == 1 and tel["graph_replays"] == 5
         assert opts[False].telemetry()[0]["graph_replays"] == 0
+    else:
+        assert opts[True].graph_stats() == {"captures": 1, "replays": 6}
+        assert opts[False].graph_stats() == {"captures": 0, "replays": 0}
     for p, q in zip(ps[False], ps[True]):
         torch.testing.assert_close(q, p, rtol=rtol, atol=atol)
