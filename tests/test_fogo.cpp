@@ -576,15 +576,16 @@ std::vector<torch::Tensor> grads_at(int64_t k) {
   return {torch::randn({6, 10}), torch::randn({6, 10}), torch::randn({8, 5})};
 }
 
+void feed(std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& g) {
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].clone();
+}
+
 }  // namespace
 
 TEST(FOGO, MaskSkipsOnTheDeviceChangingNothingAndReadingNothingBack) {
   std::vector<torch::Tensor> pm, pr;
   fogo::FOGO masked = masked_fogo(pm, fogo::NonFinitePolicy::Mask, 3, 4);
   fogo::FOGO raised = masked_fogo(pr, fogo::NonFinitePolicy::Raise, 3, 4);
-  const auto feed = [](std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& g) {
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = g[i].clone();
-  };
   // A NaN on the first step: the codebook is built from it, so it is checked on the host and
   // skipped as with Skip (nothing exists yet, the step is not counted).
   auto bad = grads_at(0);
@@ -635,14 +636,12 @@ TEST(FOGO, MaskedStepIsAsIfTheBadGradientNeverCame) {
     if (k == 2 || k == 5) {  // unusable, for the masked run only
       auto g = grads_at(k);
       g[1][3][3] = NAN;
-      for (size_t i = 0; i < pm.size(); ++i) pm[i].mutable_grad() = g[i];
+      feed(pm, g);
       masked.step();
       continue;
     }
-    for (size_t i = 0; i < pm.size(); ++i) {
-      pm[i].mutable_grad() = grads_at(k)[i];
-      pr[i].mutable_grad() = grads_at(k)[i];
-    }
+    feed(pm, grads_at(k));
+    feed(pr, grads_at(k));
     masked.step();
     clean.step();
     if (k == 3) {
