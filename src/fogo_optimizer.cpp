@@ -137,46 +137,51 @@ namespace {
 std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const ShapeRuns& runs,
                                                 const std::vector<at::Tensor>& inputs,
                                                 const FOGOOptions& o) {
+  if (runs.empty()) return {};  // a shard that owns none of the group
   const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
-  std::vector<at::Tensor> Ps_parts, Pf_parts;
+  int64_t R = 0;
+  for (const Work& w : work) R += w.m;
+  // The projections are written straight into their rows of Ps and Pf (no cat of the runs).
+  at::Tensor Ps = at::empty({R, o.proj_dim()}, work.front().slow.options());
+  at::Tensor Pf = at::empty_like(Ps);
+  int64_t row = 0;
   for (size_t r = 0; r < runs.size(); ++r) {
     const auto [begin, end] = runs[r];
     const int64_t m = work[begin].m, n = work[begin].n;
     const int64_t P = static_cast<int64_t>(end - begin);
     const Projection& proj = *work[begin].proj;
-    const auto project = [&](const at::Tensor& O) {  // [B, m, n] -> [B m, d], fp32
+    at::Tensor Ps_rows = Ps.slice(0, row, row + P * m), Pf_rows = Pf.slice(0, row, row + P * m);
+    row += P * m;
+    const auto project = [&](const at::Tensor& O, at::Tensor& out) {  // [P, m, n] -> [P m, d]
       const at::Tensor rows = O.reshape({-1, n});
-      return O.scalar_type() == at::kBFloat16 && proj.Pi_bf16.defined()
-                 ? mm_bf16_f32(rows, proj.Pi_bf16)
-                 : rows.to(at::kFloat).mm(proj.Pi);
+      if (O.scalar_type() == at::kBFloat16 && proj.Pi_bf16.defined()) {
+        mm_bf16_f32_out(out, rows, proj.Pi_bf16);
+      } else {
+        at::mm_out(out, rows.to(at::kFloat), proj.Pi);
+      }
     };
     const bool gram =
         full_precision && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast());
-    at::Tensor Os, Ps, Pf;
+    at::Tensor Os;
     if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
       const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
-      const at::Tensor projected = project(O);
       Os = O.slice(0, 0, P);
-      Ps = projected.slice(0, 0, P * m);
-      Pf = projected.slice(0, P * m);
+      project(Os, Ps_rows);
+      project(O.slice(0, P), Pf_rows);
     } else {
       Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
-      Ps = project(Os);
+      project(Os, Ps_rows);
       const at::Tensor Bf = inputs[r].slice(0, P);
       const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
-      Pf = gram ? newton_schulz_projected(Bf, proj.Pi, ns_fast)
-                      .reshape({-1, o.proj_dim()})
-                      .to(at::kFloat)
-                : project(newton_schulz(Bf, ns_fast));
+      if (gram) {
+        Pf_rows.copy_(newton_schulz_projected(Bf, proj.Pi, ns_fast).reshape({-1, o.proj_dim()}));
+      } else {
+        project(newton_schulz(Bf, ns_fast), Pf_rows);
+      }
     }
     for (int64_t k = 0; k < P; ++k) work[begin + k].Os = Os[k];
-    Ps_parts.push_back(Ps);
-    Pf_parts.push_back(Pf);
   }
-  if (Ps_parts.empty()) return {};  // a shard that owns none of the group
-  // One shape run: its rows as they are (contiguous slices), not copied by a cat of one.
-  if (Ps_parts.size() == 1) return {Ps_parts.front(), Pf_parts.front()};
-  return {at::cat(Ps_parts), at::cat(Pf_parts)};
+  return {Ps, Pf};
 }
 
 // The parameters this rank steps through the per-parameter stages (2-3, 8-9): all of them, or

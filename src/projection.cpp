@@ -43,10 +43,18 @@ at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& K) {
 }
 
 at::Tensor mm_bf16_f32(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::kFloat));
+  return mm_bf16_f32_out(out, a, b);
+}
+
+at::Tensor& mm_bf16_f32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16,
               "mm_bf16_f32: bf16 factors expected, got ", a.scalar_type(), " and ",
               b.scalar_type());
-  return a.is_cuda() ? at::mm(a, b, at::kFloat) : a.to(at::kFloat).mm(b.to(at::kFloat));
+  TORCH_CHECK(out.scalar_type() == at::kFloat, "mm_bf16_f32: out must be fp32, got ",
+              out.scalar_type());
+  return a.is_cuda() ? at::mm_out(out, a, b, at::kFloat)
+                     : at::mm_out(out, a.to(at::kFloat), b.to(at::kFloat));
 }
 
 }  // namespace fogo

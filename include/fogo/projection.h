@@ -38,5 +38,7 @@ at::Tensor proximal_lift(const at::Tensor& dz, const at::Tensor& K);
 /// tensor-core GEMM (cuBLAS, bf16 in, fp32 out); elsewhere, where ATen has no such kernel, an
 /// fp32 GEMM of the upcast factors, the same sum up to its order.
 at::Tensor mm_bf16_f32(const at::Tensor& a, const at::Tensor& b);
+/// mm_bf16_f32 written into `out` ([r, c] fp32, e.g. rows of a larger buffer); returns out.
+at::Tensor& mm_bf16_f32_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace fogo
