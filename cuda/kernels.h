@@ -109,25 +109,42 @@ void launch_flush_decorrelate(const float* S, const float* N, const float* corr,
 /// Element type of a parameter or of O_s.
 enum class FloatType { Float, BFloat16, Half };
 
-/// Blocks of the norm reduction; partials hold 3 x this many doubles.
-int rms_partial_blocks(int64_t numel);
-
-/// Per block: sum (Os+delta)^2, sum delta^2, sum Os^2 into partials [3, rms_partial_blocks].
-void launch_rms_norms(const void* Os, FloatType os_type, const float* delta, int64_t numel,
-                      double* partials, cudaStream_t stream);
-
 struct UpdateArgs {
   double lr, weight_decay, sigma, eps;
   const double* device_lr;  ///< when not null, the learning rate (read by the kernel) instead of lr
+  const bool* ok;           ///< when not null and false, no parameter changes (Mask)
 };
 
-/// theta <- (1 - lr wd) theta - lr gamma_t Ohat, gamma_t = sigma sqrt(mn)/(|Ohat|_F + eps),
-/// Ohat = Os + delta, in fp32 whatever the parameter's type (one rounding at the store). The
-/// parameter is [m, n] row-major, or [n, m] holding Ohat^T when `transposed`. ratio (a scalar)
-/// = |delta|_F / (|Os|_F + eps).
-void launch_rms_apply(void* param, FloatType param_type, const void* Os, FloatType os_type,
-                      const float* delta, int64_t m, int64_t n, bool transposed,
-                      const double* partials, UpdateArgs args, float* ratio, cudaStream_t stream);
+/// Parameters per launch of the RMS update: their table travels as a kernel argument (under the
+/// 4 KiB limit), so a group of up to this many parameters of one dtype is three launches.
+constexpr int kRmsChunk = 32;
+
+/// One parameter of an RMS-update launch. The parameter is [m, n] row-major, or [n, m] holding
+/// Ohat^T when `transposed`; Os and delta [m, n] row-major.
+struct RmsTensor {
+  void* param;
+  const void* Os;
+  const float* delta;
+  int64_t m, n;
+  bool transposed;
+};
+
+struct RmsChunk {
+  RmsTensor t[kRmsChunk];
+  int count;
+};
+
+/// Doubles of scratch launch_rms_update needs for a chunk.
+int64_t rms_scratch_doubles(const RmsChunk& chunk);
+
+/// For every parameter of the chunk (all of `param_type`, all O_s of `os_type`):
+///   theta <- (1 - lr wd) theta - lr gamma_t Ohat,  gamma_t = sigma sqrt(mn)/(|Ohat|_F + eps),
+/// Ohat = Os + delta, in fp32 whatever the parameter's type (one rounding at the store), and
+/// ratio[k] = |delta|_F / (|Os|_F + eps). Three launches whatever the count: the norms reduced
+/// into per-block partials, one block per parameter reducing them to its step size, one pass
+/// writing the parameters. Each parameter's numbers do not depend on the others in the chunk.
+void launch_rms_update(const RmsChunk& chunk, FloatType param_type, FloatType os_type,
+                       UpdateArgs args, double* scratch, float* ratio, cudaStream_t stream);
 
 /// Step 1 for one parameter (fogo::momenta_step): Bs, Bf, G fp32 [rows, cols] row-major;
 /// B = fl(fl(B mu) + G) for both streams, or, where `ok` (a device bool; null: always) is false,

@@ -237,34 +237,70 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
   }
 }
 
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os_in, const at::Tensor& delta_in,
-                            bool transposed, const UpdateParams& p) {
-  check_f32_cuda(delta_in, "delta", param.device());
-  TORCH_CHECK(Os_in.device() == param.device() && Os_in.dim() == 2 &&
-                  Os_in.sizes() == delta_in.sizes() && param.numel() == Os_in.numel() &&
-                  param.is_contiguous() && param.is_cuda(),
-              "fogo CUDA apply_rms_update: O_s, delta [m, n] and a contiguous CUDA parameter of "
-              "m n elements expected, got ",
-              Os_in.sizes(), ", ", delta_in.sizes(), ", ", param.sizes());
-  const c10::cuda::CUDAGuard guard(param.device());
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok) {
+  if (items.empty()) return {};
+  const c10::Device device = items.front().param.device();
+  for (const RmsUpdateItem& item : items) {
+    check_f32_cuda(item.delta, "delta", device);
+    TORCH_CHECK(item.Os.device() == device && item.Os.dim() == 2 &&
+                    item.Os.sizes() == item.delta.sizes() &&
+                    item.param.numel() == item.Os.numel() && item.param.is_contiguous() &&
+                    item.param.device() == device,
+                "fogo CUDA apply_rms_update: O_s, delta [m, n] and a contiguous parameter of m n "
+                "elements, all on ",
+                device, ", expected, got ", item.Os.sizes(), ", ", item.delta.sizes(), ", ",
+                item.param.sizes(), " on ", item.param.device());
+    check_device_lr(item.param, p);
+  }
+  if (ok.defined()) {
+    TORCH_CHECK(
+        ok.is_cuda() && ok.device() == device && ok.scalar_type() == at::kBool && ok.numel() == 1,
+        "fogo CUDA apply_rms_update: ok must be one bool on ", device);
+  }
+  const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor Os = Os_in.contiguous(), delta = delta_in.contiguous();
-  const int64_t m = Os.size(0), n = Os.size(1);
-  check_device_lr(param, p);
-  at::Tensor partials =
-      at::empty({3 * rms_partial_blocks(m * n)}, delta.options().dtype(at::kDouble));
-  at::Tensor ratio = at::empty({}, delta.options());
-  const FloatType os_type = float_type(Os, "O_s"), param_type = float_type(param, "the parameter");
-  launch_rms_norms(Os.data_ptr(), os_type, f32(delta), m * n, partials.data_ptr<double>(), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  launch_rms_apply(param.data_ptr(), param_type, Os.data_ptr(), os_type, f32(delta), m, n,
-                   transposed, partials.data_ptr<double>(),
-                   {p.lr, p.weight_decay, p.sigma, p.eps,
-                    p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr},
-                   f32(ratio), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would, for autograd
-  return ratio;
+  const UpdateArgs args{p.lr,
+                        p.weight_decay,
+                        p.sigma,
+                        p.eps,
+                        p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr,
+                        ok.defined() ? ok.data_ptr<bool>() : nullptr};
+  const at::Tensor ratios =
+      at::empty({static_cast<int64_t>(items.size())}, items.front().delta.options());
+  std::vector<at::Tensor> inputs;  // contiguous O_s and delta, alive until the launches are queued
+  // Consecutive parameters of one (parameter, O_s) dtype pair, up to kRmsChunk, share a launch.
+  for (size_t begin = 0; begin < items.size();) {
+    const FloatType param_type = float_type(items[begin].param, "the parameter");
+    const FloatType os_type = float_type(items[begin].Os, "O_s");
+    RmsChunk chunk{};
+    size_t end = begin;
+    for (; end < items.size() && chunk.count < kRmsChunk; ++end) {
+      const RmsUpdateItem& item = items[end];
+      if (float_type(item.param, "the parameter") != param_type ||
+          float_type(item.Os, "O_s") != os_type)
+        break;
+      inputs.push_back(item.Os.contiguous());
+      const at::Tensor& Os = inputs.back();
+      inputs.push_back(item.delta.contiguous());
+      chunk.t[chunk.count++] = {
+          item.param.data_ptr(), Os.data_ptr(), f32(inputs.back()), Os.size(0), Os.size(1),
+          item.transposed};
+    }
+    at::Tensor scratch =
+        at::empty({rms_scratch_doubles(chunk)}, ratios.options().dtype(at::kDouble));
+    launch_rms_update(chunk, param_type, os_type, args, scratch.data_ptr<double>(),
+                      f32(ratios) + begin, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    begin = end;
+  }
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < items.size(); ++k) {
+    // As an in-place ATen op would, for autograd.
+    items[k].param.unsafeGetTensorImpl()->bump_version();
+    out.push_back(ratios[static_cast<int64_t>(k)]);
+  }
+  return out;
 }
 
 }  // namespace fogo::cuda

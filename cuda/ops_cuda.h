@@ -29,8 +29,9 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
 void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
                   const at::Tensor& ok);
 
-/// `param` contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta [m, n] fp32.
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
-                            bool transposed, const UpdateParams& p);
+/// Every item's param contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta
+/// [m, n] fp32; all on one device; `ok` a 0-d bool there or undefined.
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok);
 
 }  // namespace fogo::cuda

@@ -1,9 +1,10 @@
 // The RMS-scaled update with decoupled weight decay (ALGORITHM.md step 9; paper "Projection Back
-// to Original Space and Parameter Update"), in two kernels: the norms |Ohat|_F, |delta|_F, |O_s|_F
-// reduced into per-block partials, then one pass that forms Ohat = O_s + delta again, scales it
-// and writes the parameter. The step size depends on a norm over the whole matrix, so the two
-// passes cannot be one; the partials are re-reduced by every block of the second pass in a fixed
-// order (deterministic, no atomics, nothing to zero first).
+// to Original Space and Parameter Update") for all parameters of a group at once (multi-tensor
+// launches: their table is a kernel argument), in three kernels: the norms |Ohat|_F, |delta|_F,
+// |O_s|_F reduced into per-block partials, each parameter's step size from its partials (one
+// block each, a fixed order: deterministic, no atomics, nothing to zero first), then one pass
+// that forms Ohat = O_s + delta again, scales it and writes the parameters. The step size depends
+// on a norm over the whole matrix, so the passes cannot be one.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,18 +20,57 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxPartials = 128;
 constexpr int kTile = 32;  // the transposed write goes through a kTile x kTile shared tile
-constexpr int kMaxTileBlocks = 1024;
+constexpr int kMaxTileBlocks = 2048;
 
+// Where each parameter of a chunk starts in the launches' flattened index spaces: its norm
+// blocks (and its 3 x blocks partials) and its tiles. blocks[count], tiles[count]: the totals.
+struct RmsLayout {
+  int64_t blocks[kRmsChunk + 1];
+  int64_t tiles[kRmsChunk + 1];
+};
+
+int64_t partial_blocks(int64_t numel) {
+  const int64_t per_block = static_cast<int64_t>(kThreads) * 16;
+  return std::clamp<int64_t>((numel + per_block - 1) / per_block, 1, kMaxPartials);
+}
+
+int64_t tiles_of(const RmsTensor& t) {
+  return ((t.m + kTile - 1) / kTile) * ((t.n + kTile - 1) / kTile);
+}
+
+RmsLayout layout_of(const RmsChunk& chunk) {
+  RmsLayout l{};
+  for (int k = 0; k < chunk.count; ++k) {
+    l.blocks[k + 1] = l.blocks[k] + partial_blocks(chunk.t[k].m * chunk.t[k].n);
+    l.tiles[k + 1] = l.tiles[k] + tiles_of(chunk.t[k]);
+  }
+  return l;
+}
+
+// The parameter whose range [offsets[k], offsets[k+1]) holds `index` (a short scan: at most
+// kRmsChunk entries, read in place from the kernel's argument space: the tables are
+// __grid_constant__, so indexing them makes no per-thread copy).
+__device__ int owner(const int64_t* offsets, int count, int64_t index) {
+  int k = 0;
+  while (k + 1 < count && offsets[k + 1] <= index) ++k;
+  return k;
+}
+
+// Pass 1: per block, sum (Os+delta)^2, sum delta^2, sum Os^2 of one parameter's elements (its
+// blocks stride over them) into partials [3, blocks] at 3 x its first block.
 template <typename TO>
 __global__ void __launch_bounds__(kThreads)
-    rms_norms_kernel(const TO* __restrict__ Os, const float* __restrict__ delta, int64_t numel,
-                     double* __restrict__ partials) {
+    rms_norms_kernel(const __grid_constant__ RmsChunk chunk,
+                     const __grid_constant__ RmsLayout layout, double* __restrict__ partials) {
   __shared__ double scratch[32];
+  const int k = owner(layout.blocks, chunk.count, blockIdx.x);
+  const RmsTensor& t = chunk.t[k];
+  const int64_t first = layout.blocks[k], blocks = layout.blocks[k + 1] - first;
+  const int64_t block = blockIdx.x - first, numel = t.m * t.n, stride = blocks * kThreads;
+  const TO* __restrict__ Os = static_cast<const TO*>(t.Os);
   double hat = 0.0, dd = 0.0, oo = 0.0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < numel;
-       k += stride) {
-    const float o = Convert<TO>::load(Os[k]), dl = delta[k];
+  for (int64_t i = block * kThreads + threadIdx.x; i < numel; i += stride) {
+    const float o = Convert<TO>::load(Os[i]), dl = t.delta[i];
     const float h = o + dl;  // Ohat rounded to fp32, as the reference materialises it
     hat += static_cast<double>(h) * h;
     dd += static_cast<double>(dl) * dl;
@@ -40,54 +80,76 @@ __global__ void __launch_bounds__(kThreads)
   dd = block_sum(dd, scratch);
   oo = block_sum(oo, scratch);
   if (threadIdx.x == 0) {
-    partials[blockIdx.x] = hat;
-    partials[gridDim.x + blockIdx.x] = dd;
-    partials[2 * gridDim.x + blockIdx.x] = oo;
+    double* out = partials + 3 * first;
+    out[block] = hat;
+    out[blocks + block] = dd;
+    out[2 * blocks + block] = oo;
   }
 }
 
-template <typename T, typename TO>
+// Pass 2, one block per parameter: its partials re-reduced in a fixed order (deterministic, no
+// atomics), then lr gamma_t into steps[k] and the ratio into ratio[k].
 __global__ void __launch_bounds__(kThreads)
-    rms_apply_kernel(T* __restrict__ param, const TO* __restrict__ Os,
-                     const float* __restrict__ delta, int64_t m, int64_t n, bool transposed,
-                     const double* __restrict__ partials, int blocks, UpdateArgs args,
-                     float* __restrict__ ratio) {
+    rms_scale_kernel(const __grid_constant__ RmsChunk chunk,
+                     const __grid_constant__ RmsLayout layout, const double* __restrict__ partials,
+                     UpdateArgs args, float* __restrict__ steps, float* __restrict__ ratio) {
   __shared__ double scratch[32];
-  __shared__ float tile[kTile][kTile + 1];  // +1: conflict-free column reads
+  const int k = blockIdx.x;
+  const int64_t first = layout.blocks[k], blocks = layout.blocks[k + 1] - first;
+  const double* in = partials + 3 * first;
   double hat = 0.0, dd = 0.0, oo = 0.0;
-  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
-    hat += partials[b];
-    dd += partials[blocks + b];
-    oo += partials[2 * blocks + b];
+  for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+    hat += in[b];
+    dd += in[blocks + b];
+    oo += in[2 * blocks + b];
   }
   hat = block_sum(hat, scratch);
   dd = block_sum(dd, scratch);
   oo = block_sum(oo, scratch);
+  if (threadIdx.x != 0) return;
   const float eps = static_cast<float>(args.eps);
   const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
-  // lr gamma_t = lr sigma sqrt(mn) / (|Ohat|_F + eps); the arithmetic below is fp32 with each
-  // product and difference rounded as the reference's separate ATen ops round them.
-  const float step = static_cast<float>(lr * args.sigma * std::sqrt(static_cast<double>(m * n))) /
-                     (static_cast<float>(std::sqrt(hat)) + eps);
-  const float decay = static_cast<float>(1.0 - lr * args.weight_decay);
-  if (blockIdx.x == 0 && threadIdx.x == 0)
-    ratio[0] = static_cast<float>(std::sqrt(dd)) / (static_cast<float>(std::sqrt(oo)) + eps);
+  const double mn = static_cast<double>(chunk.t[k].m * chunk.t[k].n);
+  // lr gamma_t = lr sigma sqrt(mn) / (|Ohat|_F + eps): the numerator in double rounded once, the
+  // quotient in fp32, as the reference's ATen ops round them.
+  steps[k] = static_cast<float>(lr * args.sigma * std::sqrt(mn)) /
+             (static_cast<float>(std::sqrt(hat)) + eps);
+  ratio[k] = static_cast<float>(std::sqrt(dd)) / (static_cast<float>(std::sqrt(oo)) + eps);
+}
 
+// Pass 3: every tile of every parameter (blocks stride over the chunk's tiles),
+// p' = fl(fl(p decay) - fl(Ohat step)) in fp32, one rounding to the parameter's type.
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kThreads)
+    rms_apply_kernel(const __grid_constant__ RmsChunk chunk,
+                     const __grid_constant__ RmsLayout layout, UpdateArgs args,
+                     const float* __restrict__ steps) {
+  __shared__ float tile[kTile][kTile + 1];      // +1: conflict-free column reads
+  if (args.ok != nullptr && !*args.ok) return;  // Mask: the parameters keep every bit
+  const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
+  const float decay = static_cast<float>(1.0 - lr * args.weight_decay);
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t tiles_m = (m + kTile - 1) / kTile, tiles_n = (n + kTile - 1) / kTile;
-  const auto apply = [&](T& p, float ohat) {
-    p = Convert<T>::store(__fsub_rn(__fmul_rn(Convert<T>::load(p), decay), __fmul_rn(ohat, step)));
-  };
-  for (int64_t t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
-    const int64_t r0 = (t / tiles_n) * kTile, c0 = (t % tiles_n) * kTile;
+  for (int64_t g = blockIdx.x; g < layout.tiles[chunk.count]; g += gridDim.x) {
+    const int k = owner(layout.tiles, chunk.count, g);
+    const RmsTensor& t = chunk.t[k];
+    const int64_t m = t.m, n = t.n, tiles_n = (n + kTile - 1) / kTile;
+    const int64_t local = g - layout.tiles[k];
+    const int64_t r0 = (local / tiles_n) * kTile, c0 = (local % tiles_n) * kTile;
+    const TO* __restrict__ Os = static_cast<const TO*>(t.Os);
+    T* __restrict__ param = static_cast<T*>(t.param);
+    const float step = steps[k];
+    const auto apply = [&](T& p, float ohat) {
+      p = Convert<T>::store(
+          __fsub_rn(__fmul_rn(Convert<T>::load(p), decay), __fmul_rn(ohat, step)));
+    };
     for (int y = ty; y < kTile; y += kThreads / kTile) {
       const int64_t r = r0 + y, c = c0 + tx;
       if (r < m && c < n)
-        tile[y][tx] = __fadd_rn(Convert<TO>::load(Os[r * n + c]), delta[r * n + c]);
+        tile[y][tx] = __fadd_rn(Convert<TO>::load(Os[r * n + c]), t.delta[r * n + c]);
     }
     __syncthreads();
     for (int y = ty; y < kTile; y += kThreads / kTile) {
-      if (!transposed) {  // param [m, n]: same layout as the working orientation
+      if (!t.transposed) {  // param [m, n]: same layout as the working orientation
         const int64_t r = r0 + y, c = c0 + tx;
         if (r < m && c < n) apply(param[r * n + c], tile[y][tx]);
       } else {  // param [n, m] = Ohat^T, written along its rows for coalescing
@@ -101,33 +163,32 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-int rms_partial_blocks(int64_t numel) {
-  const int64_t per_block = static_cast<int64_t>(kThreads) * 16;
-  return static_cast<int>(
-      std::clamp<int64_t>((numel + per_block - 1) / per_block, 1, kMaxPartials));
+int64_t rms_scratch_doubles(const RmsChunk& chunk) {
+  // 3 partials per norm block, then one step size per parameter (an fp32 in a double's slot).
+  return 3 * layout_of(chunk).blocks[chunk.count] + chunk.count;
 }
 
-void launch_rms_norms(const void* Os, FloatType os_type, const float* delta, int64_t numel,
-                      double* partials, cudaStream_t stream) {
+void launch_rms_update(const RmsChunk& chunk, FloatType param_type, FloatType os_type,
+                       UpdateArgs args, double* scratch, float* ratio, cudaStream_t stream) {
+  if (chunk.count == 0) return;
+  const RmsLayout layout = layout_of(chunk);
+  double* partials = scratch;
+  float* steps = reinterpret_cast<float*>(scratch + 3 * layout.blocks[chunk.count]);
   with_type(os_type, [&](auto* os_tag) {
     using TO = std::remove_pointer_t<decltype(os_tag)>;
-    rms_norms_kernel<TO><<<rms_partial_blocks(numel), kThreads, 0, stream>>>(
-        static_cast<const TO*>(Os), delta, numel, partials);
+    rms_norms_kernel<TO>
+        <<<static_cast<unsigned>(layout.blocks[chunk.count]), kThreads, 0, stream>>>(chunk, layout,
+                                                                                     partials);
   });
-}
-
-void launch_rms_apply(void* param, FloatType param_type, const void* Os, FloatType os_type,
-                      const float* delta, int64_t m, int64_t n, bool transposed,
-                      const double* partials, UpdateArgs args, float* ratio, cudaStream_t stream) {
-  const int64_t tiles = ((m + kTile - 1) / kTile) * ((n + kTile - 1) / kTile);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, kMaxTileBlocks));
+  rms_scale_kernel<<<chunk.count, kThreads, 0, stream>>>(chunk, layout, partials, args, steps,
+                                                         ratio);
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(layout.tiles[chunk.count], kMaxTileBlocks));
   with_type(param_type, [&](auto* param_tag) {
     with_type(os_type, [&](auto* os_tag) {
       using T = std::remove_pointer_t<decltype(param_tag)>;
       using TO = std::remove_pointer_t<decltype(os_tag)>;
-      rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(
-          static_cast<T*>(param), static_cast<const TO*>(Os), delta, m, n, transposed, partials,
-          rms_partial_blocks(m * n), args, ratio);
+      rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args, steps);
     });
   });
 }

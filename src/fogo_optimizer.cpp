@@ -371,12 +371,13 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, c
 
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
-// decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's). Returns |delta|_F / |O_s|_F of
-// each parameter, in `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
+// decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's), all parameters in one call
+// (one set of launches per group on CUDA). Returns |delta|_F / |O_s|_F of each parameter, in
+// `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
 std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
                                         const at::Tensor& device_lr, const at::Tensor& ok) {
-  std::vector<at::Tensor> ratios;
+  std::vector<RmsUpdateItem> items;
   int64_t row = 0;
   for (const auto& [begin, end] : runs) {
     const int64_t m = work[begin].m, n = work[begin].n;
@@ -387,15 +388,12 @@ std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns
                                  .view({-1, m, n});
     row += rows;
     for (size_t i = begin; i < end; ++i) {
-      Work& w = work[i];
-      const at::Tensor before = ok.defined() ? w.param.clone() : at::Tensor();
-      ratios.push_back(
-          ops::apply_rms_update(w.param, w.Os, delta[static_cast<int64_t>(i - begin)], w.transposed,
-                                {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr}));
-      if (ok.defined()) w.param.copy_(at::where(ok, w.param, before));
+      items.push_back(
+          {work[i].param, work[i].Os, delta[static_cast<int64_t>(i - begin)], work[i].transposed});
     }
   }
-  return ratios;
+  return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
+                               ok);
 }
 
 // The codebook flush (after all parameters of the group have stepped), then re-seeding when

@@ -75,18 +75,22 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   fogo::flush(book, acc, p);
 }
 
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
-                            bool transposed, const UpdateParams& p) {
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok) {
 #ifdef FOGO_WITH_CUDA
   const auto storable = [](const at::Tensor& t) {
     const auto type = t.scalar_type();
     return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
            cuda::runs_on(t.device());
   };
-  if (param.is_contiguous() && storable(param) && storable(Os) && cuda_f32({&delta}))
-    return cuda::apply_rms_update(param, Os, delta, transposed, p);
+  const auto fused = [&](const RmsUpdateItem& item) {
+    return item.param.is_contiguous() && storable(item.param) && storable(item.Os) &&
+           cuda_f32({&item.delta});
+  };
+  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
+    return cuda::apply_rms_update(items, p, ok);
 #endif
-  return fogo::apply_rms_update(param, Os, delta, transposed, p);
+  return fogo::apply_rms_update(items, p, ok);
 }
 
 }  // namespace fogo::ops

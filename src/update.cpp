@@ -15,8 +15,11 @@ void check_device_lr(const at::Tensor& param, const UpdateParams& p) {
               p.device_lr.device());
 }
 
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
-                            bool transposed, const UpdateParams& p) {
+namespace {
+
+at::Tensor update_one(const RmsUpdateItem& item, const UpdateParams& p) {
+  at::Tensor param = item.param;
+  const at::Tensor &Os = item.Os, &delta = item.delta;
   // Ohat in the wider of O_s's dtype and fp32 (delta is fp32; O_s is fp32, the NS compute dtype,
   // or fp64 with ns_dtype(kDouble)).
   const at::Tensor Ohat = Os + delta;
@@ -33,7 +36,7 @@ at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::T
     return on_device ? x.mul_((1.0 - p.device_lr * p.weight_decay).to(x.scalar_type()))
                      : x.mul_(1.0 - p.lr * p.weight_decay);
   };
-  const at::Tensor update = (transposed ? Ohat.t() : Ohat).reshape(param.sizes());
+  const at::Tensor update = (item.transposed ? Ohat.t() : Ohat).reshape(param.sizes());
   const auto type = param.scalar_type();
   if (type == at::kFloat || type == at::kDouble) {  // in the parameter's own precision
     decay(param).sub_(update * step);
@@ -42,6 +45,19 @@ at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::T
   }
   const at::ScalarType norm_type = at::promote_types(Os.scalar_type(), at::kFloat);
   return delta.norm() / (at::linalg_vector_norm(Os, 2, {}, false, norm_type) + p.eps);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok) {
+  std::vector<at::Tensor> ratios;
+  for (const RmsUpdateItem& item : items) {
+    const at::Tensor before = ok.defined() ? item.param.clone() : at::Tensor();
+    ratios.push_back(update_one(item, p));
+    if (ok.defined()) item.param.copy_(at::where(ok, item.param, before));
+  }
+  return ratios;
 }
 
 }  // namespace fogo

@@ -316,28 +316,37 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
       // GPT-2's: more partial blocks than kMaxPartials, more tiles than the grid
       {{768, 3072}, false},
       {{3072, 768}, true}};
-  for (const auto& [shape, transposed] : shapes) {
-    for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
-      for (const auto os_dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (const auto os_dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      // All shapes as one group: one multi-tensor call against the reference's per-item loop.
+      std::vector<torch::Tensor> bases;
+      std::vector<fogo::RmsUpdateItem> ref, got, on_device;
+      for (const auto& [shape, transposed] : shapes) {
         const auto base = torch::randn(shape, torch::kCUDA).to(dtype);
         const int64_t rows = shape[0], cols = base.numel() / rows;
         const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
         // O_s as the optimizer passes it: in the Newton–Schulz compute dtype.
         const auto Os = torch::randn({m, n}, torch::kCUDA).to(os_dtype),
                    delta = 0.1 * torch::randn({m, n}, torch::kCUDA);
-        auto ref = base.clone(), got = base.clone();
-        const auto ref_ratio = fogo::apply_rms_update(ref, Os, delta, transposed, p);
-        const auto got_ratio = fogo::ops::apply_rms_update(got, Os, delta, transposed, p);
-        // The learning rate read from the device (a CUDA graph's): the same bits.
-        auto on_device = base.clone();
-        fogo::UpdateParams pd = p;
-        pd.device_lr = torch::full({}, p.lr, torch::dtype(torch::kDouble).device(torch::kCUDA));
-        fogo::ops::apply_rms_update(on_device, Os, delta, transposed, pd);
-        EXPECT_TRUE(torch::equal(on_device, got));
+        bases.push_back(base);
+        ref.push_back({base.clone(), Os, delta, transposed});
+        got.push_back({base.clone(), Os, delta, transposed});
+        on_device.push_back({base.clone(), Os, delta, transposed});
+      }
+      const auto ref_ratio = fogo::apply_rms_update(ref, p);
+      const auto got_ratio = fogo::ops::apply_rms_update(got, p);
+      // The learning rate read from the device (a CUDA graph's): the same bits.
+      fogo::UpdateParams pd = p;
+      pd.device_lr = torch::full({}, p.lr, torch::dtype(torch::kDouble).device(torch::kCUDA));
+      fogo::ops::apply_rms_update(on_device, pd);
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        const auto& base = bases[k];
+        const int64_t m = ref[k].Os.size(0), n = ref[k].Os.size(1);
+        EXPECT_TRUE(torch::equal(on_device[k].param, got[k].param));
         const std::string where = std::to_string(m) + "x" + std::to_string(n) + " " +
                                   std::string(c10::toString(dtype)) + ", O_s " +
                                   std::string(c10::toString(os_dtype));
-        const auto got64 = cpu64(got), ref64 = cpu64(ref);
+        const auto got64 = cpu64(got[k].param), ref64 = cpu64(ref[k].param);
         if (dtype == torch::kFloat) {
           // Derived from the arithmetic. Both compute p' = fl(fl(p decay) - fl(Ohat step)) with
           // the same roundings, except for step = lr sigma sqrt(mn) / (|Ohat|_F + eps): the
@@ -359,10 +368,54 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
           const double ulp = dtype == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
           EXPECT_LT(max_abs((got64 - ref64) / (ref64.abs() + 1e-3)), 1.01 * ulp) << where;
         }
-        EXPECT_NEAR(got_ratio.item<double>(), ref_ratio.item<double>(),
-                    1e-5 * ref_ratio.item<double>())
+        EXPECT_NEAR(got_ratio[k].item<double>(), ref_ratio[k].item<double>(),
+                    1e-5 * ref_ratio[k].item<double>())
             << where;
       }
+    }
+  }
+}
+
+TEST(CudaParity, RmsUpdateOfAGroupIsEachParametersOwnAndMaskKeepsEveryBit) {
+  // More parameters than one launch's table (kRmsChunk = 32) and parameter dtypes that change
+  // along the list, so the group takes several launches: every parameter must come out bit for
+  // bit as when it is updated alone, and a masked step (ok false) must change no bit.
+  FOGO_REQUIRE_KERNELS();
+  torch::manual_seed(15);
+  const fogo::UpdateParams p{0.02, 0.1, 0.2, 1e-8};
+  std::vector<torch::Tensor> bases;
+  const auto items = [&] {
+    std::vector<fogo::RmsUpdateItem> out;
+    for (size_t k = 0; k < bases.size(); ++k) {
+      const auto& b = bases[k];
+      const bool transposed = k % 3 == 1;
+      const int64_t rows = b.size(0), cols = b.numel() / rows;
+      const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
+      torch::manual_seed(100 + static_cast<int64_t>(k));
+      out.push_back({b.clone(), torch::randn({m, n}, torch::kCUDA).to(torch::kBFloat16),
+                     0.1 * torch::randn({m, n}, torch::kCUDA), transposed});
+    }
+    return out;
+  };
+  for (int k = 0; k < 70; ++k) {
+    const auto dtype = (k / 10) % 2 == 0 ? torch::kFloat : torch::kBFloat16;
+    bases.push_back(torch::randn({8 + k % 7, 5 + 11 * (k % 4)}, torch::kCUDA).to(dtype));
+  }
+  const auto together = items();
+  const auto ratios = fogo::ops::apply_rms_update(together, p);
+  ASSERT_EQ(ratios.size(), bases.size());
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBool);
+  const auto taken = items(), masked = items();
+  fogo::ops::apply_rms_update(taken, p, torch::full({}, true, on_cuda));
+  fogo::ops::apply_rms_update(masked, p, torch::full({}, false, on_cuda));
+  const auto alone = items();
+  for (size_t k = 0; k < bases.size(); ++k) {
+    const auto ratio = fogo::ops::apply_rms_update({alone[k]}, p);
+    EXPECT_TRUE(torch::equal(together[k].param, alone[k].param)) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(ratios[k], ratio[0])) << "parameter " << k;
+    EXPECT_FALSE(torch::equal(together[k].param, bases[k])) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(taken[k].param, together[k].param)) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(masked[k].param, bases[k])) << "parameter " << k;
   }
 }
 

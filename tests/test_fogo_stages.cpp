@@ -409,10 +409,10 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
         device.lr = 123.0;  // ignored
         device.device_lr = torch::full({}, lr, torch::kDouble);
         auto a = base.clone(), b = base.clone();
-        const auto ra = fogo::apply_rms_update(a, Os, delta, transposed, host);
-        const auto rb = fogo::apply_rms_update(b, Os, delta, transposed, device);
+        const auto ra = fogo::apply_rms_update({{a, Os, delta, transposed}}, host);
+        const auto rb = fogo::apply_rms_update({{b, Os, delta, transposed}}, device);
         EXPECT_TRUE(torch::equal(a, b)) << dtype << " lr " << lr;
-        EXPECT_TRUE(torch::equal(ra, rb));
+        EXPECT_TRUE(torch::equal(ra[0], rb[0]));
         EXPECT_FALSE(torch::equal(a, base));
       }
     }
@@ -422,8 +422,59 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
   fogo::UpdateParams bad{0.1, 0.0, 0.2, 1e-8};
   for (const auto& lr : {torch::full({}, 0.1), torch::full({1}, 0.1, torch::kDouble)}) {
     bad.device_lr = lr;
-    fogo::test::expect_error([&] { fogo::apply_rms_update(p, Os, delta, false, bad); },
-                             "device_lr must be a 0-d float64 tensor");
+    fogo::test::expect_error(
+        [&] {
+          fogo::apply_rms_update({{p, Os, delta, false}}, bad);
+        },
+        "device_lr must be a 0-d float64 tensor");
+  }
+}
+
+TEST(Update, AGroupIsEachParametersOwnUpdateAndMaskKeepsEveryBit) {
+  // The reference's contract, which the CUDA multi-tensor launches follow: every parameter of the
+  // list gets its own gamma_t (the list changes no result), and a masked step changes no bit.
+  torch::manual_seed(17);
+  const fogo::UpdateParams p{0.05, 0.1, 0.2, 1e-8};
+  const std::vector<torch::Tensor> bases = {torch::randn({6, 10}), torch::randn({10, 6}),
+                                            torch::randn({4, 2, 3, 3}).to(torch::kBFloat16)};
+  const auto items = [&] {
+    std::vector<fogo::RmsUpdateItem> out;
+    for (const auto& b : bases) {
+      const int64_t rows = b.size(0), cols = b.numel() / rows;
+      const bool transposed = rows > cols;
+      const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+      out.push_back({b.clone(), torch::randn({m, n}), 0.1 * torch::randn({m, n}), transposed});
+    }
+    return out;
+  };
+  torch::manual_seed(18);
+  const auto together = items();
+  const auto ratios = fogo::apply_rms_update(together, p);
+  torch::manual_seed(18);
+  const auto taken = items();
+  fogo::apply_rms_update(taken, p, torch::full({}, true));
+  torch::manual_seed(18);
+  const auto masked = items();
+  fogo::apply_rms_update(masked, p, torch::full({}, false));
+  for (size_t k = 0; k < bases.size(); ++k) {
+    auto alone = together[k];
+    alone.param = bases[k].clone();
+    const auto ratio = fogo::apply_rms_update({alone}, p);
+    // gamma_t from this parameter's own O_s and delta: |Ohat_k|_F scales the step.
+    const auto Ohat = together[k].Os + together[k].delta;
+    const double step = p.lr * p.sigma * std::sqrt(static_cast<double>(Ohat.numel())) /
+                        (Ohat.norm().item<double>() + p.eps);
+    const auto expected =
+        bases[k].to(torch::kDouble) * (1 - p.lr * p.weight_decay) -
+        step *
+            (together[k].transposed ? Ohat.t() : Ohat).reshape(bases[k].sizes()).to(torch::kDouble);
+    const double tol = bases[k].scalar_type() == torch::kBFloat16 ? 1e-2 : 1e-5;
+    EXPECT_TRUE(torch::allclose(together[k].param.to(torch::kDouble), expected, tol, tol))
+        << "parameter " << k;
+    EXPECT_TRUE(torch::equal(together[k].param, alone.param)) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(ratios[k], ratio[0])) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(taken[k].param, together[k].param)) << "parameter " << k;
+    EXPECT_TRUE(torch::equal(masked[k].param, bases[k])) << "parameter " << k;
   }
 }
 

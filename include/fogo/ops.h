@@ -24,7 +24,7 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
 
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
-                            bool transposed, const UpdateParams& p);
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok = {});
 
 }  // namespace fogo::ops

@@ -6,24 +6,34 @@
 
 #include <ATen/Tensor.h>
 
+#include <vector>
+
 namespace fogo {
 
 struct UpdateParams {
   double lr, weight_decay, sigma, eps;
-  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameter's
+  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
   /// device, read when the update runs (a replayed CUDA graph uses its current value). The
   /// arithmetic is the same as with `lr` (double, then one rounding), so the results are too.
   at::Tensor device_lr = {};
 };
 
-/// Applies the update to `param` in place. `Os` (fp32, or the Newton–Schulz compute dtype, read
-/// as is) and `delta` (fp32) are [m, n] in the working orientation; `transposed` says the
-/// parameter's 2-D view is their transpose. Returns |delta|_F / (|O_s|_F + eps) as a 0-d tensor
-/// (telemetry; no host synchronisation).
+/// One parameter's update: `Os` (fp32, or the Newton–Schulz compute dtype, read as is) and
+/// `delta` (fp32) are [m, n] in the working orientation; `transposed` says the parameter's 2-D
+/// view is their transpose. `param` is updated in place.
+struct RmsUpdateItem {
+  at::Tensor param, Os, delta;
+  bool transposed = false;
+};
+
 /// Throws unless `p.device_lr` is undefined or a 0-d float64 tensor on param's device.
 void check_device_lr(const at::Tensor& param, const UpdateParams& p);
 
-at::Tensor apply_rms_update(at::Tensor& param, const at::Tensor& Os, const at::Tensor& delta,
-                            bool transposed, const UpdateParams& p);
+/// Applies the update to every item's parameter, each with its own gamma_t. With `ok` (a 0-d
+/// bool on the parameters' device: NonFinitePolicy::Mask) a parameter keeps every bit where ok
+/// is false. Returns |delta|_F / (|O_s|_F + eps) of each item as a 0-d tensor (telemetry; no
+/// host synchronisation).
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                         const UpdateParams& p, const at::Tensor& ok = {});
 
 }  // namespace fogo
