@@ -29,26 +29,23 @@ void launch_fuse_rows(const float* Ps, const float* Pf, int64_t R, int64_t d, fl
                       float* znorm, bool* valid, cudaStream_t stream);
 
 struct ShortTermArgs {
-  float eps_st, tau_plus, tau_minus, eps;
+  float eps_st, tau_plus, tau_minus, eps, lambda_hi;
 };
 
-/// Step 5's memory read and step 6's set weights, from sim = q cbar^T [R, C]:
+/// Step 5's memory read and step 6's components, from sim = q cbar^T [R, C]:
 /// a_i = argmax_j sim_ij; for valid rows m[a_i] += 1 and s[a_i] += q_i (atomics; m, s zeroed by
-/// the caller). When `W` is non-null (filtering), also W [2, R, C]:
-///   W[0]_ij = alpha+_ij <z_i, cbar_j>  over H_i = {sim_ij > eps_st},
-///   W[1]_ij = alpha-_ij <z_i, cbar_j>  over C_i = {sim_ij < -eps_st},
-/// alpha the softmax of tau_plus sim (tau_minus |sim|) over the set, zero off the set, with
-/// <z_i, cbar_j> = (|z_i| + eps) sim_ij (z_i = (|z_i| + eps) q_i), and per block the number of
-/// rows with non-empty C_i / H_i in conflict_partial / over_partial [row_blocks(R)].
+/// the caller). When `zhc` is non-null (filtering; cbar [C, d] then too), also
+///   zhc[i]     = z_hi_i   = sum_{H_i} alpha+_ij <z_i, cbar_j> cbar_j,  H_i = {sim_ij > eps_st},
+///   zhc[R + i] = z_conf_i = sum_{C_i} alpha-_ij <z_i, cbar_j> cbar_j,  C_i = {sim_ij < -eps_st},
+/// (zhc [2R, d]) alpha the softmax of tau_plus sim (tau_minus |sim|) over the set, with
+/// <z_i, cbar_j> = (|z_i| + eps) sim_ij (z_i = (|z_i| + eps) q_i), reading only the sets'
+/// centroids; and per block, into [row_blocks(R)] arrays: the number of rows with non-empty
+/// C_i / H_i (conflict_partial / over_partial) and the sum of the conflict ratios
+/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps) (r_partial).
 void launch_memory_read(const float* sim, const float* q, const float* znorm, const bool* valid,
                         int64_t R, int64_t C, int64_t d, ShortTermArgs args, float* m, float* s,
-                        float* W, float* conflict_partial, float* over_partial,
-                        cudaStream_t stream);
-
-/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps) from zhc = [z_hi; z_conf] [2R, d],
-/// summed per block into r_partial [row_blocks(R)].
-void launch_conflict_ratio(const float* zhc, const float* znorm, int64_t R, int64_t d,
-                           float lambda_hi, float eps, float* r_partial, cudaStream_t stream);
+                        const float* cbar, float* zhc, float* conflict_partial, float* over_partial,
+                        float* r_partial, cudaStream_t stream);
 
 struct AdaptiveArgs {
   float beta_r, one_minus_beta_r, gamma_st_min, gamma_st_max, kappa;  // 1 - beta_r rounded once

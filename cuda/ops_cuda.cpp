@@ -4,17 +4,18 @@
 // Projected step, per group (R rows, C centroids, K frozen candidates):
 //   fuse_rows          slerp, q, |z|, valid                       (step 4, query of step 5)
 //   sim = q cbar^T     GEMM [R, C]
-//   memory_read        argmax, m/s accumulation, softmax set weights W [2R, C]   (steps 5-6)
-//   [z_hi; z_conf] = W cbar           GEMM [2R, d]
-//   conflict_ratio     r_i per block                                (step 6)
+//   memory_read        argmax, m/s accumulation, set weights, [z_hi; z_conf] [2R, d] from the
+//                      sets' centroids only, r_i per block           (steps 5-6)
 //   short_term_reduce  r_t, rbar, gamma_st, set statistics (one block)
 //   short_term_apply   z~ = z - gamma_hi z_hi - gamma_st z_conf, dz = z~ - Ps
 //   F = z~ frozen^T    GEMM [R, K]                                  (step 7, if K > 0)
 //   long_term_weights  B_i, gamma_lt_i, Wlt
 //   dz -= Wlt frozen   GEMM
-// The R x C x d and R x K x d contractions are GEMMs because cuBLAS runs them faster than a
-// hand-fused loop over centroids would (the similarity work is GEMM-shaped: every row meets every
-// centroid); the row-wise kernels fuse everything between them.
+// The similarities and the long-term contraction are GEMMs because cuBLAS runs them faster than a
+// hand-fused loop over centroids would (every row meets every centroid); the short-term
+// components are not: a row's sets hold a small part of the codebook (|sim| > eps_st), and a
+// dense [2R, C] weight matrix times cbar would mostly multiply zeros. The row-wise kernels fuse
+// everything between the GEMMs.
 #include "ops_cuda.h"
 
 #include <ATen/ATen.h>
@@ -96,27 +97,24 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
   const at::Tensor sim = at::mm(q, cbar.t());
   at::Tensor m = at::zeros({C}, options), s = at::zeros({C, d}, options);
   at::Tensor stats = at::zeros({4}, options);
-  const ShortTermArgs st{static_cast<float>(p.short_term.eps_st),
-                         static_cast<float>(p.short_term.tau_plus),
-                         static_cast<float>(p.short_term.tau_minus), eps};
+  const ShortTermArgs st{
+      static_cast<float>(p.short_term.eps_st), static_cast<float>(p.short_term.tau_plus),
+      static_cast<float>(p.short_term.tau_minus), eps, static_cast<float>(p.lambda_hi)};
   if (!p.filter) {
     launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
-                       f32(s), nullptr, nullptr, nullptr, stream);
+                       f32(s), nullptr, nullptr, nullptr, nullptr, nullptr, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {z, q, valid, m, s, rbar, stats};
   }
 
-  // Step 6: set weights with the read, the components as one GEMM, then r_t -> rbar -> gamma_st
-  // on the device, then the correction.
+  // Step 6: the components and r_i with the read, then r_t -> rbar -> gamma_st on the device,
+  // then the correction.
   const int64_t blocks = row_blocks(R);
   at::Tensor partials = at::empty({4, blocks}, options);  // conflict, over, r, protected
-  at::Tensor W = at::empty({2 * R, C}, options);
+  at::Tensor zhc = at::empty({2 * R, d}, options);        // [z_hi; z_conf]
   launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
-                     f32(s), f32(W), f32(partials[0]), f32(partials[1]), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const at::Tensor zhc = at::mm(W, cbar);  // [z_hi; z_conf]
-  launch_conflict_ratio(f32(zhc), f32(znorm), R, d, static_cast<float>(p.lambda_hi), eps,
-                        f32(partials[2]), stream);
+                     f32(s), f32(cbar), f32(zhc), f32(partials[0]), f32(partials[1]),
+                     f32(partials[2]), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor rbar_new = at::empty({}, options);
   launch_short_term_reduce(f32(partials[2]), f32(partials[0]), f32(partials[1]), blocks, R,

@@ -2,8 +2,9 @@
 // Slow-Fast Fusion", "Details of Online Directional Memory", "Details of Long-Term Near-Orthogonal
 // Protection"). One warp per row i: every quantity here is a per-row reduction over d (or C, K)
 // followed by elementwise work on the same row, so a warp keeps the row's partial sums in
-// registers and touches each row of HBM data a small, fixed number of times. The R x C x d and
-// R x K x d contractions between these kernels are cuBLAS GEMMs (ops_cuda.cpp).
+// registers and touches each row of HBM data a small, fixed number of times. The similarities
+// (R x C x d) and the long-term contractions (R x K x d) between these kernels are cuBLAS GEMMs
+// (ops_cuda.cpp); the short-term components read only the few centroids each row's sets hold.
 #include <cfloat>
 #include <cmath>
 
@@ -84,16 +85,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Columns of the [z_hi; z_conf] row each lane accumulates per pass over the sets: 32 lanes x
+// kGatherCols covers d <= 512 (the paper's largest projection) in one pass.
+constexpr int kGatherCols = 16;
+
 __global__ void __launch_bounds__(kThreads)
     memory_read_kernel(const float* __restrict__ sim, const float* __restrict__ q,
                        const float* __restrict__ znorm, const bool* __restrict__ valid, int64_t R,
                        int64_t C, int64_t d, ShortTermArgs args, float* __restrict__ m,
-                       float* __restrict__ s, float* __restrict__ W,
-                       float* __restrict__ conflict_partial, float* __restrict__ over_partial) {
-  __shared__ float conflict_flags[kRowsPerBlock], over_flags[kRowsPerBlock];
+                       float* __restrict__ s, const float* __restrict__ cbar,
+                       float* __restrict__ zhc, float* __restrict__ conflict_partial,
+                       float* __restrict__ over_partial, float* __restrict__ r_partial) {
+  __shared__ float conflict_flags[kRowsPerBlock], over_flags[kRowsPerBlock], ratios[kRowsPerBlock];
   const int64_t i = warp_row(kRowsPerBlock);
   const int lane = threadIdx.x % 32;
   bool any_conflict = false, any_over = false;
+  float r = 0.f;
   if (i < R) {
     const float* row = sim + i * C;
     // a_i = argmax_j s_ij, the first maximal index as torch.argmax: each lane scans its columns
@@ -123,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t k = lane; k < d; k += 32) atomicAdd(sj + k, qi[k]);
     }
 
-    if (W != nullptr) {
+    if (zhc != nullptr) {
       // Softmax over H_i of tau_plus s_ij and over C_i of tau_minus |s_ij|, shifted by the set's
       // maximum logit; empty sets give zero weights.
       float max_over = -INFINITY, max_conf = -INFINITY;
@@ -151,44 +158,60 @@ __global__ void __launch_bounds__(kThreads)
       }
       sum_over = warp_sum(sum_over);
       sum_conf = warp_sum(sum_conf);
-      // <z_i, cbar_j> = (|z_i| + eps) s_ij, since z_i = (|z_i| + eps) q_i.
+      // z_hi_i = sum_{H_i} w+_ij cbar_j and z_conf_i = sum_{C_i} w-_ij cbar_j, with
+      // w_ij = alpha_ij <z_i, cbar_j> and <z_i, cbar_j> = (|z_i| + eps) s_ij (z_i = (|z_i| + eps)
+      // q_i). The sets are a small part of the codebook, so only their centroids are read: each
+      // lane weighs one centroid of every 32, a ballot names the members, and the warp adds
+      // their rows, in increasing j.
       const float scale = znorm[i] + args.eps;
-      float* w_over = W + i * C;
-      float* w_conf = W + (R + i) * C;
-      for (int64_t j = lane; j < C; j += 32) {
-        const float v = row[j];
-        w_over[j] =
-            v > args.eps_st ? expf(args.tau_plus * v - max_over) / sum_over * (scale * v) : 0.f;
-        w_conf[j] = v < -args.eps_st
-                        ? expf(args.tau_minus * fabsf(v) - max_conf) / sum_conf * (scale * v)
-                        : 0.f;
+      float hh = 0.f, cc = 0.f;
+      for (int64_t k0 = 0; k0 < d; k0 += 32 * kGatherCols) {
+        float hi[kGatherCols] = {}, conf[kGatherCols] = {};
+        for (int64_t j0 = 0; j0 < C; j0 += 32) {
+          const int64_t j = j0 + lane;
+          const float v = j < C ? row[j] : 0.f;
+          const bool over = j < C && v > args.eps_st, con = j < C && v < -args.eps_st;
+          const float w_over =
+              over ? expf(args.tau_plus * v - max_over) / sum_over * (scale * v) : 0.f;
+          const float w_conf =
+              con ? expf(args.tau_minus * fabsf(v) - max_conf) / sum_conf * (scale * v) : 0.f;
+          for (unsigned members = __ballot_sync(kFullMask, over || con); members != 0;
+               members &= members - 1) {
+            const int b = __ffs(members) - 1;
+            const float wo = __shfl_sync(kFullMask, w_over, b);
+            const float wc = __shfl_sync(kFullMask, w_conf, b);
+            const float* c = cbar + (j0 + b) * d;
+#pragma unroll
+            for (int t = 0; t < kGatherCols; ++t) {
+              const int64_t k = k0 + lane + 32 * t;
+              if (k < d) {
+                const float ck = c[k];
+                hi[t] += wo * ck;
+                conf[t] += wc * ck;
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kGatherCols; ++t) {
+          const int64_t k = k0 + lane + 32 * t;
+          if (k < d) {
+            zhc[i * d + k] = hi[t];
+            zhc[(R + i) * d + k] = conf[t];
+            hh += hi[t] * hi[t];
+            cc += conf[t] * conf[t];
+          }
+        }
       }
+      // r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps)   (step 6's conflict ratio)
+      r = (sqrtf(warp_sum(cc)) + args.lambda_hi * sqrtf(warp_sum(hh))) / scale;
     }
   }
-  if (W != nullptr) {  // uniform over the launch
+  if (zhc != nullptr) {  // uniform over the launch
     store_block_count(any_conflict ? 1.f : 0.f, conflict_flags, conflict_partial);
     store_block_count(any_over ? 1.f : 0.f, over_flags, over_partial);
+    store_block_count(r, ratios, r_partial);
   }
-}
-
-__global__ void __launch_bounds__(kThreads)
-    conflict_ratio_kernel(const float* __restrict__ zhc, const float* __restrict__ znorm, int64_t R,
-                          int64_t d, float lambda_hi, float eps, float* __restrict__ r_partial) {
-  __shared__ float ratios[kRowsPerBlock];
-  const int64_t i = warp_row(kRowsPerBlock);
-  const int lane = threadIdx.x % 32;
-  float r = 0.f;
-  if (i < R) {
-    const float* hi = zhc + i * d;
-    const float* conf = zhc + (R + i) * d;
-    float hh = 0.f, cc = 0.f;
-    for (int64_t k = lane; k < d; k += 32) {
-      hh += hi[k] * hi[k];
-      cc += conf[k] * conf[k];
-    }
-    r = (sqrtf(warp_sum(cc)) + lambda_hi * sqrtf(warp_sum(hh))) / (znorm[i] + eps);
-  }
-  store_block_count(r, ratios, r_partial);
 }
 
 // The host cannot know r_t without a synchronisation, so the EMA and gamma_st are computed here,
@@ -305,16 +328,11 @@ void launch_fuse_rows(const float* Ps, const float* Pf, int64_t R, int64_t d, fl
 
 void launch_memory_read(const float* sim, const float* q, const float* znorm, const bool* valid,
                         int64_t R, int64_t C, int64_t d, ShortTermArgs args, float* m, float* s,
-                        float* W, float* conflict_partial, float* over_partial,
-                        cudaStream_t stream) {
+                        const float* cbar, float* zhc, float* conflict_partial, float* over_partial,
+                        float* r_partial, cudaStream_t stream) {
   memory_read_kernel<<<grid_for(R), kThreads, 0, stream>>>(sim, q, znorm, valid, R, C, d, args, m,
-                                                           s, W, conflict_partial, over_partial);
-}
-
-void launch_conflict_ratio(const float* zhc, const float* znorm, int64_t R, int64_t d,
-                           float lambda_hi, float eps, float* r_partial, cudaStream_t stream) {
-  conflict_ratio_kernel<<<grid_for(R), kThreads, 0, stream>>>(zhc, znorm, R, d, lambda_hi, eps,
-                                                              r_partial);
+                                                           s, cbar, zhc, conflict_partial,
+                                                           over_partial, r_partial);
 }
 
 void launch_short_term_reduce(const float* r_partial, const float* conflict_partial,
