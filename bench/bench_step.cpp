@@ -191,8 +191,11 @@ void BM_Stage_FOGO(benchmark::State& state) {
   for (const auto& [mn, members] : groups) {
     const auto [m, n] = mn;
     const int64_t P = static_cast<int64_t>(members.size());
-    const bool gram = s.ns_dtype == torch::kFloat &&
-                      fogo::newton_schulz_projected_is_cheaper(m, n, d, o.ns_steps_fast());
+    // As orthogonalize() decides (fogo_optimizer.cpp).
+    const bool gram =
+        (s.ns_dtype == torch::kFloat ||
+         (o.ns_form() != fogo::NSForm::Plain && o.ns_gram_restart() > 0)) &&
+        fogo::newton_schulz_projected_is_cheaper(m, n, d, o.ns_steps_fast(), o.ns_gram_restart());
     const auto Os = fogo::newton_schulz(torch::randn({P, m, n}, f32), ns);
     buckets.push_back({m, n, gram, torch::randn({P, m, n}, f32), torch::randn({P, m, n}, f32),
                        fogo::rademacher(o.seed(), n, d, o.projection_scale(), s.device),

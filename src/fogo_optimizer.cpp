@@ -129,8 +129,10 @@ namespace {
 // written by step 1 in the compute dtype, and O_s stays in that dtype: the update reads it as is.
 //
 // Only P_f = O_f Pi of the fast stream is ever used: newton_schulz_projected computes it from
-// m x m Gram iterations when that takes fewer multiply-adds, with fp32/fp64 compute only (in bf16
-// the Gram matrix squares the conditioning; newton_schulz.h).
+// m x m Gram iterations when that takes fewer multiply-adds: always with fp32/fp64 compute, and
+// with bf16/fp16 compute when ns_form lets the Gram form in (Gram or Auto) with restarts (without
+// them the Gram matrix squares the conditioning and low precision loses the small directions;
+// newton_schulz.h).
 //
 // With unit-scale Pi (entries +-1, exact in bf16), a bf16 O times Pi is exact products summed in
 // fp32 (mm_bf16_f32): tensor cores on CUDA, the same result up to summation order.
@@ -139,6 +141,8 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
                                                 const FOGOOptions& o) {
   if (runs.empty()) return {};  // a shard that owns none of the group
   const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
+  const bool gram_allowed =
+      full_precision || (o.ns_form() != NSForm::Plain && o.ns_gram_restart() > 0);
   int64_t R = 0;
   for (const Work& w : work) R += w.m;
   // The projections are written straight into their rows of Ps and Pf (no cat of the runs).
@@ -161,7 +165,8 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
       }
     };
     const bool gram =
-        full_precision && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast());
+        gram_allowed && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast(),
+                                                           o.ns_gram_restart());
     at::Tensor Os;
     if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
       const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));

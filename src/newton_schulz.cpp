@@ -52,25 +52,29 @@ at::Tensor plus_identity(const at::Tensor& P, double a) {
   return F;
 }
 
-// The Gram form on a normalised wide batch X [batch, m, n] (newton_schulz.h).
-at::Tensor gram_chain(at::Tensor X, const NSConfig& config) {
+// The Gram form on a normalised wide batch X [batch, m, n] (newton_schulz.h): returns NS(X), or
+// with Pi [n, d] defined NS(X) Pi, as Q (X Pi) with X the iterate of the last restart.
+at::Tensor gram_chain(at::Tensor X, const NSConfig& config, const at::Tensor& Pi = {}) {
   const auto [a, b, c] = config.coefficients;
-  at::Tensor A = at::bmm(X, X.transpose(-2, -1));
   at::Tensor Q;  // Q_k since the last restart; undefined stands for the identity
-  for (int64_t k = 0; k < config.steps; ++k) {
-    const at::Tensor P = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
-    Q = Q.defined() ? at::baddbmm(Q, P, Q, /*beta=*/a, /*alpha=*/1.0) : plus_identity(P, a);
-    if (k + 1 == config.steps) break;
-    if (config.gram_restart > 0 && (k + 1) % config.gram_restart == 0) {
-      X = at::bmm(Q, X);
-      Q = at::Tensor();
-      A = at::bmm(X, X.transpose(-2, -1));
-    } else {
-      const at::Tensor FA = at::baddbmm(A, P, A, /*beta=*/a, /*alpha=*/1.0);
-      A = at::baddbmm(FA, P, FA, /*beta=*/a, /*alpha=*/1.0);  // F A F: the factors commute
+  if (config.steps > 0) {
+    at::Tensor A = at::bmm(X, X.transpose(-2, -1));
+    for (int64_t k = 0; k < config.steps; ++k) {
+      const at::Tensor P = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
+      Q = Q.defined() ? at::baddbmm(Q, P, Q, /*beta=*/a, /*alpha=*/1.0) : plus_identity(P, a);
+      if (k + 1 == config.steps) break;
+      if (config.gram_restart > 0 && (k + 1) % config.gram_restart == 0) {
+        X = at::bmm(Q, X);
+        Q = at::Tensor();
+        A = at::bmm(X, X.transpose(-2, -1));
+      } else {
+        const at::Tensor FA = at::baddbmm(A, P, A, /*beta=*/a, /*alpha=*/1.0);
+        A = at::baddbmm(FA, P, FA, /*beta=*/a, /*alpha=*/1.0);  // F A F: the factors commute
+      }
     }
   }
-  return Q.defined() ? at::bmm(Q, X) : X;
+  const at::Tensor right = Pi.defined() ? at::matmul(X, Pi) : X;
+  return Q.defined() ? at::bmm(Q, right) : right;
 }
 
 bool use_gram(const NSConfig& config, int64_t m, int64_t n) {
@@ -150,24 +154,11 @@ at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
   TORCH_CHECK(Pi.dim() == 2 && Pi.size(0) == B.size(-1),
               "newton_schulz_projected: Pi must be [n, d] with n = ", B.size(-1), ", got shape ",
               Pi.sizes());
-  const auto [a, b, c] = config.coefficients;
   at::Tensor X = (B.dim() == 3 ? B : B.unsqueeze(0)).to(config.compute_dtype);
   const at::Tensor norms = at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true);
   X = X / (config.normalization == NSNormalization::ClampMin ? norms.clamp_min(config.eps)
                                                              : norms + config.eps);
-  at::Tensor Y = at::matmul(X, Pi.to(config.compute_dtype));  // Y_0 = X_0 Pi
-  if (config.steps > 0) {
-    at::Tensor A = at::bmm(X, X.transpose(-2, -1));
-    for (int64_t k = 0; k < config.steps; ++k) {
-      // Q_k = a I + P with P = b A + c A^2; `a` enters through beta, never as a rounded diagonal.
-      const at::Tensor P = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
-      Y = at::baddbmm(Y, P, Y, /*beta=*/a, /*alpha=*/1.0);
-      if (k + 1 < config.steps) {
-        const at::Tensor QA = at::baddbmm(A, P, A, /*beta=*/a, /*alpha=*/1.0);
-        A = at::baddbmm(QA, P, QA, /*beta=*/a, /*alpha=*/1.0);  // Q A Q: the factors commute
-      }
-    }
-  }
+  const at::Tensor Y = gram_chain(X, config, Pi.to(config.compute_dtype));
   return B.dim() == 3 ? Y : Y.squeeze(0);
 }
 
@@ -185,15 +176,18 @@ bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t 
   return gram < plain;
 }
 
-bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps) {
+bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps,
+                                        int64_t restart) {
   // Multiply-adds per matrix. Plain: each step X X^T (m^2 n), A^2 (m^3) and the polynomial times
-  // X (m^2 n), then X Pi (m n d). Gram: X_0 X_0^T (m^2 n, when iterating) and X_0 Pi (m n d) once,
-  // each step A^2 (m^3) and Q Y (m^2 d), every step but the last Q A and Q (Q A) (2 m^3).
+  // X (m^2 n), then X Pi (m n d). Gram: the Gram form's count (newton_schulz_gram_is_cheaper)
+  // with its final Q X (m^2 n) replaced by X Pi (m n d) and Q (X Pi) (m^2 d).
+  if (steps == 0) return false;
   const double M = static_cast<double>(m), N = static_cast<double>(n), D = static_cast<double>(d);
   const double K = static_cast<double>(steps);
+  const double restarts = restart > 0 ? static_cast<double>((steps - 1) / restart) : 0.0;
   const double plain = K * (2 * M * M * N + M * M * M) + M * N * D;
-  const double gram = (steps > 0 ? M * M * N : 0.0) + M * N * D + K * (M * M * M + M * M * D) +
-                      std::max(K - 1, 0.0) * 2 * M * M * M;
+  const double gram = M * M * N + (2 * K - 1) * M * M * M + (K - 1 - restarts) * 2 * M * M * M +
+                      restarts * 2 * M * M * N + M * N * D + M * M * D;
   return gram < plain;
 }
 

@@ -790,10 +790,12 @@ TEST(NewtonSchulzProjected, MatchesPlainChainThenProjection) {
                                    {8, 200, 32},
                                    {1, 30, 4}}) {
         for (const auto& coefficients : {fogo::NSConfig::quintic(), fogo::NSConfig::cubic()}) {
-          for (const int64_t steps : {0, 1, 5}) {
+          for (const auto [steps, restart] :
+               {std::pair<int64_t, int64_t>{0, 3}, {1, 3}, {5, 0}, {5, 2}, {5, 3}}) {
             fogo::NSConfig config;
             config.coefficients = coefficients;
             config.steps = steps;
+            config.gram_restart = restart;
             config.compute_dtype = dtype;
             config.normalization = fogo::NSNormalization::AddEps;
             config.eps = 1e-8;
@@ -809,7 +811,7 @@ TEST(NewtonSchulzProjected, MatchesPlainChainThenProjection) {
             const double tol = dtype == torch::kFloat ? (ill ? 2e-3 : 5e-5) : 1e-9;
             EXPECT_LT(relative(got, want), tol)
                 << c10::toString(dtype) << (ill ? " ill" : " well") << " " << m << "x" << n << " d "
-                << d << " K " << steps;
+                << d << " K " << steps << " restart " << restart;
             // Single matrices take the same path.
             EXPECT_LT(relative(fogo::newton_schulz_projected(B[1], Pi, config), got[1]),
                       dtype == torch::kFloat ? 1e-5 : 1e-12);
@@ -833,11 +835,13 @@ TEST(NewtonSchulzProjected, OnCudaMatchesPlainChain) {
 }
 
 TEST(NewtonSchulzProjected, CostModelPicksTheGramRouteForWideMatricesOnly) {
-  EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(768, 768, 512, 5));   // square
-  EXPECT_TRUE(fogo::newton_schulz_projected_is_cheaper(768, 2304, 512, 5));   // GPT-2 qkv
-  EXPECT_TRUE(fogo::newton_schulz_projected_is_cheaper(768, 3072, 512, 5));   // GPT-2 MLP
-  EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(768, 3072, 512, 0));  // nothing to save
-  EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(64, 128, 4096, 5));   // d >> n
+  for (const int64_t restart : {0, 3}) {
+    EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(768, 768, 512, 5, restart));   // square
+    EXPECT_TRUE(fogo::newton_schulz_projected_is_cheaper(768, 2304, 512, 5, restart));   // qkv
+    EXPECT_TRUE(fogo::newton_schulz_projected_is_cheaper(768, 3072, 512, 5, restart));   // MLP
+    EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(768, 3072, 512, 0, restart));  // no NS
+    EXPECT_FALSE(fogo::newton_schulz_projected_is_cheaper(64, 128, 4096, 5, restart));   // d >> n
+  }
 }
 
 TEST(NewtonSchulzProjected, RejectsTallInputsAndMismatchedPi) {

@@ -1014,3 +1014,40 @@ TEST(FOGO, GramFormStepsAsThePlainChain) {
   EXPECT_LT((final[1] - final[0]).abs().max().item<double>(), 1e-10);
   EXPECT_FALSE(torch::equal(final[1], final[0]));
 }
+
+// In bf16 the Gram form needs its restarts (newton_schulz.h); with them (ns_form Auto, restart 3)
+// a wide parameter's streams take the Gram routes (the fast one only as P_f = O_f Pi) and its
+// updates stay within bf16's error of the plain chain's, step for step from the same state.
+TEST(FOGO, Bf16GramRoutesWithRestartUpdateAsThePlainChain) {
+  ASSERT_TRUE(fogo::newton_schulz_projected_is_cheaper(8, 48, 16, 5, 3));
+  ASSERT_TRUE(fogo::newton_schulz_gram_is_cheaper(8, 48, 5, 3));
+  torch::manual_seed(25);
+  auto w = torch::randn({8, 48}).requires_grad_(true);
+  const auto options = [](fogo::NSForm form) {
+    return fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8).ns_form(form).ns_gram_restart(3);
+  };
+  fogo::FOGO plain({w}, options(fogo::NSForm::Plain));
+  double worst = 0.0;
+  for (int step = 0; step < 5; ++step) {
+    w.mutable_grad() = torch::randn({8, 48});
+    // The Gram run starts from the plain run's state (parameters, momenta, codebook).
+    std::stringstream saved;
+    torch::serialize::OutputArchive out;
+    plain.save(out);
+    out.save_to(saved);
+    auto v = w.detach().clone().requires_grad_(true);
+    v.mutable_grad() = w.grad().clone();
+    fogo::FOGO gram({v}, options(fogo::NSForm::Auto));
+    torch::serialize::InputArchive in;
+    in.load_from(saved);
+    gram.load(in);  // restores the plain run's options too: the form is set again after it
+    static_cast<fogo::FOGOOptions&>(gram.param_groups()[0].options()).ns_form(fogo::NSForm::Auto);
+    const auto before = w.detach().clone();
+    plain.step();
+    gram.step();
+    const auto du = w.detach() - before, dv = v.detach() - before;
+    EXPECT_FALSE(torch::equal(du, dv)) << "step " << step;
+    worst = std::max(worst, ((dv - du).norm() / du.norm()).item<double>());
+  }
+  EXPECT_LT(worst, 0.05);
+}

@@ -85,23 +85,21 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config = {});
 bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t restart);
 
 /// NS(B) Pi without forming NS(B), for a wide B ([m, n] or [batch, m, n], m <= n) and Pi [n, d];
-/// returns [m, d] (or [batch, m, d]) in `config.compute_dtype`. Each iteration multiplies X by a
-/// polynomial in X X^T, so every iterate is X_k = P_k X_0 with P_k a polynomial in
-/// A_0 = X_0 X_0^T, and with Q_k = a I + b A_k + c A_k^2
-///
-///   A_{k+1} = Q_k A_k Q_k,   Y_{k+1} = Q_k Y_k,   Y_0 = X_0 Pi,   Y_K = NS(B) Pi:
-///
-/// m x m and m x d products instead of m x n ones (FOGO needs only P_f = O_f Pi of its fast
-/// stream). Cheaper than newton_schulz plus the projection when n is large against m and d
-/// (newton_schulz_projected_is_cheaper). Accuracy: the Gram matrix squares the condition number.
-/// In fp32 the result is within 1e-5 (well conditioned) to 1e-3 (condition numbers up to 1e6) of
-/// the plain fp32 chain, which is itself within 1e-5 of float64 there; in bf16 the small singular
-/// directions are lost entirely, so it is meant for fp32/fp64 compute.
+/// returns [m, d] (or [batch, m, d]) in `config.compute_dtype`. The Gram form (above) with its
+/// last product taken against Pi: X_K Pi = Q_K (X_r Pi), X_r the iterate of the last restart
+/// (X_0 without one), so the chain's m x n work is A_0, the restarts and one m x n x d product
+/// (FOGO needs only P_f = O_f Pi of its fast stream). Cheaper than newton_schulz plus the
+/// projection when n is large against m and d (newton_schulz_projected_is_cheaper). Restarts
+/// (`config.gram_restart`) as in the Gram form: with them bf16 is as accurate as the plain bf16
+/// chain then the projection (tests check both against the SVD); without them the Gram matrix
+/// squares the condition number and bf16 loses the small singular directions.
 at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
                                    const NSConfig& config = {});
 
 /// Whether newton_schulz_projected takes fewer multiply-adds than newton_schulz followed by the
-/// projection, for a wide [m, n] matrix, Pi [n, d] and `steps` iterations.
-bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps);
+/// projection, for a wide [m, n] matrix, Pi [n, d], `steps` iterations and a restart every
+/// `restart` (0: none).
+bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps,
+                                        int64_t restart);
 
 }  // namespace fogo
