@@ -278,11 +278,11 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
       if (float_type(item.param, "the parameter") != param_type ||
           float_type(item.Os, "O_s") != os_type)
         break;
-      inputs.push_back(item.Os.contiguous());
-      const at::Tensor& Os = inputs.back();
-      inputs.push_back(item.delta.contiguous());
+      const at::Tensor Os = item.Os.contiguous(), delta = item.delta.contiguous();
+      inputs.push_back(Os);
+      inputs.push_back(delta);
       chunk.t[chunk.count++] = {
-          item.param.data_ptr(), Os.data_ptr(), f32(inputs.back()), Os.size(0), Os.size(1),
+          item.param.data_ptr(), Os.data_ptr(), f32(delta), Os.size(0), Os.size(1),
           item.transposed};
     }
     at::Tensor scratch =
