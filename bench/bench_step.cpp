@@ -111,6 +111,13 @@ void BM_Step_FOGOGraph(benchmark::State& state) {
         p, fogo_preset(set, dt).nonfinite(fogo::NonFinitePolicy::Mask).cuda_graph(true));
   });
 }
+// Both streams through the Gram form with restarts where the cost model says it is cheaper
+// (ns_form Auto; the fast stream as P_f = O_f Pi): the data for choosing the default form.
+void BM_Step_FOGOAuto(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).ns_form(fogo::NSForm::Auto));
+  });
+}
 void BM_Step_Muon(benchmark::State& state) {
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
     return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
@@ -124,6 +131,12 @@ void BM_Step_MuonGraph(benchmark::State& state) {
                                                .ns_dtype(dt)
                                                .nonfinite(fogo::NonFinitePolicy::Mask)
                                                .cuda_graph(true));
+  });
+}
+void BM_Step_MuonAuto(benchmark::State& state) {  // as BM_Step_FOGOAuto
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(
+        p, fogo::MuonOptions(0.02).ns_dtype(dt).ns_form(fogo::NSForm::Auto));
   });
 }
 void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignored
@@ -327,7 +340,9 @@ void stage_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();
