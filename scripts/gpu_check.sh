@@ -66,9 +66,10 @@ pack() {
     done
   done
   # (No cuobjdump here: the architectures are read from the configuration; `check` looks at the
-  # machine code itself on the GPU machine.)
+  # machine code itself on the GPU machine.) Never `cmd | grep -q` under pipefail: grep leaving
+  # at the first match can kill cmd with SIGPIPE and fail the pipeline (it failed this check once).
   grep -qE '^FOGO_CUDA_ARCHITECTURES:STRING=.*\b90' "$build/CMakeCache.txt" &&
-    readelf -S "$carry/bin/fogo_tests" | grep -q '\.nv_fatbin' ||
+    [[ $(readelf -S "$carry/bin/fogo_tests") == *.nv_fatbin* ]] ||
     die "pack: fogo_tests holds no sm_90 kernels (FOGO_CUDA_ARCHITECTURES)"
   # xz-compressed (about 7x): the uncompressed binaries alone come near the device tool's 64 MiB.
   # `environment` unpacks them there (with Python's lzma: nothing else is assumed).
@@ -193,7 +194,7 @@ check() {
     "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
     git rev-parse HEAD 2>/dev/null || true
   } | tee "$logs/environment.txt"
-  cuobjdump --list-elf "$bin/fogo_tests" | grep -q sm_90 ||
+  [[ $(cuobjdump --list-elf "$bin/fogo_tests") == *sm_90* ]] ||
     die "check: fogo_tests holds no sm_90 kernels: fogo was built without its CUDA kernels"
   local b missing runtimes
   for b in "$bin"/*; do
@@ -208,7 +209,7 @@ check() {
       die "check: $(basename "$b") loads two CUDA runtimes: $runtimes"
     [ -z "$runtimes" ] || [[ "$runtimes" == *"=> $cudalib/"* ]] ||
       die "check: $(basename "$b") loads a CUDA runtime other than torch's ($cudalib): $runtimes"
-    ! readelf -Ws "$b" | awk '$7 != "UND" && $8 == "cudaLaunchKernel"' | grep -q . ||
+    [ -z "$(readelf -Ws "$b" | awk '$7 != "UND" && $8 == "cudaLaunchKernel"')" ] ||
       die "check: $(basename "$b") has a static CUDA runtime besides torch's shared one"
   done
   echo "check: binaries load, one CUDA runtime ($(grep -ho 'libcudart[^ ]* => [^ ]*' "$logs"/ldd-*.txt | sort -u | tr '\n' ' '))"
@@ -294,6 +295,10 @@ train() {
     --fogo cuda_graph=true --fogo nonfinite=mask --no-deterministic --steps 40 \
     --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-graph" \
     >"$logs/gpt2-fogo-graph.log" 2>&1 || rc=1
+  # Both streams through the Gram form with restarts where cheaper (the default-form decision).
+  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
+    --fogo ns_form=auto --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 \
+    --out "$logs/gpt2-fogo-auto" >"$logs/gpt2-fogo-auto.log" 2>&1 || rc=1
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
     --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-deterministic" \
     >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1

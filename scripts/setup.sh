@@ -17,7 +17,7 @@ debs=(cmake ninja-build g++ python3-venv python3-dev ccache libgtest-dev libgmoc
       libbenchmark-dev libgloo-dev dataset-fashion-mnist bible-kjv gnuplot-nox iproute2)
 missing=()
 for p in "${debs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *"install ok installed"* ]] || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
