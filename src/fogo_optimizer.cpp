@@ -379,7 +379,7 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, c
 // decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's), all parameters in one call
 // (one set of launches per group on CUDA). Returns |delta|_F / |O_s|_F of each parameter, in
 // `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
-std::vector<at::Tensor> lift_and_update(std::vector<Work>& work, const ShapeRuns& runs,
+std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
                                         const at::Tensor& device_lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
