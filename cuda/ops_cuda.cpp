@@ -50,7 +50,7 @@ FloatType float_type(const at::Tensor& t, const char* what) {
     case at::kHalf:
       return FloatType::Half;
     default:
-      TORCH_CHECK(false, "fogo CUDA apply_rms_update: ", what, " must be fp32, bf16 or fp16, got ",
+      TORCH_CHECK(false, "fogo CUDA kernels: ", what, " must be fp32, bf16 or fp16, got ",
                   t.scalar_type());
   }
 }
@@ -239,7 +239,9 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
                                          const UpdateParams& p, const at::Tensor& ok) {
   if (items.empty()) return {};
   const c10::Device device = items.front().param.device();
+  std::vector<std::pair<FloatType, FloatType>> types;  // (parameter, O_s): all checked first
   for (const RmsUpdateItem& item : items) {
+    types.emplace_back(float_type(item.param, "the parameter"), float_type(item.Os, "O_s"));
     check_f32_cuda(item.delta, "delta", device);
     TORCH_CHECK(item.Os.device() == device && item.Os.dim() == 2 &&
                     item.Os.sizes() == item.delta.sizes() &&
@@ -269,15 +271,11 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
   std::vector<at::Tensor> inputs;  // contiguous O_s and delta, alive until the launches are queued
   // Consecutive parameters of one (parameter, O_s) dtype pair, up to kRmsChunk, share a launch.
   for (size_t begin = 0; begin < items.size();) {
-    const FloatType param_type = float_type(items[begin].param, "the parameter");
-    const FloatType os_type = float_type(items[begin].Os, "O_s");
+    const auto [param_type, os_type] = types[begin];
     RmsChunk chunk{};
     size_t end = begin;
-    for (; end < items.size() && chunk.count < kRmsChunk; ++end) {
+    for (; end < items.size() && chunk.count < kRmsChunk && types[end] == types[begin]; ++end) {
       const RmsUpdateItem& item = items[end];
-      if (float_type(item.param, "the parameter") != param_type ||
-          float_type(item.Os, "O_s") != os_type)
-        break;
       const at::Tensor Os = item.Os.contiguous(), delta = item.delta.contiguous();
       inputs.push_back(Os);
       inputs.push_back(delta);
