@@ -17,9 +17,13 @@
 # Google Benchmark into .device/), then `scripts/gpu_check.sh build all` there.
 #
 # Steps run in the order given (default: all = check test sanitize bench train). A failing step
-# does not stop the later ones; the script exits non-zero if any failed, and prints a summary
-# table last. Logs go to $OUT/results.tgz (the device tool brings $OUT back, at most 8 files)
-# and the summary to $OUT/summary.txt; without $OUT, to build-gpu/results.
+# does not stop the later ones; the script exits non-zero if any failed. What comes back is a
+# compact report meant to be committed as it is (docs/gpu-runs/<date>-<gpu>-<sha>/): tests.md,
+# sanitizer.md, bench.md + bench.json, train.md, environment.txt, summary.txt, and logs.tgz (the
+# text logs; never a checkpoint: the trainers' run folders live outside them), under
+# $OUT/<date>-<gpu>-<sha>/ (the device tool brings back at most 8 files of 16 MiB); without $OUT,
+# under build-gpu/results/. tests.md and sanitizer.md are also printed last, so they survive in
+# the command's output if a file is lost. scripts/gpu_report.py writes the markdown.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -76,6 +80,27 @@ pack() {
   xz -T2 -6 -f "$carry"/bin/* || die "pack: xz failed"
   # The test data directory is compiled in as an absolute path of this checkout.
   echo "$root" >"$carry/bin/SOURCE_ROOT"
+  # The commit the binaries were built from names the report (the GPU machine gets no .git).
+  local sha
+  sha=$(git -C "$root" rev-parse --short=7 HEAD 2>/dev/null || echo unknown)
+  [ -z "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] || sha="$sha-dirty"
+  echo "$sha" >"$carry/bin/SOURCE_SHA"
+  # The Python package with its extension module, and pytest (pure Python) to run its tests:
+  # the GPU machine has torch but no pytest and no internet.
+  rm -rf "$carry/python" "$carry/pylib"
+  mkdir -p "$carry/python" "$carry/pylib"
+  if [ -d "$build/python/fogo" ] && compgen -G "$build/python/fogo/_C*.so" >/dev/null; then
+    cp -rL "$build/python/fogo" "$carry/python/"
+    rm -rf "$carry/python/fogo/__pycache__"
+  else
+    echo "pack: no Python module in $build/python/fogo: the GPU's pytest step will say so" >&2
+  fi
+  local site
+  site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  for pkg in pytest _pytest pluggy iniconfig packaging py.py; do
+    [ -e "$site/$pkg" ] && cp -r "$site/$pkg" "$carry/pylib/"
+  done
+  find "$carry/pylib" -name __pycache__ -prune -exec rm -rf {} +
   # A Fashion-MNIST subset in the same IDX format (throughput needs images, not all 60,000).
   "$root/.venv/bin/python" - "$carry/data/fashion-mnist" <<'EOF'
 import gzip, struct, sys
@@ -180,20 +205,63 @@ PY
   if [ "$built_in" != "$root" ] && [ ! -e "$built_in" ]; then
     mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in"
   fi
-  mkdir -p "$out" "$logs"
+  # The report's folder: <date>-<gpu>-<sha>, e.g. 2026-11-25-h100-da0f8fb.
+  local gpu sha
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+    grep -oiE '[a-z][0-9]{2,4}[a-z]?' | head -1 | tr 'A-Z' 'a-z')
+  sha=$(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown)
+  report=$out/$(date -u +%F)-${gpu:-gpu}-$sha
+  runs=$root/build-gpu/runs  # trainers' run folders (checkpoints): never in what comes back
+  rm -rf "$logs" "$runs"
+  mkdir -p "$out" "$logs" "$report" "$runs"
+  # Where the tests look for what the project ships: the trainers beside the test binaries
+  # (.device/bin), the Fashion-MNIST subset, torchrun (a wrapper when the image has none on PATH).
+  export FOGO_FASHION_MNIST_DIR=$root/$carry/data/fashion-mnist
+  if ! command -v torchrun >/dev/null; then
+    mkdir -p "$root/build-gpu/bin"
+    printf '#!/bin/sh\nexec "%s" -m torch.distributed.run "$@"\n' "$python" >"$root/build-gpu/bin/torchrun"
+    chmod +x "$root/build-gpu/bin/torchrun"
+    export FOGO_TORCHRUN=$root/build-gpu/bin/torchrun
+  fi
+  export PYTHONPATH=$root/$carry/python:$root/$carry/pylib${PYTHONPATH:+:$PYTHONPATH}
+}
+
+environment_txt() {
+  # What the numbers depend on and what the tests could find.
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown) (the binaries' build)"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+  echo "cpu isa: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile|fma)$' | sort | tr '\n' ' ')"
+  "$python" - <<'PY' 2>&1
+import platform, torch
+print("python:", platform.python_version())
+print("torch:", torch.__version__, "cuda", torch.version.cuda, "cpu capability",
+      torch.backends.cpu.get_cpu_capability())
+print("device:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
+try:
+    import fogo
+    print("fogo python module: imports (" + fogo.__file__ + ")")
+except Exception as e:
+    print("fogo python module: does not import:", type(e).__name__, e)
+try:
+    import pytest
+    print("pytest:", pytest.__version__)
+except Exception as e:
+    print("pytest: missing:", e)
+PY
+  echo "nvcc: $(nvcc --version 2>/dev/null | tail -1 || echo 'missing (not needed for shipped binaries)')"
+  echo "compute-sanitizer: $(compute-sanitizer --version 2>/dev/null | grep -i version | head -1 || echo missing)"
+  echo "torchrun: $(command -v torchrun || echo "${FOGO_TORCHRUN:-missing}")"
+  echo "fashion-mnist: $FOGO_FASHION_MNIST_DIR ($(ls "$FOGO_FASHION_MNIST_DIR" 2>/dev/null | wc -l) files)"
+  echo "kjv: $(ls -s "$root/$carry/data/kjv.txt" 2>/dev/null || echo missing)"
 }
 
 check() {
   # Refuses to go on with a setup whose results would mean nothing.
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
     die "check: no GPU (nvidia-smi failed)"
-  {
-    date -u +%FT%TZ
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    nvcc --version 2>/dev/null | tail -1 || echo "nvcc: missing (not needed for shipped binaries)"
-    "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-    git rev-parse HEAD 2>/dev/null || true
-  } | tee "$logs/environment.txt"
+  environment_txt | tee "$logs/environment.txt"
   [[ $(cuobjdump --list-elf "$bin/fogo_tests") == *sm_90* ]] ||
     die "check: fogo_tests holds no sm_90 kernels: fogo was built without its CUDA kernels"
   local b missing runtimes
@@ -215,54 +283,83 @@ check() {
   echo "check: binaries load, one CUDA runtime ($(grep -ho 'libcudart[^ ]* => [^ ]*' "$logs"/ldd-*.txt | sort -u | tr '\n' ' '))"
 }
 
+run_gtest() {
+  # One gtest binary run: its test list, its XML, its log, and a line of runs.tsv (name, exit
+  # code, seconds): what gpu_report.py counts from. Extra environment in the arguments before
+  # the binary (VAR=value ...), then the binary, then its flags.
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  env "$@" --gtest_list_tests >"$logs/$name.list" 2>/dev/null
+  env "$@" --gtest_output="xml:$logs/$name.xml" >"$logs/$name.log" 2>&1 || rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
+  return $rc
+}
+
 test_() {
-  # Every test (the CPU ones too), sharded over processes; then the trainers' tests. The CUDA
-  # ones must run, not skip.
+  # Every test (the CPU ones too), sharded over processes; then the other binaries; then the
+  # Python tests (python/tests, the CUDA ones included). The CUDA tests must run, not skip.
   local shards=4 s rc=0
+  : >"$logs/runs.tsv"
   for ((s = 0; s < shards; ++s)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s OMP_NUM_THREADS=$((jobs / shards)) \
-      timeout 450 "$bin/fogo_tests" --gtest_output="xml:$logs/tests-$s.xml" >"$logs/tests-$s.log" 2>&1 &
+    run_gtest "fogo_tests-$s" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s \
+      OMP_NUM_THREADS=$((jobs / shards)) timeout 450 "$bin/fogo_tests" &
   done
   for ((s = 0; s < shards; ++s)); do wait -n || rc=1; done
   # fogo_dist_tests: NCCL on the GPU (DistributedCuda) and the CPU ranks' tests.
   for t in fogo_dist_tests gpt2_tests resnet_tests trainer_common_tests; do
-    OMP_NUM_THREADS=4 timeout 300 "$bin/$t" --gtest_output="xml:$logs/$t.xml" >"$logs/$t.log" 2>&1 || rc=1
+    run_gtest "$t" OMP_NUM_THREADS=4 timeout 300 "$bin/$t" || rc=1
   done
-  cat "$logs"/tests-*.log "$logs"/fogo_dist_tests.log "$logs"/gpt2_tests.log \
-    "$logs"/resnet_tests.log "$logs"/trainer_common_tests.log | grep -E '^\[  (FAILED|SKIPPED) ' | sort -u
-  local passed failed_n skipped
-  passed=$(cat "$logs"/*tests*.log | grep -cE '^\[       OK \]')
-  failed_n=$(cat "$logs"/*tests*.log | grep -E '^\[  FAILED  \] [A-Za-z0-9_.]+/?[0-9]* \(' | sort -u | wc -l)
-  skipped=$(cat "$logs"/*tests*.log | grep -E '^\[  SKIPPED \] [A-Za-z0-9_.]+ \(' | sort -u | wc -l)
-  note "tests: $passed passed, $failed_n failed, $skipped skipped"
-  if grep -hE '^\[  SKIPPED \] (CudaParity|NewtonSchulzProjected|CudaStep|CudaSync|CudaGraph|DistributedCuda)' \
-    "$logs"/tests-*.log "$logs"/fogo_dist_tests.log; then
-    echo "gpu_check: CUDA tests were skipped on a GPU machine" >&2
+  local t0=$SECONDS prc=0
+  (cd "$root" && OMP_NUM_THREADS=4 timeout 300 "$python" -m pytest -q -p no:cacheprovider \
+    python/tests --junitxml="$logs/python_tests.xml" >"$logs/python_tests.log" 2>&1) || prc=$?
+  printf '%s\t%s\t%s\n' python_tests "$prc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
+  [ "$prc" -eq 0 ] || rc=1
+  "$python" "$root/scripts/gpu_report.py" tests "$logs" >"$report/tests.md"
+  note "tests: $(grep -m1 -oE '[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped, [0-9]+ listed but never run' "$report/tests.md")"
+  local cuda_skips
+  cuda_skips=$(grep -m1 -oE 'CUDA tests skipped: [0-9]+' "$report/tests.md" | grep -oE '[0-9]+$')
+  if [ "${cuda_skips:-0}" -gt 0 ]; then
+    echo "gpu_check: $cuda_skips CUDA test(s) were skipped on a GPU machine (tests.md)" >&2
     rc=1
   fi
   return $rc
 }
 
 sanitize() {
-  # The CUDA tests under compute-sanitizer. PyTorch's caching allocator hands out pieces of large
-  # blocks, so an out-of-bounds access inside a block is invisible unless it is switched off.
-  # (CudaGraph is not among them: a CUDA graph's memory comes from the caching allocator's pools.)
-  local filter='CudaParity.*:NewtonSchulzProjected.OnCuda*:CudaStep.*' rc=0 tool
+  # The CUDA tests under compute-sanitizer, in two passes of memcheck, racecheck and synccheck.
+  # 1. The kernels' parity tests with PyTorch's caching allocator off: it hands out pieces of
+  #    large blocks, so an out-of-bounds access inside a block is invisible unless it is off.
+  # 2. CudaSync and CudaGraph with caching on: a CUDA graph's memory comes from the caching
+  #    allocator's pools and cannot be captured without it.
+  # Every report is named by kernel and source line (fogo's kernels carry -lineinfo) in
+  # sanitizer.md; fogo's own kernels must have none.
+  local rc=0 tool pass
   local -A pid
-  for tool in memcheck racecheck synccheck; do
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 OMP_NUM_THREADS=2 timeout 420 \
-      compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 50 \
-      "$bin/fogo_tests" --gtest_filter="$filter" >"$logs/$tool.log" 2>&1 &
-    pid[$tool]=$!
+  local -A filter=([uncached]='CudaParity.*:NewtonSchulzProjected.OnCuda*:Muon.LoadMovesStateToTheParametersDevice'
+                   [cached]='CudaSync.*:CudaGraph.*')
+  for pass in uncached cached; do
+    for tool in memcheck racecheck synccheck; do
+      local caching=(env)
+      [ "$pass" = cached ] || caching=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+      "${caching[@]}" OMP_NUM_THREADS=2 timeout 400 \
+        compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 200 \
+        "$bin/fogo_tests" --gtest_filter="${filter[$pass]}" >"$logs/sanitize-$tool-$pass.log" 2>&1 &
+      pid[$tool-$pass]=$!
+    done
+    for tool in memcheck racecheck synccheck; do
+      local r=0
+      wait "${pid[$tool-$pass]}" || r=$?
+      local summary_line
+      summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool-$pass.log" | tail -1)
+      note "$tool ($pass): exit $r; ${summary_line:-no summary}; $(grep -cE '^\[       OK \]' "$logs/sanitize-$tool-$pass.log") tests ok"
+      [ "$r" -eq 0 ] || rc=1
+    done
   done
-  for tool in memcheck racecheck synccheck; do
-    local r=0
-    wait "${pid[$tool]}" || r=$?
-    local summary_line
-    summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1)
-    note "$tool: exit $r; ${summary_line:-no summary}; $(grep -cE '^\[       OK \]' "$logs/$tool.log") tests ok"
-    [ "$r" -eq 0 ] || rc=1
-  done
+  "$python" "$root/scripts/gpu_report.py" sanitizer "$logs" >"$report/sanitizer.md"
+  local ours
+  ours=$(grep -oE "Reports in fogo's kernels: [0-9]+" "$report/sanitizer.md" | grep -oE '[0-9]+$')
+  note "sanitizer: ${ours:-?} report(s) in fogo's kernels (sanitizer.md)"
+  [ "${ours:-1}" -eq 0 ] || rc=1
   return $rc
 }
 
@@ -275,6 +372,8 @@ bench() {
   for set in gpt2-small resnet18; do
     "$python" bench/torch_muon_step.py --set "$set" --device cuda --steps 100 || return 1
   done 2>&1 | tee "$logs/torch_muon.txt"
+  cp "$logs/bench.json" "$report/bench.json"
+  "$python" "$root/scripts/gpu_report.py" bench "$logs" >"$report/bench.md"
 }
 
 train() {
@@ -287,30 +386,30 @@ train() {
   # the trainer's default (deterministic) mode, which must work too.
   for opt in adamw muon fogo; do
     "$bin/gpt2" train --model 124m --device cuda --optimizer "$opt" --data "$kjv" \
-      --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-$opt" \
+      --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-$opt" \
       >"$logs/gpt2-$opt.log" 2>&1 || rc=1
   done
   # FOGO's steady-state steps replayed from a CUDA graph, sync-free (Mask).
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
     --fogo cuda_graph=true --fogo nonfinite=mask --no-deterministic --steps 40 \
-    --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-graph" \
+    --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-fogo-graph" \
     >"$logs/gpt2-fogo-graph.log" 2>&1 || rc=1
   # Both streams through the Gram form with restarts where cheaper (the default-form decision).
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
     --fogo ns_form=auto --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 \
-    --out "$logs/gpt2-fogo-auto" >"$logs/gpt2-fogo-auto.log" 2>&1 || rc=1
+    --out "$runs/gpt2-fogo-auto" >"$logs/gpt2-fogo-auto.log" 2>&1 || rc=1
   "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
-    --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$logs/gpt2-fogo-deterministic" \
+    --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-fogo-deterministic" \
     >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1
   "$python" bench/gpt2_eager.py --device cuda --steps 40 --warmup 5 >"$logs/gpt2-eager.log" 2>&1 ||
     rc=1
   for opt in adam muon fogo; do
     "$bin/resnet_train" --data-dir "$root/$carry/data/fashion-mnist" --device cuda --width 64 \
-      --optimizers "$opt" --seeds 0 --epochs 2 --no-plots --out "$logs/resnet-$opt" \
+      --optimizers "$opt" --seeds 0 --epochs 2 --no-plots --out "$runs/resnet-$opt" \
       >"$logs/resnet-$opt.log" 2>&1 || rc=1
     # Steady-state images/s from the training records (time_s excludes nothing but evaluation
     # at the epoch's end): from step 20 to the last record.
-    "$python" - "$logs/resnet-$opt/$opt-seed0/train.jsonl" "$opt" <<'PY' || rc=1
+    "$python" - "$runs/resnet-$opt/$opt-seed0/train.jsonl" "$opt" <<'PY' >>"$logs/resnet-$opt.log" || rc=1
 import json, sys
 recs = [json.loads(line) for line in open(sys.argv[1])]
 first = next(r for r in recs if r["step"] >= 20)
@@ -319,8 +418,8 @@ batch = 128
 print(f"resnet18 width 64 {sys.argv[2]}: {batch * (last['step'] - first['step']) / (last['time_s'] - first['time_s']):.0f} images/s (steps {first['step']}-{last['step']})")
 PY
   done
-  grep -H "steady state\|Error\|error" "$logs"/gpt2-*.log
-  grep -h "^gpt2_eager" "$logs/gpt2-eager.log"
+  "$python" "$root/scripts/gpu_report.py" train "$logs" >"$report/train.md"
+  cat "$report/train.md"
   return $rc
 }
 
@@ -329,8 +428,18 @@ finish() {
     echo "gpu_check summary ($(date -u +%FT%TZ)):"
     printf '  %s\n' "${summary[@]}"
     [ ${#failed[@]} -eq 0 ] && echo "  all steps passed" || echo "  FAILED steps: ${failed[*]}"
-  } | tee "$out/summary.txt"
-  tar -C "$root/build-gpu" -czf "$out/results.tgz" logs 2>/dev/null || true
+  } | tee "$report/summary.txt"
+  cp "$logs/environment.txt" "$report/" 2>/dev/null
+  # The text logs (no run folders, no checkpoints), if they fit what the device tool brings back.
+  tar -C "$root/build-gpu" -czf "$report/logs.tgz" logs 2>/dev/null
+  if [ "$(stat -c %s "$report/logs.tgz" 2>/dev/null || echo 0)" -gt $((15 * 1048576)) ]; then
+    echo "gpu_check: logs.tgz over 15 MiB: left out (the markdown report holds the findings)" >&2
+    rm -f "$report/logs.tgz"
+  fi
+  echo "=== gpu_check report: $report ($(ls "$report" | tr '\n' ' '))"
+  for f in tests.md sanitizer.md; do
+    [ -f "$report/$f" ] && { echo "--- $f"; cat "$report/$f"; }
+  done
 }
 
 run_step() {

@@ -91,6 +91,10 @@ void check_launch(const Launch& l) {
   TORCH_CHECK(l.local_rank >= 0 && l.local_rank < l.world_size,
               "fogo::dist: LOCAL_RANK=", l.local_rank, " is not in [0, WORLD_SIZE=", l.world_size,
               ")");
+  TORCH_CHECK(l.local_world_size == 0 ||
+                  (l.local_world_size > l.local_rank && l.local_world_size <= l.world_size),
+              "fogo::dist: LOCAL_WORLD_SIZE=", l.local_world_size,
+              " is not in (LOCAL_RANK=", l.local_rank, ", WORLD_SIZE=", l.world_size, "]");
   TORCH_CHECK(!l.master_addr.empty(), "fogo::dist: MASTER_ADDR is empty");
   TORCH_CHECK(l.master_port >= 1 && l.master_port <= 65535,
               "fogo::dist: MASTER_PORT=", l.master_port, " is not a TCP port in [1, 65535]");
@@ -208,6 +212,7 @@ Launch Launch::from_env(const ProcessGroupOptions& options) {
   l.world_size = env_int("WORLD_SIZE");
   l.rank = env_int("RANK");
   l.local_rank = env_int("LOCAL_RANK");
+  l.local_world_size = env("LOCAL_WORLD_SIZE") ? env_int("LOCAL_WORLD_SIZE") : 0;
   if (options.master_addr()) {
     l.master_addr = *options.master_addr();
   } else {
@@ -357,17 +362,65 @@ void ProcessGroup::Impl::check_members() {
   TORCH_CHECK(false, "fogo::dist: ", problem);
 }
 
-void ProcessGroup::Impl::create_backends() {
+Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
+                         int64_t cuda_devices, bool nccl_built) {
   const auto backend = options.backend();
+  const auto& device = options.device();
+  TORCH_CHECK(!device || device->is_cpu() || device->is_cuda(),
+              "fogo::dist: ProcessGroupOptions::device must be a CPU or CUDA device, got ",
+              *device);
+  // NCCL runs on cuda:LOCAL_RANK: a rank without a GPU of its own cannot take part in it, and
+  // a NCCL group is only whole when every rank has one. A launcher that does not say how many
+  // ranks share the node (LOCAL_WORLD_SIZE) may have put them all on it.
+  const bool own_gpu = launch.local_rank < cuda_devices;
+  const int64_t local_world =
+      launch.local_world_size > 0 ? launch.local_world_size : launch.world_size;
+  const auto no_gpu_for_this_rank = [&](const char* why) {
+    TORCH_CHECK(
+        false, "fogo::dist: ", why, " needs one GPU per rank on each node (it runs on ",
+        "cuda:LOCAL_RANK), but LOCAL_RANK=", launch.local_rank, " of ", local_world,
+        " local rank(s) finds ", cuda_devices, " CUDA device(s) visible. Launch at most ",
+        cuda_devices, " rank(s) per node (torchrun --nproc-per-node ",
+        std::max<int64_t>(cuda_devices, 1),
+        "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU); "
+        "the trainers' --device cpu), which communicates through Gloo");
+  };
+  switch (backend) {
+    case Backend::Gloo:
+      return {true, false};
+    case Backend::Nccl:
+      TORCH_CHECK(nccl_built, "fogo::dist: backend Nccl requested but fogo was built without NCCL");
+      TORCH_CHECK(!device || device->is_cuda(), "fogo::dist: backend Nccl communicates CUDA ",
+                  "tensors, but ProcessGroupOptions::device is ", *device,
+                  " (use Backend::Gloo or Auto for a CPU job)");
+      if (!own_gpu) no_gpu_for_this_rank("backend Nccl");
+      return {false, true};
+    case Backend::Auto:
+      break;
+  }
+  if (!nccl_built) return {true, false};  // Gloo moves CUDA tensors too, through the host
+  if (device) {
+    if (device->is_cpu()) return {true, false};
+    if (!own_gpu) no_gpu_for_this_rank("a CUDA job (ProcessGroupOptions::device cuda)");
+    return {true, true};
+  }
+  // No device named: NCCL only where every local rank has a GPU. The decision is the same on
+  // every rank of a node (it reads the node's figures, not this rank's), so no rank ends up
+  // waiting for a NCCL peer that never created its backend.
+  return {true, local_world <= cuda_devices};
+}
+
+void ProcessGroup::Impl::create_backends() {
+#ifdef FOGO_DISTRIBUTED_NCCL
+  const bool nccl_built = true;
+  const int64_t cuda_devices = torch::cuda::is_available() ? c10::cuda::device_count() : 0;
+#else
+  const bool nccl_built = false;
+  const int64_t cuda_devices = 0;
+#endif
+  const auto [use_gloo, use_nccl] = choose_backends(options, launch, cuda_devices, nccl_built);
   const int rank = static_cast<int>(launch.rank);
   const int world = static_cast<int>(launch.world_size);
-  bool use_nccl = backend == Backend::Nccl;
-#ifdef FOGO_DISTRIBUTED_NCCL
-  use_nccl = use_nccl || (backend == Backend::Auto && torch::cuda::is_available());
-#else
-  TORCH_CHECK(!use_nccl, "fogo::dist: backend Nccl requested but fogo was built without NCCL");
-#endif
-  const bool use_gloo = backend != Backend::Nccl;
   pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
 
   if (use_gloo) {
@@ -398,10 +451,6 @@ void ProcessGroup::Impl::create_backends() {
   }
 #ifdef FOGO_DISTRIBUTED_NCCL
   if (use_nccl) {
-    const auto devices = c10::cuda::device_count();
-    TORCH_CHECK(launch.local_rank < devices, "fogo::dist: backend NCCL needs cuda:LOCAL_RANK but ",
-                "LOCAL_RANK=", launch.local_rank, " and ", static_cast<int>(devices),
-                " CUDA device(s) are visible");
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(launch.local_rank));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout();

@@ -110,6 +110,7 @@ inline RankRun launch_ranks(const RankLaunch& spec) {
     env["RANK"] = std::to_string(r);
     env["LOCAL_RANK"] = std::to_string(r);
     env["WORLD_SIZE"] = std::to_string(spec.nprocs);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(spec.nprocs);
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(port);
     env["OMP_NUM_THREADS"] = "1";

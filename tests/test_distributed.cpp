@@ -71,9 +71,13 @@ fs::path out_dir() {
   return v ? fs::path(v) : fs::temp_directory_path();
 }
 
-fogo::dist::ProcessGroup make_group() {
-  return fogo::dist::init_from_env(fogo::dist::ProcessGroupOptions().timeout(
-      std::chrono::milliseconds(env_int("FOGO_DIST_TIMEOUT_MS", 30000))));
+/// The scenario's group: a CPU job (Gloo alone, whatever GPUs the machine has) but for the
+/// "cuda" scenario, whose tensors live on cuda:LOCAL_RANK.
+fogo::dist::ProcessGroup make_group(const std::string& scenario) {
+  return fogo::dist::init_from_env(
+      fogo::dist::ProcessGroupOptions()
+          .timeout(std::chrono::milliseconds(env_int("FOGO_DIST_TIMEOUT_MS", 30000)))
+          .device(scenario == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
 }
 
 double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
@@ -878,7 +882,7 @@ int rank_main(const std::string& scenario) {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 5;
     }
-    auto group = make_group();
+    auto group = make_group(scenario);
     it->second(group);
     group.shutdown();
     std::printf("rank %lld: %s passed\n", static_cast<long long>(group.rank()), scenario.c_str());
@@ -1248,7 +1252,8 @@ TEST(Distributed, BadMasterAddressOrPortIsAClearErrorWithinTheTimeout) {
 
 TEST(Distributed, EnvironmentErrorsNameTheVariable) {
   const auto expect_env_error = [](const Env& env, const std::string& needle) {
-    const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+    const char* names[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+                           "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"};
     Env saved;
     for (const char* n : names) {
       if (const char* v = std::getenv(n)) {
@@ -1286,6 +1291,91 @@ TEST(Distributed, EnvironmentErrorsNameTheVariable) {
   e = ok;
   e["WORLD_SIZE"] = "two";
   expect_env_error(e, "WORLD_SIZE='two' is not an integer");
+  e = ok;
+  e["LOCAL_WORLD_SIZE"] = "3";
+  expect_env_error(e, "LOCAL_WORLD_SIZE=3 is not in (LOCAL_RANK=0, WORLD_SIZE=2]");
+}
+
+// The backend choice (the cause of most of the first H100 run's failures: Auto demanded
+// cuda:LOCAL_RANK on every rank of a CPU job on a one-GPU machine), with the machine's GPU count
+// injected, so it is tested here without a GPU.
+TEST(Distributed, BackendFollowsTheJobsDeviceAndTheGpusPerRank) {
+  using fogo::dist::Backend;
+  using fogo::dist::choose_backends;
+  using fogo::dist::Launch;
+  using fogo::dist::ProcessGroupOptions;
+  const auto launch = [](int64_t local_rank, int64_t local_world) {
+    Launch l;
+    l.world_size = 4;
+    l.rank = local_rank;
+    l.local_rank = local_rank;
+    l.local_world_size = local_world;
+    l.master_addr = "127.0.0.1";
+    l.master_port = 29500;
+    return l;
+  };
+  const auto cpu = ProcessGroupOptions().device(torch::Device(torch::kCPU));
+  const auto cuda = ProcessGroupOptions().device(torch::Device(torch::kCUDA));
+  const auto expect = [](const fogo::dist::Backends& b, bool gloo, bool nccl, const char* what) {
+    EXPECT_EQ(b.gloo, gloo) << what;
+    EXPECT_EQ(b.nccl, nccl) << what;
+  };
+  const auto expect_error = [](const std::function<void()>& f, std::vector<std::string> needles) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected " << needles[0];
+    } catch (const c10::Error& e) {
+      for (const auto& n : needles) {
+        EXPECT_TRUE(contains(e.what_without_backtrace(), n)) << e.what_without_backtrace();
+      }
+    }
+  };
+  // A CPU job: Gloo alone, on every rank, whatever the machine has (1 GPU, 2 local ranks: rank 1
+  // used to die at start-up).
+  for (const int64_t gpus : {0, 1, 8}) {
+    for (const int64_t r : {0, 1}) {
+      expect(choose_backends(cpu, launch(r, 2), gpus, true), true, false, "cpu job");
+    }
+  }
+  // A CUDA job with a GPU per local rank: Gloo (CPU bookkeeping) and NCCL.
+  expect(choose_backends(cuda, launch(1, 2), 2, true), true, true, "cuda job, 2 GPUs");
+  // ... with fewer GPUs than local ranks: an error naming both fixes, on the rank without a GPU.
+  expect(choose_backends(cuda, launch(0, 2), 1, true), true, true, "cuda job, rank 0 of 2, 1 GPU");
+  expect_error([&] { choose_backends(cuda, launch(1, 2), 1, true); },
+               {"LOCAL_RANK=1 of 2 local rank(s) finds 1 CUDA device(s)",
+                "torchrun --nproc-per-node 1", "--device cpu"});
+  expect_error([&] { choose_backends(cuda, launch(0, 1), 0, true); },
+               {"finds 0 CUDA device(s)", "--device cpu"});
+  // fogo without NCCL: Gloo carries CUDA tensors too.
+  expect(choose_backends(cuda, launch(1, 2), 0, false), true, false, "cuda job, no NCCL built");
+  // No device named: NCCL only when every local rank of the node has a GPU, the same answer on
+  // every rank of the node.
+  for (const int64_t r : {0, 1}) {
+    expect(choose_backends({}, launch(r, 2), 1, true), true, false, "unset, 2 ranks, 1 GPU");
+    expect(choose_backends({}, launch(r, 2), 2, true), true, true, "unset, 2 ranks, 2 GPUs");
+    expect(choose_backends({}, launch(r, 2), 0, true), true, false, "unset, no GPU");
+  }
+  // Without LOCAL_WORLD_SIZE every rank may be on this node: NCCL only with a GPU per rank.
+  expect(choose_backends({}, launch(0, 0), 1, true), true, false, "unset, unknown local world");
+  expect(choose_backends({}, launch(0, 0), 4, true), true, true, "unset, 4 GPUs for 4 ranks");
+  // Explicit backends.
+  expect(choose_backends(ProcessGroupOptions().backend(Backend::Gloo), launch(1, 2), 2, true), true,
+         false, "gloo");
+  expect(choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(1, 2), 2, true),
+         false, true, "nccl");
+  expect_error(
+      [&] { choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(1, 2), 1, true); },
+      {"backend Nccl needs one GPU per rank", "LOCAL_RANK=1"});
+  expect_error(
+      [&] {
+        choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(0, 1), 1, false);
+      },
+      {"built without NCCL"});
+  expect_error(
+      [&] {
+        choose_backends(ProcessGroupOptions(cpu).backend(Backend::Nccl), launch(0, 1), 1, true);
+      },
+      {"backend Nccl communicates CUDA tensors", "cpu"});
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <type_traits>
 
@@ -35,6 +36,43 @@ fogo::MuonOptions options_from(const c10::Dict<c10::IValue, c10::IValue>& o) {
                      : fogo::MuonAdjustLR::Original);
 }
 
+// The reference was made by torch.optim.Muon on one CPU; PyTorch's bf16 matmul (oneDNN) rounds
+// differently on a CPU with another matmul signature (an AMX host, say), and so the file does;
+// fogo on such a CPU still matches torch.optim.Muon run there bit for bit (the Python parity
+// tests check that in one process). So: bit for bit where the signatures match, else within
+// bf16 rounding, a bound tests/reference/gen_muon_reference.py (CROSS_CPU_RTOL) shares and
+// explains, printed once so a reader knows which comparison ran.
+constexpr double kCrossCpuRtol = 0.05;
+
+bool bitwise_here(const c10::Dict<c10::IValue, c10::IValue>& reference) {
+  const std::string here = fogo::test::cpu_matmul_signature();
+  const std::string made_on = reference.contains("cpu_signature")
+                                  ? reference.at("cpu_signature").toStringRef()
+                                  : std::string("(not recorded)");
+  if (made_on == here) return true;
+  static bool said = false;
+  if (!said) {
+    said = true;
+    std::cout << "[ NOTE     ] muon_reference.pt was made on a CPU with matmul signature "
+              << made_on << "; this one is " << here << ": comparing within bf16 rounding ("
+              << kCrossCpuRtol << " of each trajectory's movement), not bit for bit\n";
+  }
+  return false;
+}
+
+// `got` against the reference `want` after a step from `start`: max |got - want| is 0, or within
+// kCrossCpuRtol of how far the reference moved from `start` when the CPU differs.
+void expect_matches(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& start,
+                    bool bitwise, const std::string& what) {
+  const double diff = (got - want).abs().max().item<double>();
+  if (bitwise) {
+    EXPECT_EQ(diff, 0.0) << what;
+  } else {
+    const double moved = (want - start).abs().max().item<double>();
+    EXPECT_LE(diff, kCrossCpuRtol * moved) << what << " (moved " << moved << ")";
+  }
+}
+
 // Several steps of `opt` on `p` with gradients `grads` [steps, ...].
 void run(torch::optim::Optimizer& opt, torch::Tensor& p, const torch::Tensor& grads, int64_t from,
          int64_t to) {
@@ -47,7 +85,8 @@ void run(torch::optim::Optimizer& opt, torch::Tensor& p, const torch::Tensor& gr
 }  // namespace
 
 // Same device, same op sequence, same ATen kernels: the trajectories must agree bit for bit
-// (tolerance 0). A mismatch means our op order or dtype handling drifted from PyTorch's.
+// (tolerance 0) on a CPU like the reference's. A mismatch means our op order or dtype handling
+// drifted from PyTorch's.
 TEST(MuonParity, MatchesTorchOptimMuonBitwiseOnCpu) {
   auto reference = load_reference().toGenericDict();
   auto cases = reference.at("cases").toGenericDict();
@@ -61,8 +100,8 @@ TEST(MuonParity, MatchesTorchOptimMuonBitwiseOnCpu) {
     fogo::Muon opt({p}, options_from(c.at("options").toGenericDict()));
     for (int64_t k = 0; k < grads.size(0); ++k) {
       run(opt, p, grads, k, k + 1);
-      const double diff = (p.detach() - after[k]).abs().max().item<double>();
-      EXPECT_EQ(diff, 0.0) << name << " step " << k;
+      expect_matches(p.detach(), after[k], c.at("param").toTensor(), bitwise_here(reference),
+                     name + " step " + std::to_string(k));
     }
   }
 }
@@ -80,13 +119,14 @@ TEST(MuonParity, BatchedGroupsMatchTorchOptimMuonBitwiseOnCpu) {
     const std::string name = item.key().toStringRef();
     auto groups = item.value().toGenericDict().at("groups").toList();
     std::vector<torch::optim::OptimizerParamGroup> param_groups;
-    std::vector<torch::Tensor> params, grads, has_grad, after;
+    std::vector<torch::Tensor> params, starts, grads, has_grad, after;
     for (const c10::IValue& entry : groups) {
       auto g = entry.toGenericDict();
       std::vector<torch::Tensor> group_params;
       for (const c10::IValue& p : g.at("params").toList()) {
         group_params.push_back(p.toTensor().clone().requires_grad_(true));
         params.push_back(group_params.back());
+        starts.push_back(p.toTensor());
       }
       for (const c10::IValue& t : g.at("grads").toList()) grads.push_back(t.toTensor());
       for (const c10::IValue& t : g.at("has_grad").toList()) has_grad.push_back(t.toTensor());
@@ -103,8 +143,8 @@ TEST(MuonParity, BatchedGroupsMatchTorchOptimMuonBitwiseOnCpu) {
       }
       opt.step();
       for (size_t i = 0; i < params.size(); ++i) {
-        const double diff = (params[i].detach() - after[i][k]).abs().max().item<double>();
-        EXPECT_EQ(diff, 0.0) << name << " parameter " << i << " step " << k;
+        expect_matches(params[i].detach(), after[i][k], starts[i], bitwise_here(reference),
+                       name + " parameter " + std::to_string(i) + " step " + std::to_string(k));
       }
     }
   }

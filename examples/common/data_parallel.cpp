@@ -81,12 +81,15 @@ struct DataParallel::Impl {
   }
 };
 
-DataParallel& DataParallel::process(std::chrono::seconds timeout) {
+DataParallel& DataParallel::process(std::chrono::seconds timeout,
+                                    std::optional<torch::Device> device) {
   if (!g_process) {
     auto* dp = new DataParallel();
     if (env_world_size() > 1) {
-      auto group = fogo::dist::init_from_env(fogo::dist::ProcessGroupOptions().timeout(
-          std::chrono::duration_cast<std::chrono::milliseconds>(timeout)));
+      auto group = fogo::dist::init_from_env(
+          fogo::dist::ProcessGroupOptions()
+              .timeout(std::chrono::duration_cast<std::chrono::milliseconds>(timeout))
+              .device(device));
       dp->rank_ = group.rank();
       dp->world_size_ = group.world_size();
       dp->local_rank_ = group.local_rank();
@@ -221,7 +224,7 @@ void DataParallel::check_lockstep(
 
 struct DataParallel::Impl {};
 
-DataParallel& DataParallel::process(std::chrono::seconds) {
+DataParallel& DataParallel::process(std::chrono::seconds, std::optional<torch::Device>) {
   if (!g_process) {
     if (env_world_size() > 1) {
       throw std::runtime_error(

@@ -51,13 +51,15 @@ void validate_data_parallel_flags(const DataParallelFlags& flags);
 class DataParallel {
  public:
   /// This process's place, made on first call from the environment torchrun sets (RANK,
-  /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a process group (Gloo on the CPU, NCCL
-  /// too for CUDA tensors when fogo has it) when WORLD_SIZE > 1, else a world of one. Throws naming
-  /// the variable when the environment is malformed, and when WORLD_SIZE > 1 but fogo was built
-  /// without distributed support. The group lives until shutdown_process(). `timeout` bounds
-  /// every collective (a rank that died or stalls makes the others fail after it); the first
-  /// call's counts.
-  static DataParallel& process(std::chrono::seconds timeout = std::chrono::minutes(10));
+  /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a process group when WORLD_SIZE > 1, else
+  /// a world of one. `device` is where the job trains (the trainers' --device): a CPU job
+  /// communicates through Gloo whatever GPUs the machine has; a CUDA job adds NCCL and needs a GPU
+  /// per local rank (fogo::dist::choose_backends). Throws naming the variable when the
+  /// environment is malformed, and when WORLD_SIZE > 1 but fogo was built without distributed
+  /// support. The group lives until shutdown_process(). `timeout` bounds every collective (a rank
+  /// that died or stalls makes the others fail after it); the first call's arguments count.
+  static DataParallel& process(std::chrono::seconds timeout = std::chrono::minutes(10),
+                               std::optional<torch::Device> device = std::nullopt);
   /// Shuts the process's group down (every rank waits for the others to arrive); idempotent.
   static void shutdown_process();
 

@@ -60,8 +60,11 @@ class DataParallel : public test::CorpusTest {
     args.insert(args.end(), extra.begin(), extra.end());
     const fs::path logs = fs::path(c.out_dir + "_logs");
     fs::create_directories(logs);
-    const auto run = fogo::testing::launch_ranks(
-        {.exe = GPT2_BINARY, .args = args, .nprocs = 2, .log_dir = logs, .deadline_s = 90});
+    const auto run = fogo::testing::launch_ranks({.exe = fogo::trainer::testing::gpt2_binary(),
+                                                  .args = args,
+                                                  .nprocs = 2,
+                                                  .log_dir = logs,
+                                                  .deadline_s = 90});
     EXPECT_TRUE(run.all_succeeded()) << run.logs();
     EXPECT_EQ(run.ranks[1].log, "") << run.logs();
     std::ifstream in(fs::path(c.out_dir) / report);
@@ -98,7 +101,7 @@ class DataParallel : public test::CorpusTest {
                                 std::function<fogo::testing::Env(int)> extra = {}) const {
     const fs::path logs = fs::path(c.out_dir + "_logs");
     fs::create_directories(logs);
-    return fogo::testing::launch_ranks({.exe = GPT2_BINARY,
+    return fogo::testing::launch_ranks({.exe = fogo::trainer::testing::gpt2_binary(),
                                         .args = flags(c),
                                         .nprocs = nprocs,
                                         .extra = std::move(extra),
@@ -162,19 +165,20 @@ TEST_F(DataParallel, TwoRanksEqualOneProcessWithTheGlobalBatch) {
   }
 }
 
-#ifdef FOGO_TORCHRUN
 TEST_F(DataParallel, UnderTorchrun) {
   // torchrun itself (its agent hosts the store; TORCHELASTIC_USE_AGENT_STORE) starts the ranks.
+  const auto torchrun = fogo::trainer::testing::find_torchrun(FOGO_TORCHRUN_BUILT);
+  if (torchrun.empty()) GTEST_SKIP() << "no torchrun (FOGO_TORCHRUN, the build's, or on PATH)";
   const RunResult truth = train(config("fogo", 8, "single"), log_);
   const TrainConfig ranks = config("fogo", 4, "torchrun");
-  std::string args = "--standalone --nproc-per-node 2 --no-python " GPT2_BINARY;
+  std::string args =
+      "--standalone --nproc-per-node 2 --no-python " + fogo::trainer::testing::gpt2_binary();
   for (const auto& flag : flags(ranks)) args += " '" + flag + "'";
-  const auto r = fogo::trainer::testing::run_command("OMP_NUM_THREADS=1 " FOGO_TORCHRUN, args);
+  const auto r = fogo::trainer::testing::run_command("OMP_NUM_THREADS=1 " + torchrun, args);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("final val loss"), std::string::npos) << r.out << r.err;
   expect_close_to(fs::path(ranks.out_dir) / tr::kCheckpointFile, truth, "torchrun");
 }
-#endif
 
 TEST_F(DataParallel, ShardedStepEqualsReplicatedStepBitForBit) {
   // --shard-step splits the Newton-Schulz work (and FOGO's projection, lift and update) over

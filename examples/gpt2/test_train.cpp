@@ -474,7 +474,7 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
 TEST(Binary, ExitStatusAndErrorLine) {
   using fogo::trainer::testing::run_command;
   const auto usage = [](const std::string& args) {
-    const auto r = run_command(GPT2_BINARY, args);
+    const auto r = run_command(fogo::trainer::testing::gpt2_binary(), args);
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     return r.err;
   };
@@ -494,7 +494,7 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("train --eval-batches 2"),
             "gpt2: error: --eval-batches: now called --eval-sequences\n");
   EXPECT_EQ(usage("frobnicate").rfind("gpt2: error: unknown command 'frobnicate'", 0), 0u);
-  const auto help = run_command(GPT2_BINARY, "train --help");
+  const auto help = run_command(fogo::trainer::testing::gpt2_binary(), "train --help");
   EXPECT_EQ(help.status, 0);
   for (const char* flag : fogo::trainer::testing::kSharedFlags) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
@@ -502,8 +502,8 @@ TEST(Binary, ExitStatusAndErrorLine) {
 
   test::TempDir dir("binary");
   std::ofstream(dir.path() / "empty.txt").flush();
-  const auto failed =
-      run_command(GPT2_BINARY, "train --data " + (dir.path() / "empty.txt").string());
+  const auto failed = run_command(fogo::trainer::testing::gpt2_binary(),
+                                  "train --data " + (dir.path() / "empty.txt").string());
   EXPECT_EQ(failed.status, 1) << failed.err;
   EXPECT_EQ(failed.err,
             "gpt2: error: data file " + (dir.path() / "empty.txt").string() + " is empty\n");

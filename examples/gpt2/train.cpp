@@ -374,7 +374,8 @@ class Trainer::Impl {
 
 Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     : cfg_(cfg),
-      dp_(tr::DataParallel::process(std::chrono::seconds(cfg.data_parallel.dist_timeout))),
+      dp_(tr::DataParallel::process(std::chrono::seconds(cfg.data_parallel.dist_timeout),
+                                    tr::parse_device(cfg.device))),
       log_(dp_.main_only(log)),
       device_(set_up_runtime(cfg, dp_)),
       autocast_(cfg.autocast == "bf16" || (cfg.autocast == "auto" && device_.is_cuda())),

@@ -4,6 +4,7 @@
 
 #include "common/cli.h"
 #include "common/data_parallel.h"
+#include "common/runtime.h"
 #include "config.h"
 #include "trainer.h"
 
@@ -23,7 +24,8 @@ int main(int argc, char** argv) {
     if (!cli.parse(argc, argv)) return 0;
     // Under torchrun, rank 0 alone prints (docs/trainers.md, "Data-parallel").
     const auto& dp = fogo::trainer::DataParallel::process(
-        std::chrono::seconds(config.data_parallel.dist_timeout));
+        std::chrono::seconds(config.data_parallel.dist_timeout),
+        fogo::trainer::parse_device(config.device));
     fogo::resnet::run_comparison(config, dp.main_only(std::cout));
     fogo::trainer::DataParallel::shutdown_process();
     return 0;

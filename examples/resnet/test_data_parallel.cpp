@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
-
 using fogo::trainer::testing::read_file;
 
 // A tiny class-imbalanced run (16 images per class, 8 rows per rank and step).
@@ -39,6 +37,7 @@ std::vector<std::string> flags(const std::string& out, int64_t batch,
                              "--threads=1",
                              "--plots=false",
                              "--seeds=0",
+                             "--data-dir=" + fogo::trainer::testing::fashion_mnist_dir(),
                              "--out=" + out};
   f.insert(f.end(), extra.begin(), extra.end());
   return f;
@@ -47,7 +46,7 @@ std::vector<std::string> flags(const std::string& out, int64_t batch,
 fogo::testing::RankRun launch(const std::vector<std::string>& args, int nprocs,
                               const std::string& logs) {
   fs::create_directories(logs);
-  return fogo::testing::launch_ranks({.exe = RESNET_TRAIN_BINARY,
+  return fogo::testing::launch_ranks({.exe = fogo::trainer::testing::resnet_train_binary(),
                                       .args = args,
                                       .nprocs = nprocs,
                                       .log_dir = logs,
@@ -57,7 +56,10 @@ fogo::testing::RankRun launch(const std::vector<std::string>& args, int nprocs,
 class ResNetDataParallel : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kFashionMnist)) GTEST_SKIP() << kFashionMnist << " missing (scripts/setup.sh)";
+    const auto data = fogo::trainer::testing::fashion_mnist_dir();
+    if (!fs::exists(data)) {
+      GTEST_SKIP() << data << " missing (scripts/setup.sh, or FOGO_FASHION_MNIST_DIR)";
+    }
     dir_ = fogo::trainer::testing::make_temp_dir("fogo_resnet_dp");
   }
   void TearDown() override {

@@ -398,7 +398,7 @@ TEST(Resume, RefusesOtherSettings) {
 TEST(Binary, ExitStatusAndErrorLine) {
   using fogo::trainer::testing::run_command;
   const auto usage = [](const std::string& args) {
-    const auto r = run_command(RESNET_TRAIN_BINARY, args);
+    const auto r = run_command(fogo::trainer::testing::resnet_train_binary(), args);
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     return r.err;
   };
@@ -420,7 +420,7 @@ TEST(Binary, ExitStatusAndErrorLine) {
   EXPECT_EQ(usage("--autocast fp16"),
             "resnet_train: error: --autocast: expected one of auto,bf16,off, got 'fp16'\n");
   EXPECT_EQ(usage("--data-dir /nonexistent").rfind("resnet_train: error: --data-dir: ", 0), 0u);
-  const auto help = run_command(RESNET_TRAIN_BINARY, "--help");
+  const auto help = run_command(fogo::trainer::testing::resnet_train_binary(), "--help");
   EXPECT_EQ(help.status, 0);
   for (const char* flag : fogo::trainer::testing::kSharedFlags) {
     EXPECT_NE(help.out.find(std::string(flag) + " "), std::string::npos) << flag;
@@ -432,7 +432,8 @@ TEST(Binary, ExitStatusAndErrorLine) {
                            "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
     std::ofstream(dir + "/" + name) << "not an IDX file";
   }
-  const auto failed = run_command(RESNET_TRAIN_BINARY, "--data-dir " + dir);
+  const auto failed =
+      run_command(fogo::trainer::testing::resnet_train_binary(), "--data-dir " + dir);
   EXPECT_EQ(failed.status, 1) << failed.err;
   EXPECT_EQ(failed.err.rfind("resnet_train: error: ", 0), 0u) << failed.err;
 }

@@ -142,7 +142,8 @@ class Run {
  public:
   Run(const Config& c, const DataSplit& data, std::ostream& log)
       : c_(c),
-        dp_(trainer::DataParallel::process(std::chrono::seconds(c.data_parallel.dist_timeout))),
+        dp_(trainer::DataParallel::process(std::chrono::seconds(c.data_parallel.dist_timeout),
+                                           trainer::parse_device(c.device))),
         log_(dp_.main_only(log)),
         device_(trainer::parse_device(c.device)),
         dir_(run_dir(c)),

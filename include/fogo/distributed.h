@@ -3,7 +3,8 @@
 // a process group made from what `torchrun` puts in the environment, gradient averaging that any
 // LibTorch training loop can call, and checks that replicated ranks stay identical.
 //
-//   auto group = fogo::dist::init_from_env();                  // RANK, WORLD_SIZE, MASTER_ADDR...
+//   auto group = fogo::dist::init_from_env(                    // RANK, WORLD_SIZE, MASTER_ADDR...
+//       fogo::dist::ProcessGroupOptions().device(device));     // the job's device: its backends
 //   fogo::dist::broadcast_parameters(group, *model);           // every rank starts from rank 0's
 //   fogo::dist::GradientAverager averager(group, model->parameters());
 //   for (...) {
@@ -13,9 +14,11 @@
 //     }
 //     loss(micro_batch_1).backward();                          // buckets all-reduce as they fill
 //     averager.finish();                                       // grad = sum over ranks / world
-//     optimizer.step();                                        // replicated: the same on every
-//     rank optimizer.zero_grad(); if (step % 100 == 0) fogo::dist::check_lockstep(group,
-//     fogo::dist::module_state(*model));
+//     optimizer.step();                                        // replicated: the same on
+//     optimizer.zero_grad();                                   // every rank
+//     if (step % 100 == 0) {
+//       fogo::dist::check_lockstep(group, fogo::dist::module_state(*model));
+//     }
 //   }
 //
 // Every wait is bounded by ProcessGroupOptions::timeout: a rank that dies or stalls makes the
@@ -52,7 +55,7 @@ class FOGO;
 namespace fogo::dist {
 
 enum class Backend {
-  Auto,  ///< Gloo for CPU tensors, plus NCCL for CUDA tensors when fogo has NCCL and a GPU
+  Auto,  ///< Gloo for CPU tensors, plus NCCL for CUDA tensors where the job has them (below)
   Gloo,  ///< Gloo only (CPU tensors)
   Nccl,  ///< NCCL only (CUDA tensors; the device is cuda:LOCAL_RANK)
 };
@@ -60,6 +63,11 @@ enum class Backend {
 struct ProcessGroupOptions {
   ProcessGroupOptions() = default;
   TORCH_ARG(Backend, backend) = Backend::Auto;
+  /// Where the job's tensors (gradients, parameters) live; decides Backend::Auto's choice
+  /// (choose_backends): a CPU job communicates through Gloo alone, whatever GPUs the machine
+  /// has; a CUDA job adds NCCL on cuda:LOCAL_RANK and needs a GPU per local rank. Unset: NCCL is
+  /// added only when every local rank of this node has a GPU of its own.
+  TORCH_ARG(std::optional<torch::Device>, device) = std::nullopt;
   /// Bounds every wait: reaching the store, the other ranks joining, each collective, shutdown.
   /// (Ranks other than 0 give rank 0 five more seconds to report a rank that did not join.)
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
@@ -73,17 +81,34 @@ struct Launch {
   int64_t rank = 0;
   int64_t world_size = 1;
   int64_t local_rank = 0;
+  /// Ranks on this node (torchrun's LOCAL_WORLD_SIZE); 0: not known, LOCAL_RANK + 1 assumed.
+  int64_t local_world_size = 0;
   std::string master_addr;
   int64_t master_port = 0;
   /// torchrun's agent already hosts the store at MASTER_ADDR:MASTER_PORT
   /// (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it; otherwise rank 0 hosts it.
   bool agent_store = false;
 
-  /// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (the last two unless
-  /// `options` overrides them) and TORCHELASTIC_USE_AGENT_STORE. A variable that is missing or
-  /// invalid is a c10::Error naming it.
+  /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (optional), MASTER_ADDR, MASTER_PORT (the
+  /// last two unless `options` overrides them) and TORCHELASTIC_USE_AGENT_STORE. A variable that is
+  /// missing or invalid is a c10::Error naming it.
   static Launch from_env(const ProcessGroupOptions& options = {});
 };
+
+/// The backends a group creates.
+struct Backends {
+  bool gloo = false;
+  bool nccl = false;
+};
+
+/// What a group of `options` on this rank of `launch` creates, on a node with `cuda_devices`
+/// visible GPUs, where fogo was built with NCCL or not (`nccl_built`): Gloo for CPU tensors; NCCL
+/// only for a job whose tensors are on CUDA (or, with no device given, when every local rank of
+/// the node has a GPU of its own), never for a CPU job. A CUDA job (or Backend::Nccl) with more
+/// local ranks than GPUs is a c10::Error naming the fix. Pure: the constructor calls it with
+/// this machine's figures; tests inject them.
+Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
+                         int64_t cuda_devices, bool nccl_built);
 
 /// A c10d process group with its TCPStore. A handle: copies share one group, which is shut down
 /// when the last copy goes (or by shutdown()). Creating one is collective: every rank of the job

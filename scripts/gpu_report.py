@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""The compact report of a GPU check (scripts/gpu_check.sh), meant to be committed as it is.
+
+    gpu_report.py tests LOGS       -> markdown from the gtest XML, lists and logs of each run
+    gpu_report.py sanitizer LOGS   -> markdown from compute-sanitizer's logs
+    gpu_report.py bench LOGS       -> markdown from fogo_bench's JSON and torch_muon_step's text
+    gpu_report.py train LOGS       -> markdown from the trainers' and the eager reference's logs
+
+Each writes to stdout. Counts come from the gtest XML (typed and parameterised tests included,
+child processes' output never counted), checked against `--gtest_list_tests`, so that a binary that
+crashed or was killed shows as such, with the test it was running. Standard library only: it runs
+on the GPU machine's bare python3.
+"""
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+# --------------------------------------------------------------------------------------------
+# Tests
+
+
+def listed_tests(text):
+    """Full names from `--gtest_list_tests` output ("Suite." lines, then indented names)."""
+    names, suite = [], None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            suite = line.split("#")[0].strip().rstrip(".")
+        elif suite is not None:
+            names.append(f"{suite}.{line.split('#')[0].strip()}")
+    return names
+
+
+def xml_results(path):
+    """{full name: (outcome, message)} from a gtest XML file; None when missing or unreadable."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    results = {}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname')}.{case.get('name')}"
+        failures = case.findall("failure") + case.findall("error")
+        skipped = case.find("skipped")
+        if failures:
+            message = "\n".join(f.get("message") or f.text or "" for f in failures)
+            results[name] = ("failed", message)
+        elif skipped is not None or case.get("result") == "skipped":
+            message = (skipped.get("message") if skipped is not None else "") or ""
+            results[name] = ("skipped", message)
+        elif case.get("status") == "notrun" or case.get("result") == "suppressed":
+            results[name] = ("not run", "disabled")
+        else:
+            results[name] = ("passed", "")
+    return results
+
+
+def log_outcomes(text):
+    """{full name: outcome} from gtest's console output, and the test that started last without
+    ending (what a crashed or killed binary was running), or None."""
+    outcomes, running = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\[ +(RUN|OK|FAILED|SKIPPED) +\] (\S+)", line)
+        if not m:
+            continue
+        tag, name = m.groups()
+        if tag == "RUN":
+            running = name
+        else:
+            outcomes[name] = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[tag]
+            if name == running:
+                running = None
+    return outcomes, running
+
+
+CUDA_SKIP = re.compile(r"cuda|\bGPU\b", re.I)
+
+
+def first_lines(message, n):
+    lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()]
+    return lines[:n]
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def report_tests(logs):
+    """runs.tsv: one line per binary run: name, exit code, seconds (the XML, log and list files
+    are LOGS/<name>.xml, .log, .list)."""
+    runs = []
+    for line in (read(os.path.join(logs, "runs.tsv")) or "").splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3:
+            runs.append((parts[0], parts[1], parts[2]))
+    out = ["# Tests", ""]
+    if not runs:
+        return "\n".join(out + ["No test runs recorded (LOGS/runs.tsv missing or empty).", ""])
+    rows, failed, skipped, totals = [], [], [], dict(passed=0, failed=0, skipped=0, missing=0)
+    for name, code, seconds in runs:
+        base = os.path.join(logs, name)
+        listed = listed_tests(read(base + ".list") or "")
+        results = xml_results(base + ".xml")
+        log = read(base + ".log") or ""
+        notes = []
+        if results is None:
+            outcomes, running = log_outcomes(log)
+            results = {n: (o, "") for n, o in outcomes.items()}
+            notes.append("no XML: the binary crashed or was killed" +
+                         (f" while running {running}" if running else ""))
+            if running:
+                results[running] = ("failed", f"crashed or killed while running (exit {code})")
+        counts = dict(passed=0, failed=0, skipped=0)
+        for test, (outcome, message) in sorted(results.items()):
+            if outcome in counts:
+                counts[outcome] += 1
+            if outcome == "failed":
+                failed.append((name, test, message))
+            elif outcome == "skipped":
+                skipped.append((name, test, message))
+        missing = [t for t in listed if t not in results]
+        if missing:
+            notes.append(f"{len(missing)} listed test(s) never ran (first: {missing[0]})")
+        if code not in ("0",) and not counts["failed"] and not missing:
+            notes.append(f"exit {code} with no failed test")
+        for k in counts:
+            totals[k] += counts[k]
+        totals["missing"] += len(missing)
+        rows.append(f"| {name} | {code} | {seconds} | {len(listed)} | {len(results)} | "
+                    f"{counts['passed']} | {counts['failed']} | {counts['skipped']} | "
+                    f"{'; '.join(notes)} |")
+    cuda_skips = [t for _, t, m in skipped if CUDA_SKIP.search(t) or CUDA_SKIP.search(m)]
+    out.append(f"**{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} "
+               f"skipped, {totals['missing']} listed but never run.**")
+    out.append("")
+    out.append(f"CUDA tests skipped: {len(cuda_skips)} (named cuda or skipped for want of CUDA or "
+               "a GPU; on a GPU machine each is a failure of the setup)")
+    out += ["", "| binary (shard) | exit | s | listed | run | passed | failed | skipped | notes |",
+            "|---|---|---|---|---|---|---|---|---|"] + rows + [""]
+    out.append(f"## Failed ({len(failed)})")
+    out.append("")
+    for name, test, message in failed:
+        lines = first_lines(message, 4)
+        where = lines[0] if lines else "(no message)"
+        out.append(f"- `{test}` ({name}): {where}")
+        out += [f"    > {line[:300]}" for line in lines[1:4]]
+    out += ["", f"## Skipped ({len(skipped)})", ""]
+    for name, test, message in skipped:
+        reason = " ".join(first_lines(message, 3)) or "(no reason given)"
+        out.append(f"- `{test}` ({name}): {reason[:300]}")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# compute-sanitizer
+
+HEADER = re.compile(r"^=+ (?P<text>\S.*)$")
+CONTINUATION = re.compile(r"^=+ {2,}(?P<text>\S.*)$")
+NOT_A_RECORD = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY",
+                "Program hit", "Saved host backtrace", "Target application returned",
+                "Host Frame", "Device Frame")
+WHERE = [
+    re.compile(r"at (?P<fn>.+?)\+0x[0-9a-f]+ in (?P<loc>\S+:\d+)"),
+    re.compile(r"at 0x[0-9a-f]+ in (?P<loc>[^:\s]+:\d+):(?P<fn>.+)"),
+    re.compile(r"at (?P<fn>.+?)\+0x[0-9a-f]+"),
+]
+# fogo's own kernels: their sources (cuda/*.cu) or names.
+OURS = re.compile(r"(^|/)cuda/(codebook|momenta|projected|update|step_graph|ns|ops_cuda)"
+                  r"[A-Za-z_]*\.(cu|cuh|cpp)|fogo::")
+
+
+def where_of(text):
+    for pattern in WHERE:
+        m = pattern.search(text)
+        if m:
+            fn = m.group("fn").strip()
+            loc = m.groupdict().get("loc") or "(no line information)"
+            return fn, loc
+    return None, None
+
+
+def sanitizer_records(text):
+    """Each report of a sanitizer log: (kind, kernel, location, count, lines)."""
+    records, current = [], None
+    for line in text.splitlines():
+        cont = CONTINUATION.match(line)
+        head = HEADER.match(line)
+        if cont and current is not None:
+            current.append(cont.group("text"))
+        elif head and not cont:
+            body = head.group("text")
+            current = None
+            if not body.startswith(NOT_A_RECORD):
+                current = [body]
+                records.append(current)
+        else:
+            current = None
+    out = []
+    for lines in records:
+        kind = re.sub(r"0x[0-9a-f]+", "0x…", lines[0])
+        kind = re.sub(r" at .*", "", kind)
+        fn, loc = None, None
+        for line in lines:
+            fn, loc = where_of(line)
+            if fn:
+                break
+        count = 1
+        for line in lines:
+            m = re.search(r"\[(\d+) hazards?\]", line)
+            if m:
+                count = int(m.group(1))
+        out.append((kind, fn or "(unknown kernel)", loc or "(unknown location)", count, lines))
+    return out
+
+
+def report_sanitizer(logs):
+    out = ["# compute-sanitizer", ""]
+    found = False
+    ours_total = 0
+    for entry in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        m = re.match(r"sanitize-(.+)\.log$", entry)
+        if not m:
+            continue
+        found = True
+        text = read(os.path.join(logs, entry)) or ""
+        summaries = [line.strip("= ").strip() for line in text.splitlines()
+                     if "SUMMARY" in line]
+        ok = len(re.findall(r"^\[       OK \]", text, re.M))
+        failed = len(re.findall(r"^\[  FAILED  \] \S+ \(", text, re.M))
+        out.append(f"## {m.group(1)}")
+        out.append("")
+        out.append(f"- summary: {'; '.join(summaries) or 'none printed (the run did not finish)'}")
+        out.append(f"- tests: {ok} ok, {failed} failed under the tool")
+        grouped = {}
+        for kind, fn, loc, count, lines in sanitizer_records(text):
+            key = (kind, fn, loc)
+            grouped.setdefault(key, [0, 0, lines])
+            grouped[key][0] += 1
+            grouped[key][1] += count
+        ours = [(k, v) for k, v in grouped.items() if OURS.search(k[1] + " " + k[2])]
+        theirs = [(k, v) for k, v in grouped.items() if not OURS.search(k[1] + " " + k[2])]
+        ours_total += len(ours)
+        out.append(f"- distinct reports: {len(grouped)} ({len(ours)} in fogo's kernels)")
+        for title, items in (("in fogo's kernels", ours), ("in library code", theirs)):
+            if not items:
+                continue
+            out += ["", f"### {title}", ""]
+            for (kind, fn, loc), (n, hazards, lines) in items:
+                why = "" if title.startswith("in fogo") else (
+                    " — not fogo's: the kernel and source are not in fogo's cuda/ (PyTorch, CUDA "
+                    "or a library it calls)")
+                out.append(f"- **{kind}** ×{n} ({hazards} hazard(s)/error(s)) in `{fn[:200]}` "
+                           f"at `{loc}`{why}")
+                out += [f"    > {line[:240]}" for line in lines[1:3]]
+        out.append("")
+    if not found:
+        out.append("No sanitizer logs (the sanitize step did not run).")
+    out.append(f"Reports in fogo's kernels: {ours_total}.")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmarks and training
+
+
+def report_bench(logs):
+    out = ["# Step benchmarks", ""]
+    try:
+        with open(os.path.join(logs, "bench.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return "\n".join(out + [f"No benchmark results ({e}).", ""])
+    ctx = data.get("context", {})
+    out.append(f"fogo_bench on {ctx.get('host_name', '?')}, {ctx.get('date', '?')}; "
+               "median of the repetitions; counters as fogo_bench reports them.")
+    out += ["", "| benchmark | median | counters |", "|---|---|---|"]
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        skip = {"name", "run_name", "run_type", "repetitions", "repetition_index", "threads",
+                "iterations", "real_time", "cpu_time", "time_unit", "aggregate_name",
+                "aggregate_unit", "family_index", "per_family_instance_index", "label"}
+        counters = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                             for k, v in b.items() if k not in skip)
+        out.append(f"| {b.get('run_name', b.get('name'))} | {b.get('real_time', 0):.3f} "
+                   f"{b.get('time_unit', '')} | {counters} |")
+    torch_muon = read(os.path.join(logs, "torch_muon.txt"))
+    if torch_muon:
+        out += ["", "torch.optim.Muon (bench/torch_muon_step.py):", "", "```"]
+        out += torch_muon.strip().splitlines()[-20:] + ["```"]
+    return "\n".join(out) + "\n"
+
+
+def report_train(logs):
+    out = ["# Training throughput", "", "| run | result |", "|---|---|"]
+    entries = sorted(os.listdir(logs)) if os.path.isdir(logs) else []
+    for entry in entries:
+        m = re.match(r"(gpt2-.+|resnet-.+)\.log$", entry)
+        if not m or entry == "gpt2-eager.log":
+            continue
+        text = read(os.path.join(logs, entry)) or ""
+        lines = [line.strip() for line in text.splitlines()]
+        steady = [line for line in lines if line.startswith("steady state")]
+        rate = [line for line in lines if "images/s" in line]
+        errors = [line for line in lines if re.search(r"\berror\b|Error|terminate", line)]
+        result = (steady[-1] if steady else rate[-1] if rate else
+                  f"FAILED: {errors[0][:300]}" if errors else "no result line")
+        out.append(f"| {m.group(1)} | {result} |")
+    eager = read(os.path.join(logs, "gpt2-eager.log"))
+    if eager is not None:
+        line = [line for line in eager.splitlines() if line.startswith("gpt2_eager ")]
+        out.append(f"| eager PyTorch (bench/gpt2_eager.py) | "
+                   f"{line[-1] if line else 'no result line'} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv):
+    kinds = {"tests": report_tests, "sanitizer": report_sanitizer, "bench": report_bench,
+             "train": report_train}
+    if len(argv) != 3 or argv[1] not in kinds:
+        sys.exit(f"usage: {argv[0]} {{{','.join(kinds)}}} LOGS")
+    sys.stdout.write(kinds[argv[1]](argv[2]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,155 @@
+"""scripts/gpu_report.py on fixtures shaped like what a GPU check leaves: gtest XML with failures,
+skips, typed and parameterised tests, a shard that crashed before writing its XML, a binary whose
+children print FAILED lines (never counted), and compute-sanitizer logs in both location formats."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("gpu_report", os.path.join(HERE, "..", "gpu_report.py"))
+gpu_report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_report)
+
+XML = """<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="6" failures="1" disabled="0" errors="0" time="1.2" name="AllTests">
+  <testsuite name="MuonParity" tests="2" failures="1" skipped="0">
+    <testcase name="MatchesTorch" status="run" result="completed" classname="MuonParity">
+      <failure message="tests/test_muon.cpp:61&#x0A;Expected equality of these values:&#x0A;  diff&#x0A;    1.2e-08&#x0A;  0.0" type=""><![CDATA[ignored]]></failure>
+    </testcase>
+    <testcase name="Batched" status="run" result="completed" classname="MuonParity"/>
+  </testsuite>
+  <testsuite name="CudaParity" tests="1" skipped="1">
+    <testcase name="Update" status="run" result="skipped" classname="CudaParity">
+      <skipped message="tests/test_cuda_parity.cpp:37&#x0A;no CUDA device visible"><![CDATA[x]]></skipped>
+    </testcase>
+  </testsuite>
+  <testsuite name="Typed/0" tests="1">
+    <testcase name="Works" type_param="float" status="run" result="completed" classname="Typed/0"/>
+  </testsuite>
+  <testsuite name="Inst/Param" tests="2" failures="1">
+    <testcase name="Case/0" value_param="3" status="run" result="completed" classname="Inst/Param"/>
+    <testcase name="Case/1" value_param="4" status="run" result="completed" classname="Inst/Param">
+      <failure message="a.cpp:9&#x0A;boom" type=""/>
+    </testcase>
+  </testsuite>
+</testsuites>
+"""
+
+LIST = """MuonParity.
+  MatchesTorch
+  Batched
+CudaParity.
+  Update
+Typed/0.  # TypeParam = float
+  Works
+Inst/Param.
+  Case/0  # GetParam() = 3
+  Case/1  # GetParam() = 4
+"""
+
+CRASHED_LIST = """Dist.
+  First
+  Second
+  Third
+"""
+CRASHED_LOG = """[ RUN      ] Dist.First
+[       OK ] Dist.First (3 ms)
+[ RUN      ] Dist.Second
+rank 1: [  FAILED  ] Child.Noise (1 ms)
+Segmentation fault
+"""
+
+
+@pytest.fixture
+def logs(tmp_path):
+    (tmp_path / "fogo_tests-0.xml").write_text(XML)
+    (tmp_path / "fogo_tests-0.list").write_text(LIST)
+    (tmp_path / "fogo_tests-0.log").write_text("[  FAILED  ] Child.Printed (1 ms)\n")
+    (tmp_path / "fogo_dist_tests.list").write_text(CRASHED_LIST)
+    (tmp_path / "fogo_dist_tests.log").write_text(CRASHED_LOG)
+    (tmp_path / "runs.tsv").write_text("fogo_tests-0\t1\t12\nfogo_dist_tests\t139\t4\n")
+    return tmp_path
+
+
+def test_counts_come_from_the_xml_and_name_every_failure_and_skip(logs):
+    md = gpu_report.report_tests(str(logs))
+    # 3 passed in the XML + Dist.First from the crashed shard's log; failures: 2 in the XML and the
+    # test the crashed binary was running; Dist.Third never ran.
+    assert "**4 passed, 3 failed, 1 skipped, 1 listed but never run.**" in md
+    assert "`MuonParity.MatchesTorch` (fogo_tests-0): tests/test_muon.cpp:61" in md
+    assert "> Expected equality of these values:" in md
+    assert "`Inst/Param.Case/1` (fogo_tests-0): a.cpp:9" in md
+    assert "`CudaParity.Update` (fogo_tests-0): tests/test_cuda_parity.cpp:37 no CUDA device" in md
+    assert "no XML: the binary crashed or was killed while running Dist.Second" in md
+    assert "`Dist.Second` (fogo_dist_tests): crashed or killed while running (exit 139)" in md
+    assert "never ran (first: Dist.Third)" in md
+    assert "CUDA tests skipped: 1 " in md
+    # A child's FAILED line in a log is not a test of this binary.
+    assert "Child.Printed" not in md and "Child.Noise" not in md
+
+
+def test_listed_tests_reads_typed_and_parameterised_names():
+    assert gpu_report.listed_tests(LIST) == [
+        "MuonParity.MatchesTorch", "MuonParity.Batched", "CudaParity.Update", "Typed/0.Works",
+        "Inst/Param.Case/0", "Inst/Param.Case/1"]
+
+
+RACECHECK = """========= COMPUTE-SANITIZER
+[ RUN      ] CudaParity.Update
+========= Error: Race reported between Write access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1a40 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021
+=========     and Read access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1b20 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1030 [64 hazards]
+=========
+========= Error: Race reported between Write access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1a40 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021
+=========     and Read access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1b20 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1030 [32 hazards]
+=========
+========= Error: Race reported between Write access at fogo::cuda::rms_update_kernel(Table)+0x200 in /work/main/cuda/update.cu:120
+=========     and Read access at fogo::cuda::rms_update_kernel(Table)+0x260 in /work/main/cuda/update.cu:131 [4 hazards]
+[       OK ] CudaParity.Update (40 ms)
+========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)
+"""
+MEMCHECK_OLD = """========= CUDA-MEMCHECK
+========= Invalid __global__ read of size 4
+=========     at 0x00000150 in /work/main/cuda/codebook.cu:119:flush_kernel(float*, int)
+=========     by thread (0,0,0) in block (0,0,0)
+=========     Address 0x7f0000000000 is out of bounds
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_sanitizer_report_deduplicates_by_kernel_and_location_and_names_ours(tmp_path):
+    (tmp_path / "sanitize-racecheck.log").write_text(RACECHECK)
+    (tmp_path / "sanitize-memcheck.log").write_text(MEMCHECK_OLD)
+    md = gpu_report.report_sanitizer(str(tmp_path))
+    assert "RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)" in md
+    assert "distinct reports: 2 (1 in fogo's kernels)" in md  # racecheck: two merged into one
+    assert "×2 (96 hazard(s)/error(s)) in `void at::native::reduce_kernel<512, 1>" in md
+    assert "at `/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021` — not fogo's" in md
+    assert "in `fogo::cuda::rms_update_kernel(Table)` at `/work/main/cuda/update.cu:120`" in md
+    assert "in `flush_kernel(float*, int)` at `/work/main/cuda/codebook.cu:119`" in md
+    assert "Reports in fogo's kernels: 2." in md
+    assert "1 ok, 0 failed under the tool" in md
+
+
+def test_bench_and_train_reports(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({
+        "context": {"host_name": "gpu", "date": "2026-11-25"},
+        "benchmarks": [
+            {"name": "BM_Step_FOGO/0/1_median", "run_name": "BM_Step_FOGO/0/1",
+             "run_type": "aggregate", "aggregate_name": "median", "real_time": 12.0,
+             "time_unit": "ms", "GB/s": 812.5},
+            {"name": "BM_Step_FOGO/0/1_mean", "run_name": "BM_Step_FOGO/0/1",
+             "run_type": "aggregate", "aggregate_name": "mean", "real_time": 13.0,
+             "time_unit": "ms"}]}))
+    md = gpu_report.report_bench(str(tmp_path))
+    assert "| BM_Step_FOGO/0/1 | 12.000 ms | GB/s 812.5 |" in md and "13.000" not in md
+    (tmp_path / "gpt2-fogo.log").write_text(
+        "step 40\nsteady state (steps 6-40): median step 100.00 ms, optimizer 12.00 ms (12.0% of "
+        "the step), 40960 tokens/s, MFU 30.1%\n")
+    (tmp_path / "gpt2-muon.log").write_text("gpt2: error: CUDA out of memory\n")
+    (tmp_path / "gpt2-eager.log").write_text("gpt2_eager tokens_per_s=41000 mfu=0.31\n")
+    md = gpu_report.report_train(str(tmp_path))
+    assert "| gpt2-fogo | steady state (steps 6-40)" in md
+    assert "| gpt2-muon | FAILED: gpt2: error: CUDA out of memory |" in md
+    assert "gpt2_eager tokens_per_s=41000" in md
