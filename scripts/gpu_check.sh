@@ -429,7 +429,8 @@ finish() {
     printf '  %s\n' "${summary[@]}"
     [ ${#failed[@]} -eq 0 ] && echo "  all steps passed" || echo "  FAILED steps: ${failed[*]}"
   } | tee "$report/summary.txt"
-  cp "$logs/environment.txt" "$report/" 2>/dev/null
+  [ -f "$logs/environment.txt" ] || environment_txt >"$logs/environment.txt"
+  cp "$logs/environment.txt" "$report/"
   # The text logs (no run folders, no checkpoints), if they fit what the device tool brings back.
   tar -C "$root/build-gpu" -czf "$report/logs.tgz" logs 2>/dev/null
   if [ "$(stat -c %s "$report/logs.tgz" 2>/dev/null || echo 0)" -gt $((15 * 1048576)) ]; then

@@ -104,6 +104,12 @@ def report_tests(logs):
     if not runs:
         return "\n".join(out + ["No test runs recorded (LOGS/runs.tsv missing or empty).", ""])
     rows, failed, skipped, totals = [], [], [], dict(passed=0, failed=0, skipped=0, missing=0)
+    # Shards of one binary (name-<k>) list the same tests and each run a part: what never ran is
+    # counted over the binary, not per shard.
+    groups = {}
+    for name, code, seconds in runs:
+        groups.setdefault(re.sub(r"-\d+$", "", name), []).append(name)
+    ran_in_group, listed_in_group = {}, {}
     for name, code, seconds in runs:
         base = os.path.join(logs, name)
         listed = listed_tests(read(base + ".list") or "")
@@ -125,17 +131,23 @@ def report_tests(logs):
                 failed.append((name, test, message))
             elif outcome == "skipped":
                 skipped.append((name, test, message))
-        missing = [t for t in listed if t not in results]
-        if missing:
-            notes.append(f"{len(missing)} listed test(s) never ran (first: {missing[0]})")
-        if code not in ("0",) and not counts["failed"] and not missing:
+        group = re.sub(r"-\d+$", "", name)
+        ran_in_group.setdefault(group, set()).update(results)
+        listed_in_group.setdefault(group, listed)
+        if code not in ("0",) and not counts["failed"]:
             notes.append(f"exit {code} with no failed test")
         for k in counts:
             totals[k] += counts[k]
-        totals["missing"] += len(missing)
         rows.append(f"| {name} | {code} | {seconds} | {len(listed)} | {len(results)} | "
                     f"{counts['passed']} | {counts['failed']} | {counts['skipped']} | "
                     f"{'; '.join(notes)} |")
+    never_ran = []
+    for group, members in groups.items():
+        missing = [t for t in listed_in_group.get(group, []) if t not in ran_in_group[group]]
+        totals["missing"] += len(missing)
+        if missing:
+            never_ran.append(f"- {group} ({len(members)} run(s)): {len(missing)} listed test(s) "
+                             f"never ran, first {missing[0]}")
     cuda_skips = [t for _, t, m in skipped if CUDA_SKIP.search(t) or CUDA_SKIP.search(m)]
     out.append(f"**{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} "
                f"skipped, {totals['missing']} listed but never run.**")
@@ -144,6 +156,8 @@ def report_tests(logs):
                "a GPU; on a GPU machine each is a failure of the setup)")
     out += ["", "| binary (shard) | exit | s | listed | run | passed | failed | skipped | notes |",
             "|---|---|---|---|---|---|---|---|---|"] + rows + [""]
+    if never_ran:
+        out += ["Listed but never run (a crash, a kill or a timeout):", ""] + never_ran + [""]
     out.append(f"## Failed ({len(failed)})")
     out.append("")
     for name, test, message in failed:

@@ -84,10 +84,27 @@ def test_counts_come_from_the_xml_and_name_every_failure_and_skip(logs):
     assert "`CudaParity.Update` (fogo_tests-0): tests/test_cuda_parity.cpp:37 no CUDA device" in md
     assert "no XML: the binary crashed or was killed while running Dist.Second" in md
     assert "`Dist.Second` (fogo_dist_tests): crashed or killed while running (exit 139)" in md
-    assert "never ran (first: Dist.Third)" in md
+    assert "- fogo_dist_tests (1 run(s)): 1 listed test(s) never ran, first Dist.Third" in md
     assert "CUDA tests skipped: 1 " in md
     # A child's FAILED line in a log is not a test of this binary.
     assert "Child.Printed" not in md and "Child.Noise" not in md
+
+
+def test_shards_of_one_binary_are_counted_together(tmp_path):
+    # Each shard lists every test and runs a part: nothing is missing when the parts cover it.
+    (tmp_path / "b-0.xml").write_text(XML)
+    (tmp_path / "b-1.xml").write_text(XML)
+    for k in (0, 1):
+        (tmp_path / f"b-{k}.list").write_text(LIST + "Extra.\n  OnlyShard1\n")
+    (tmp_path / "b-1.xml").write_text(XML.replace(
+        '<testsuite name="Typed/0"', '<testsuite name="Extra"><testcase name="OnlyShard1" '
+        'status="run" result="completed" classname="Extra"/></testsuite><testsuite name="Typed/0"'))
+    (tmp_path / "runs.tsv").write_text("b-0\t1\t1\nb-1\t1\t1\n")
+    md = gpu_report.report_tests(str(tmp_path))
+    assert "0 listed but never run" in md and "never ran," not in md
+    (tmp_path / "runs.tsv").write_text("b-0\t1\t1\n")
+    md = gpu_report.report_tests(str(tmp_path))
+    assert "- b (1 run(s)): 1 listed test(s) never ran, first Extra.OnlyShard1" in md
 
 
 def test_listed_tests_reads_typed_and_parameterised_names():
