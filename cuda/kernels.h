@@ -40,22 +40,24 @@ struct ShortTermArgs {
 /// (zhc [2R, d]) alpha the softmax of tau_plus sim (tau_minus |sim|) over the set, with
 /// <z_i, cbar_j> = (|z_i| + eps) sim_ij (z_i = (|z_i| + eps) q_i), reading only the sets'
 /// centroids; and per block, into [row_blocks(R)] arrays: the number of rows with non-empty
-/// C_i / H_i (conflict_partial / over_partial) and the sum of the conflict ratios
-/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps) (r_partial).
+/// C_i / H_i (conflict_partial / over_partial), the sum of the conflict ratios
+/// r_i = (|z_conf_i| + lambda_hi |z_hi_i|) / (|z_i| + eps) (r_partial) and the number of valid
+/// rows, those that are not zero queries (valid_partial).
 void launch_memory_read(const float* sim, const float* q, const float* znorm, const bool* valid,
                         int64_t R, int64_t C, int64_t d, ShortTermArgs args, float* m, float* s,
                         const float* cbar, float* zhc, float* conflict_partial, float* over_partial,
-                        float* r_partial, cudaStream_t stream);
+                        float* r_partial, float* valid_partial, cudaStream_t stream);
 
 struct AdaptiveArgs {
   float beta_r, one_minus_beta_r, gamma_st_min, gamma_st_max, kappa;  // 1 - beta_r rounded once
 };
 
-/// One block: r_t = sum(r_partial)/R, rbar_out = beta_r rbar + (1-beta_r) r_t,
+/// One block, with V = max(1, number of valid rows) (zero queries take no part; ALGORITHM.md,
+/// Clarifications): r_t = sum(r_partial)/V, rbar_out = beta_r rbar + (1-beta_r) r_t,
 /// gamma_st = gmin + (gmax-gmin) rbar_out/(rbar_out+kappa); stats[0] = gamma_st,
-/// stats[1] = #conflicting rows/R, stats[2] = #over-aligned rows/R. Sums in a fixed order.
+/// stats[1] = #conflicting rows/V, stats[2] = #over-aligned rows/V. Sums in a fixed order.
 void launch_short_term_reduce(const float* r_partial, const float* conflict_partial,
-                              const float* over_partial, int64_t blocks, int64_t R,
+                              const float* over_partial, const float* valid_partial, int64_t blocks,
                               const float* rbar, AdaptiveArgs args, float* rbar_out, float* stats,
                               cudaStream_t stream);
 
@@ -79,9 +81,9 @@ void launch_long_term_weights(const float* F, const float* ztnorm, const float* 
                               int64_t K, LongTermArgs args, float* Wlt, float* protected_partial,
                               cudaStream_t stream);
 
-/// One block: stats[3] = sum(protected_partial)/R.
-void launch_protected_reduce(const float* protected_partial, int64_t blocks, int64_t R,
-                             float* stats, cudaStream_t stream);
+/// One block: stats[3] = sum(protected_partial)/V, V = max(1, number of valid rows).
+void launch_protected_reduce(const float* protected_partial, const float* valid_partial,
+                             int64_t blocks, float* stats, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Codebook flush ("After all parameters of group g have stepped"). [C, d] fp32 contiguous.

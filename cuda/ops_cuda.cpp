@@ -102,7 +102,7 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
       static_cast<float>(p.short_term.tau_minus), eps, static_cast<float>(p.lambda_hi)};
   if (!p.filter) {
     launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
-                       f32(s), nullptr, nullptr, nullptr, nullptr, nullptr, stream);
+                       f32(s), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {z, q, valid, m, s, rbar, stats};
   }
@@ -110,15 +110,15 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
   // Step 6: the components and r_i with the read, then r_t -> rbar -> gamma_st on the device,
   // then the correction.
   const int64_t blocks = row_blocks(R);
-  at::Tensor partials = at::empty({4, blocks}, options);  // conflict, over, r, protected
+  at::Tensor partials = at::empty({5, blocks}, options);  // conflict, over, r, protected, valid
   at::Tensor zhc = at::empty({2 * R, d}, options);        // [z_hi; z_conf]
   launch_memory_read(f32(sim), f32(q), f32(znorm), valid.data_ptr<bool>(), R, C, d, st, f32(m),
                      f32(s), f32(cbar), f32(zhc), f32(partials[0]), f32(partials[1]),
-                     f32(partials[2]), stream);
+                     f32(partials[2]), f32(partials[4]), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor rbar_new = at::empty({}, options);
-  launch_short_term_reduce(f32(partials[2]), f32(partials[0]), f32(partials[1]), blocks, R,
-                           f32(rbar.contiguous()),
+  launch_short_term_reduce(f32(partials[2]), f32(partials[0]), f32(partials[1]), f32(partials[4]),
+                           blocks, f32(rbar.contiguous()),
                            {static_cast<float>(p.beta_r), static_cast<float>(1.0 - p.beta_r),
                             static_cast<float>(p.gamma_st_min), static_cast<float>(p.gamma_st_max),
                             static_cast<float>(p.kappa)},
@@ -155,7 +155,7 @@ ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf
                            stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   dz.addmm_(Wlt, frozen, /*beta=*/1.0, /*alpha=*/-1.0);
-  launch_protected_reduce(f32(partials[3]), blocks, R, f32(stats), stream);
+  launch_protected_reduce(f32(partials[3]), f32(partials[4]), blocks, f32(stats), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dz, q, valid, m, s, rbar_new, stats};
 }

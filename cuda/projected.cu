@@ -95,8 +95,10 @@ __global__ void __launch_bounds__(kThreads)
                        int64_t C, int64_t d, ShortTermArgs args, float* __restrict__ m,
                        float* __restrict__ s, const float* __restrict__ cbar,
                        float* __restrict__ zhc, float* __restrict__ conflict_partial,
-                       float* __restrict__ over_partial, float* __restrict__ r_partial) {
-  __shared__ float conflict_flags[kRowsPerBlock], over_flags[kRowsPerBlock], ratios[kRowsPerBlock];
+                       float* __restrict__ over_partial, float* __restrict__ r_partial,
+                       float* __restrict__ valid_partial) {
+  __shared__ float conflict_flags[kRowsPerBlock], over_flags[kRowsPerBlock], ratios[kRowsPerBlock],
+      valid_flags[kRowsPerBlock];
   const int64_t i = warp_row(kRowsPerBlock);
   const int lane = threadIdx.x % 32;
   bool any_conflict = false, any_over = false;
@@ -211,6 +213,8 @@ __global__ void __launch_bounds__(kThreads)
     store_block_count(any_conflict ? 1.f : 0.f, conflict_flags, conflict_partial);
     store_block_count(any_over ? 1.f : 0.f, over_flags, over_partial);
     store_block_count(r, ratios, r_partial);
+    // The rows that are not zero queries: r_t and the fractions are means over them.
+    store_block_count(i < R && valid[i] ? 1.f : 0.f, valid_flags, valid_partial);
   }
 }
 
@@ -219,21 +223,26 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(1024)
     short_term_reduce_kernel(const float* __restrict__ r_partial,
                              const float* __restrict__ conflict_partial,
-                             const float* __restrict__ over_partial, int64_t blocks, int64_t R,
+                             const float* __restrict__ over_partial,
+                             const float* __restrict__ valid_partial, int64_t blocks,
                              const float* __restrict__ rbar, AdaptiveArgs args,
                              float* __restrict__ rbar_out, float* __restrict__ stats) {
   __shared__ float scratch[32];
-  float r = 0.f, conflict = 0.f, over = 0.f;
+  float r = 0.f, conflict = 0.f, over = 0.f, valid = 0.f;
   for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
     r += r_partial[b];
     conflict += conflict_partial[b];
     over += over_partial[b];
+    valid += valid_partial[b];
   }
   r = block_sum(r, scratch);
   conflict = block_sum(conflict, scratch);
   over = block_sum(over, scratch);
+  valid = block_sum(valid, scratch);
   if (threadIdx.x == 0) {
-    const float rows = static_cast<float>(R);
+    // Means over the rows that are not zero queries (a zero row has r_i = 0 and no set); 0
+    // when there are none (ALGORITHM.md, Clarifications).
+    const float rows = fmaxf(valid, 1.f);
     const float r_t = r / rows;
     const float rbar_new = args.beta_r * rbar[0] + args.one_minus_beta_r * r_t;
     rbar_out[0] = rbar_new;
@@ -306,13 +315,19 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(1024)
-    protected_reduce_kernel(const float* __restrict__ protected_partial, int64_t blocks, int64_t R,
+    protected_reduce_kernel(const float* __restrict__ protected_partial,
+                            const float* __restrict__ valid_partial, int64_t blocks,
                             float* __restrict__ stats) {
   __shared__ float scratch[32];
-  float total = 0.f;
-  for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) total += protected_partial[b];
+  float total = 0.f, valid = 0.f;
+  for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+    total += protected_partial[b];
+    valid += valid_partial[b];
+  }
   total = block_sum(total, scratch);
-  if (threadIdx.x == 0) stats[3] = total / static_cast<float>(R);
+  valid = block_sum(valid, scratch);
+  // A zero query's z~ is zero: never protected; the fraction is over the valid rows.
+  if (threadIdx.x == 0) stats[3] = total / fmaxf(valid, 1.f);
 }
 
 unsigned grid_for(int64_t R) { return static_cast<unsigned>(row_blocks(R)); }
@@ -329,18 +344,19 @@ void launch_fuse_rows(const float* Ps, const float* Pf, int64_t R, int64_t d, fl
 void launch_memory_read(const float* sim, const float* q, const float* znorm, const bool* valid,
                         int64_t R, int64_t C, int64_t d, ShortTermArgs args, float* m, float* s,
                         const float* cbar, float* zhc, float* conflict_partial, float* over_partial,
-                        float* r_partial, cudaStream_t stream) {
+                        float* r_partial, float* valid_partial, cudaStream_t stream) {
   memory_read_kernel<<<grid_for(R), kThreads, 0, stream>>>(sim, q, znorm, valid, R, C, d, args, m,
                                                            s, cbar, zhc, conflict_partial,
-                                                           over_partial, r_partial);
+                                                           over_partial, r_partial, valid_partial);
 }
 
 void launch_short_term_reduce(const float* r_partial, const float* conflict_partial,
-                              const float* over_partial, int64_t blocks, int64_t R,
+                              const float* over_partial, const float* valid_partial, int64_t blocks,
                               const float* rbar, AdaptiveArgs args, float* rbar_out, float* stats,
                               cudaStream_t stream) {
   short_term_reduce_kernel<<<1, 1024, 0, stream>>>(r_partial, conflict_partial, over_partial,
-                                                   blocks, R, rbar, args, rbar_out, stats);
+                                                   valid_partial, blocks, rbar, args, rbar_out,
+                                                   stats);
 }
 
 void launch_short_term_apply(const float* z, const float* zhc, const float* Ps, const float* stats,
@@ -357,9 +373,9 @@ void launch_long_term_weights(const float* F, const float* ztnorm, const float* 
                                                                  protected_partial);
 }
 
-void launch_protected_reduce(const float* protected_partial, int64_t blocks, int64_t R,
-                             float* stats, cudaStream_t stream) {
-  protected_reduce_kernel<<<1, 1024, 0, stream>>>(protected_partial, blocks, R, stats);
+void launch_protected_reduce(const float* protected_partial, const float* valid_partial,
+                             int64_t blocks, float* stats, cudaStream_t stream) {
+  protected_reduce_kernel<<<1, 1024, 0, stream>>>(protected_partial, valid_partial, blocks, stats);
 }
 
 }  // namespace fogo::cuda

@@ -77,22 +77,29 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
   if (!p.filter) return {z - Ps, q, valid, acc.m, acc.s, rbar, stats};
 
   // Step 6: short-term filter with adaptive gamma_st. r_t is a group mean, so every row's
-  // components come first, then rbar is updated, then the correction is applied.
+  // components come first, then rbar is updated, then the correction is applied. Zero queries
+  // take no part (ALGORITHM.md, Clarifications): r_t and the telemetry fractions are means over
+  // the valid rows, 0 when a step has none. (A zero row has r_i = 0 and no set; counting it
+  // would pull rbar, and so gamma_st, toward the minimum wherever rows stay zero.)
   const ShortTermComponents st = short_term_components(z, sim, cbar, p.short_term);
-  const at::Tensor r_t = conflict_ratio(z, st, p.lambda_hi, p.eps).mean();
+  const at::Tensor rows = valid.sum().to(z.scalar_type()).clamp_min(1);
+  const auto valid_mean = [&](const at::Tensor& per_row) {
+    return at::where(valid, per_row.to(z.scalar_type()), 0).sum() / rows;
+  };
+  const at::Tensor r_t = valid_mean(conflict_ratio(z, st, p.lambda_hi, p.eps));
   const at::Tensor rbar_new = p.beta_r * rbar + (1.0 - p.beta_r) * r_t;
   const at::Tensor gamma_st =
       p.gamma_st_min + (p.gamma_st_max - p.gamma_st_min) * rbar_new / (rbar_new + p.kappa);
   at::Tensor zbar = z - p.gamma_hi * st.z_hi - gamma_st * st.z_conf;
   stats[0] = gamma_st;
-  stats[1] = st.any_conflict.to(at::kFloat).mean();
-  stats[2] = st.any_over.to(at::kFloat).mean();
+  stats[1] = valid_mean(st.any_conflict);
+  stats[2] = valid_mean(st.any_over);
 
   // Step 7: long-term protection against the frozen candidates.
   if (frozen.defined() && frozen.size(0) > 0) {
     const LongTermResult lt = long_term_protect(zbar, frozen, nu, p.long_term);
     zbar = lt.zbar;
-    stats[3] = lt.protected_rows.to(at::kFloat).mean();
+    stats[3] = valid_mean(lt.protected_rows);
   }
   return {zbar - Ps, q, valid, acc.m, acc.s, rbar_new, stats};
 }

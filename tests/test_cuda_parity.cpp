@@ -97,6 +97,8 @@ struct StepCase {
   double eps_st = 0.15, tau = 5.0;
   bool memory_disabled = false;  ///< xi = 0 and every gamma 0: dz is eps-sized (ALGORITHM.md)
   bool side_stream = false;      ///< run on a stream other than the default one
+  /// Zero queries (no part in r_t's mean): 0 none, 1 every row, k > 1 all but every k-th row.
+  int64_t zero_every = 0;
 };
 
 fogo::ProjectedStepParams step_params(bool filter, const StepCase& c) {
@@ -194,6 +196,8 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
       {120, 32, 24, 6, true, "eps_st = 0, tau = 0: the bands touch, uniform softmax", 0.0, 0.0},
       {150, 40, 16, 8, true, "memory disabled: dz of order eps", 0.15, 5.0, true},
       {300, 64, 32, 12, true, "on a side stream", 0.15, 5.0, false, true},
+      {300, 64, 32, 12, true, "3 of 4 rows zero (idle experts)", 0.15, 5.0, false, false, 4},
+      {40, 32, 16, 4, true, "every row zero", 0.15, 5.0, false, false, 1},
   };
   for (const auto& c : cases) {
     // The codebook and rbar evolve through the reference (flush included); both paths read the
@@ -209,7 +213,18 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
     for (int step = 0; step < 4; ++step) {
       const bool filter = step > 0;  // a group's first step does not filter
       const auto p = step_params(filter, c);
-      const auto [Ps, Pf] = random_rows(c.R, c.d);
+      auto [Ps, Pf] = random_rows(c.R, c.d);
+      if (c.zero_every > 0) {
+        // The means skip zero rows (the reference is checked against a float64 one in
+        // ProjectedStep.ZeroQueriesTakeNoPartAgainstAFloat64Reference).
+        const auto keep = (torch::arange(c.R) % c.zero_every == c.zero_every - 1).unsqueeze(1);
+        Ps = torch::where(keep, Ps, torch::zeros_like(Ps));
+        Pf = torch::where(keep, Pf, torch::zeros_like(Pf));
+        if (c.zero_every == 1) {
+          Ps.zero_();
+          Pf.zero_();
+        }
+      }
       const auto ref = fogo::projected_step(Ps, Pf, book.centroids, frozen, nu, rbar, p);
       fogo::ProjectedStepResult got;
       {

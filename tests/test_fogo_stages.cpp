@@ -10,7 +10,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -519,4 +522,200 @@ TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {
       "log_u must be [3] float64");
   fogo::test::expect_error([&] { fogo::sample_candidates(nu, 2, torch::zeros({3})); },
                            "log_u must be [3] float64");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps 4-7 against a float64 reference written from ALGORITHM.md row by row, on groups where
+// rows are zero queries (|z_i| = 0): they take no part in the memory read, in r_t's mean or in
+// the telemetry fractions (Clarifications). The fp32 paths must agree with it to fp32 precision;
+// before the fix both paths divided by every row and agreed with each other, so only an
+// independent reference could see it.
+
+namespace {
+
+struct Reference {
+  torch::Tensor dz, m, s;
+  double rbar, gamma_st, conflicting, over, protected_rows;
+};
+
+// Straight from ALGORITHM.md steps 4-7, in float64, one row at a time.
+Reference reference_step(const torch::Tensor& Ps32, const torch::Tensor& Pf32,
+                         const torch::Tensor& cbar32, const torch::Tensor& frozen32,
+                         const torch::Tensor& nu32, double rbar,
+                         const fogo::ProjectedStepParams& p) {
+  const auto D = torch::kDouble;
+  const auto Ps = Ps32.to(D), Pf = Pf32.to(D), cbar = cbar32.to(D);
+  const int64_t R = Ps.size(0), C = cbar.size(0), d = Ps.size(1);
+  const double eps = p.eps;
+  std::vector<torch::Tensor> zs, zhis, zconfs;
+  std::vector<bool> valid, conflicting, over;
+  Reference out;
+  out.m = torch::zeros({C}, D);
+  out.s = torch::zeros({C, d}, D);
+  double r_sum = 0;
+  int64_t n_valid = 0, n_conflicting = 0, n_over = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    const auto ps_row = Ps[i], pf_row = Pf[i];
+    const double ns = ps_row.norm().item<double>();
+    const auto ps = ps_row / (ns + eps), pf = pf_row / (pf_row.norm().item<double>() + eps);
+    const double a = (pf * ps).sum().item<double>();
+    const double theta = std::acos(std::clamp(a, -1 + eps, 1 - eps));
+    const auto perp = pf - a * ps;
+    const auto v = perp / (perp.norm().item<double>() + eps);
+    const auto z = ns * (std::cos(p.xi * theta) * ps + std::sin(p.xi * theta) * v);
+    const double nz = z.norm().item<double>();
+    zs.push_back(z);
+    const bool ok = nz > 0;
+    valid.push_back(ok);
+    auto zhi = torch::zeros({d}, D), zconf = torch::zeros({d}, D);
+    bool any_c = false, any_o = false;
+    if (ok) {
+      const auto q = z / (nz + eps);
+      const auto sim = cbar.mv(q);
+      const int64_t a_i = sim.argmax().item<int64_t>();
+      out.m[a_i] += 1;
+      out.s[a_i] += q;
+      // H_i, C_i and their softmax weights.
+      double max_o = -INFINITY, max_c = -INFINITY;
+      for (int64_t j = 0; j < C; ++j) {
+        const double sj = sim[j].item<double>();
+        if (sj > p.short_term.eps_st) max_o = std::max(max_o, p.short_term.tau_plus * sj);
+        if (sj < -p.short_term.eps_st) max_c = std::max(max_c, p.short_term.tau_minus * -sj);
+      }
+      double sum_o = 0, sum_c = 0;
+      for (int64_t j = 0; j < C; ++j) {
+        const double sj = sim[j].item<double>();
+        if (sj > p.short_term.eps_st) sum_o += std::exp(p.short_term.tau_plus * sj - max_o);
+        if (sj < -p.short_term.eps_st) sum_c += std::exp(p.short_term.tau_minus * -sj - max_c);
+      }
+      for (int64_t j = 0; j < C; ++j) {
+        const double sj = sim[j].item<double>(), zc = (z * cbar[j]).sum().item<double>();
+        if (sj > p.short_term.eps_st) {
+          zhi += std::exp(p.short_term.tau_plus * sj - max_o) / sum_o * zc * cbar[j];
+          any_o = true;
+        }
+        if (sj < -p.short_term.eps_st) {
+          zconf += std::exp(p.short_term.tau_minus * -sj - max_c) / sum_c * zc * cbar[j];
+          any_c = true;
+        }
+      }
+      r_sum += (zconf.norm().item<double>() + p.lambda_hi * zhi.norm().item<double>()) / (nz + eps);
+      ++n_valid;
+      n_conflicting += any_c;
+      n_over += any_o;
+    }
+    zhis.push_back(zhi);
+    zconfs.push_back(zconf);
+  }
+  // r_t: the mean over the non-zero queries, 0 when there are none.
+  const double r_t = n_valid > 0 ? r_sum / static_cast<double>(n_valid) : 0.0;
+  out.rbar = p.beta_r * rbar + (1 - p.beta_r) * r_t;
+  out.gamma_st =
+      p.gamma_st_min + (p.gamma_st_max - p.gamma_st_min) * out.rbar / (out.rbar + p.kappa);
+  const double rows = std::max<int64_t>(n_valid, 1);
+  out.conflicting = n_conflicting / rows;
+  out.over = n_over / rows;
+  out.dz = torch::zeros({R, d}, D);
+  int64_t n_protected = 0;
+  for (int64_t i = 0; i < R; ++i) {
+    auto zt = zs[i] - p.gamma_hi * zhis[i] - out.gamma_st * zconfs[i];
+    if (frozen32.defined() && frozen32.size(0) > 0) {
+      const auto F = frozen32.to(D), nu = nu32.to(D);
+      const auto qt = zt / (zt.norm().item<double>() + eps);
+      auto z_lt = torch::zeros({d}, D);
+      double trace = 0;
+      for (int64_t k = 0; k < F.size(0); ++k) {
+        if (std::abs((qt * F[k]).sum().item<double>()) > p.long_term.eps_lt) {
+          z_lt += nu[k].item<double>() * (zt * F[k]).sum().item<double>() * F[k];
+          trace += nu[k].item<double>();
+        }
+      }
+      n_protected += trace > 0;
+      const double gamma = p.long_term.spectral_scaling && trace > 0
+                               ? p.long_term.gamma_lt * std::min(1.0, 1.0 / trace)
+                               : p.long_term.gamma_lt;
+      zt = zt - gamma * z_lt;
+    }
+    out.dz[i] = zt - Ps[i];
+  }
+  out.protected_rows = n_protected / rows;
+  return out;
+}
+
+fogo::ProjectedStepParams zero_query_params() {
+  fogo::ProjectedStepParams p{};
+  p.xi = 0.6;
+  p.eps = 1e-8;
+  p.short_term = {0.15, 5.0, 5.0};
+  p.lambda_hi = 0.1;
+  p.gamma_hi = 0.3;
+  p.gamma_st_min = 0.2;
+  p.gamma_st_max = 0.9;
+  p.beta_r = 0.5;
+  p.kappa = 0.3;
+  p.long_term = {0.1, 1.0, 1e-8, true};
+  p.filter = true;
+  return p;
+}
+
+}  // namespace
+
+TEST(ProjectedStep, ZeroQueriesTakeNoPartAgainstAFloat64Reference) {
+  torch::manual_seed(23);
+  const int64_t d = 16, C = 6, K = 3;
+  // Codebook and frozen centroids: unit rows, some of them along the data's directions so that
+  // the sets and the protection are not empty.
+  const auto cbar = fogo::normalize_rows(torch::randn({C, d}), 1e-8);
+  const auto frozen = fogo::normalize_rows(torch::randn({K, d}), 1e-8);
+  const auto nu = torch::tensor({0.5f, 0.3f, 0.2f});
+  struct Case {
+    const char* what;
+    int64_t rows;
+    std::vector<int64_t> zero_rows;
+  };
+  // The row patterns of the situations the clarification is about.
+  const std::vector<Case> cases = {
+      {"dead units (some zero rows)", 12, {1, 5, 6, 11}},
+      // four experts of 4 rows sharing a codebook, three of them idle this step
+      {"idle experts", 16, {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15}},
+      // a tall weight's zero columns are zero rows of the working (wide) orientation
+      {"zero columns of a tall weight", 10, {0, 9}},
+      // after a task boundary the momenta restart at zero: rows without gradient stay zero
+      {"rows zero after a task boundary", 8, {2, 3, 4, 5, 6, 7}},
+      {"no zero row", 9, {}},
+      {"every row zero", 5, {0, 1, 2, 3, 4}},
+  };
+  const auto p = zero_query_params();
+  for (const auto& c : cases) {
+    for (const bool protect : {false, true}) {
+      auto Ps = torch::randn({c.rows, d}), Pf = Ps + 0.7 * torch::randn({c.rows, d});
+      // Half of the rows lean on a centroid (over-aligned) or against one (conflicting).
+      for (int64_t i = 0; i < c.rows; i += 2) {
+        Ps[i] += (i % 4 == 0 ? 2.5 : -2.5) * cbar[i % C];
+        Pf[i] += (i % 4 == 0 ? 2.5 : -2.5) * cbar[i % C];
+      }
+      for (const int64_t i : c.zero_rows) {
+        Ps[i].zero_();
+        Pf[i].zero_();
+      }
+      const auto rbar = torch::full({}, 0.25f);
+      const auto F = protect ? frozen : torch::Tensor(), N = protect ? nu : torch::Tensor();
+      const auto got = fogo::projected_step(Ps, Pf, cbar, F, N, rbar, p);
+      const auto want = reference_step(Ps, Pf, cbar, F, N, 0.25, p);
+      const std::string what = std::string(c.what) + (protect ? ", with protection" : "");
+      EXPECT_NEAR(got.rbar.item<double>(), want.rbar, 1e-6) << what;
+      EXPECT_NEAR(got.stats[0].item<double>(), want.gamma_st, 1e-6) << what;
+      EXPECT_NEAR(got.stats[1].item<double>(), want.conflicting, 1e-6) << what;
+      EXPECT_NEAR(got.stats[2].item<double>(), want.over, 1e-6) << what;
+      if (protect) EXPECT_NEAR(got.stats[3].item<double>(), want.protected_rows, 1e-6) << what;
+      const double scale = 1 + max_abs(want.dz);
+      EXPECT_LT(max_abs(got.dz.to(torch::kDouble) - want.dz), 2e-5 * scale) << what;
+      EXPECT_TRUE(torch::equal(got.m.to(torch::kDouble), want.m)) << what;
+      EXPECT_LT(max_abs(got.s.to(torch::kDouble) - want.s), 1e-5) << what;
+    }
+  }
+  // The reference itself: with every row zero nothing is read and r_t is 0, so rbar decays.
+  const auto zeros = torch::zeros({3, d});
+  const auto none = reference_step(zeros, zeros, cbar, {}, {}, 0.25, p);
+  EXPECT_DOUBLE_EQ(none.rbar, 0.5 * 0.25);
 }
