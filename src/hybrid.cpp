@@ -262,6 +262,20 @@ void HybridOptimizer::sync_options() const {
     names_.push_back((s == Side::Rest ? "rest." : "matrix.") +
                      std::to_string(opt->param_groups().size() - 1));
   }
+  // A group added to a side directly would be stepped but never scaled by set_lr_factor or the
+  // hybrid's schedulers (they see the hybrid's groups): refused before anything changes.
+  for (const Side s : {Side::Matrix, Side::Rest}) {
+    const torch::optim::Optimizer* opt = side(s);
+    if (!opt) continue;
+    const auto routed = static_cast<size_t>(
+        std::count_if(route_.begin(), route_.end(), [&](const auto& r) { return r.first == s; }));
+    TORCH_CHECK(opt->param_groups().size() == routed, "HybridOptimizer: the ",
+                s == Side::Matrix ? "matrix" : "rest", " side has ", opt->param_groups().size(),
+                " param groups but the hybrid knows ", routed,
+                ": a group added to a side directly would not follow set_lr_factor or the "
+                "hybrid's schedulers; add it to the hybrid instead (hybrid.add_param_group(...), "
+                "routed by its options type)");
+  }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& [s, index] = route_[g];
     side(s)->param_groups()[index].set_options(param_groups_[g].options().clone());
@@ -340,6 +354,7 @@ const std::vector<double>& HybridOptimizer::base_lrs() const {
 void HybridOptimizer::set_lr_factor(double factor) {
   TORCH_CHECK(std::isfinite(factor) && factor >= 0,
               "HybridOptimizer::set_lr_factor: factor must be finite and >= 0, got ", factor);
+  sync_options();  // refuses a side's group the factor could not reach, before anything changes
   const auto& base = base_lrs();
   for (size_t g = 0; g < param_groups_.size(); ++g)
     param_groups_[g].options().set_lr(base[g] * factor);

@@ -204,6 +204,37 @@ TEST(HybridOptimizer, GroupsAddedLaterAreRoutedScheduledAndNamed) {
   fogo::test::expect_error([&] { opt.step(); }, "SGDOptions");
 }
 
+// A group added to one side directly, behind the hybrid's back, would be stepped but never
+// scaled by set_lr_factor or a scheduler: the step refuses it, naming the fix, and changes nothing.
+TEST(HybridOptimizer, GroupAddedToASideDirectlyIsRefusedBeforeAnythingChanges) {
+  for (const bool matrix_side : {true, false}) {
+    TinyNet net;
+    auto opt = make(net);
+    auto extra = torch::randn({4, 4}).requires_grad_(true);
+    if (matrix_side) {
+      opt.matrix()->add_param_group(
+          torch::optim::OptimizerParamGroup({extra}, std::make_unique<fogo::MuonOptions>(4e-2)));
+    } else {
+      opt.rest()->add_param_group(torch::optim::OptimizerParamGroup(
+          {extra}, std::make_unique<torch::optim::AdamWOptions>(1e-2)));
+    }
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::ones_like(p);
+    extra.mutable_grad() = torch::ones({4, 4});
+    std::vector<torch::Tensor> before;
+    for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
+    const auto extra0 = extra.detach().clone();
+    fogo::test::expect_error([&] { opt.step(); },
+                             matrix_side
+                                 ? "the matrix side has 2 param groups but the hybrid "
+                                   "knows 1"
+                                 : "the rest side has 2 param groups but the hybrid knows 1");
+    fogo::test::expect_error([&] { opt.set_lr_factor(0.5); }, "hybrid.add_param_group");
+    const auto after = net->parameters();
+    for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(torch::equal(after[k], before[k]));
+    EXPECT_TRUE(torch::equal(extra.detach(), extra0));
+  }
+}
+
 TEST(HybridOptimizer, IsATorchOptimizerForSchedulersAndSaving) {
   TinyNet net;
   auto hybrid = make(net);
