@@ -2,10 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>
+#include <fogo/fogo_options.h>
+#include <fogo/muon.h>
 #include <fogo/step_shard.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <sstream>
 
 namespace fogo::detail {
@@ -31,6 +35,55 @@ void check_grad_kind(const char* optimizer, size_t group, size_t index, const at
               describe_param(group, index, param), " has shape ", grad.sizes());
 }
 
+namespace {
+
+// The largest finite value of a parameter's dtype.
+double largest(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return static_cast<double>(std::numeric_limits<c10::Half>::max());
+    case at::kBFloat16:
+      return static_cast<double>(std::numeric_limits<c10::BFloat16>::max());
+    case at::kFloat:
+      return std::numeric_limits<float>::max();
+    default:
+      return std::numeric_limits<double>::max();
+  }
+}
+
+// The decoupled weight decay of fogo's options (0 for others).
+double weight_decay_of(const torch::optim::OptimizerOptions& options) {
+  if (const auto* o = dynamic_cast<const MuonOptions*>(&options)) return o->weight_decay();
+  if (const auto* o = dynamic_cast<const FOGOOptions*>(&options)) return o->weight_decay();
+  return 0.0;
+}
+
+// The step's scalars must be representable in the parameter's dtype, where the update multiplies
+// by them: lr 1e39 is Inf in float32 (ATen refuses it half-way through a step, naming nothing),
+// and the decay factor 1 - lr x weight_decay flips the parameters' sign and grows them (Inf
+// within a few steps, silently) once lr x weight_decay exceeds 1.
+void check_step_scalars(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
+                        const torch::optim::OptimizerOptions& options) {
+  double lr = 0;
+  try {
+    lr = options.get_lr();
+  } catch (const c10::Error&) {
+    return;  // options without a learning rate: nothing to check
+  }
+  const double max = largest(param.scalar_type());
+  TORCH_CHECK(std::abs(lr) <= max, optimizer, ": option 'lr' of param group ", group, " is ", lr,
+              ", beyond the largest ", param.scalar_type(), " (", max, "), the dtype of ",
+              describe_param(group, index, param), "; the step was not applied");
+  const double wd = weight_decay_of(options);
+  TORCH_CHECK(lr * wd <= 1.0, optimizer, ": options 'lr' x 'weight_decay' of param group ", group,
+              " is ", lr, " x ", wd, " = ", lr * wd,
+              " > 1: the decay factor 1 - lr x weight_decay would flip the sign of ",
+              describe_param(group, index, param),
+              " and grow it without bound (Inf within a few steps); the step was not applied");
+}
+
+}  // namespace
+
 GradItems collect_grads(const char* optimizer,
                         const std::vector<torch::optim::OptimizerParamGroup>& groups,
                         const std::function<void(size_t)>& check_group,
@@ -53,6 +106,7 @@ GradItems collect_grads(const char* optimizer,
       if (!p.grad().defined()) continue;
       check_param(g, i, p);
       check_grad_kind(optimizer, g, i, p, p.grad());
+      check_step_scalars(optimizer, g, i, p, groups[g].options());
       items.params.push_back(p);
       items.grads.push_back(p.grad());
       items.where.emplace_back(g, i);
@@ -190,6 +244,80 @@ void load_transactional(torch::optim::Optimizer& optimizer, const std::function<
     for (size_t g = 0; g < groups.size(); ++g) groups[g].set_options(std::move(saved_options[g]));
     throw;
   }
+}
+
+void Checksum::word(uint64_t w) {
+  // xor, multiply by an odd constant, rotate: each a bijection of h_.
+  h_ = (h_ ^ w) * 0x9E3779B97F4A7C15ULL;
+  h_ = (h_ << 27) | (h_ >> 37);
+}
+
+Checksum& Checksum::bytes(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  length_ += n;
+  while (n > 0 && npending_ > 0) {
+    pending_[npending_++] = *p++;
+    --n;
+    if (npending_ == 8) {
+      uint64_t w;
+      std::memcpy(&w, pending_, 8);
+      word(w);
+      npending_ = 0;
+    }
+  }
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    word(w);
+  }
+  std::memcpy(pending_, p, n);
+  npending_ += n;
+  return *this;
+}
+
+Checksum& Checksum::add(int64_t value) { return bytes(&value, sizeof value); }
+Checksum& Checksum::add(double value) { return bytes(&value, sizeof value); }
+
+Checksum& Checksum::add(const at::Tensor& tensor) {
+  if (!tensor.defined()) return add(int64_t{-1});
+  add(static_cast<int64_t>(tensor.scalar_type())).add(tensor.dim());
+  for (const int64_t s : tensor.sizes()) add(s);
+  const at::Tensor t = tensor.cpu().contiguous();
+  return bytes(t.data_ptr(), t.nbytes());
+}
+
+uint64_t Checksum::value() const {
+  Checksum tail = *this;
+  uint64_t w = 0;
+  std::memcpy(&w, tail.pending_, tail.npending_);
+  tail.word(w);
+  tail.word(length_);
+  return tail.h_;
+}
+
+void write_checksum(torch::serialize::OutputArchive& archive, const char* key, uint64_t sum) {
+  archive.write(key, c10::IValue(static_cast<int64_t>(sum)));
+}
+
+void verify_checksum(torch::serialize::InputArchive& archive, const char* optimizer,
+                     const char* key, uint64_t sum) {
+  c10::IValue stored;
+  if (!archive.try_read(key, stored)) {
+    TORCH_WARN(optimizer,
+               "::load: the checkpoint has no checksum (written by a fogo older than "
+               "checksums); its state is loaded unverified");
+    return;
+  }
+  TORCH_CHECK(stored.isInt() && static_cast<uint64_t>(stored.toInt()) == sum, optimizer,
+              "::load: the checkpoint is corrupted: its contents do not match the checksum stored "
+              "with them (bytes changed on disk or in transfer); nothing was loaded");
+}
+
+void check_finite_state(const char* optimizer, const std::string& what, const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.is_floating_point()) return;
+  TORCH_CHECK(at::isfinite(tensor).all().item<bool>(), optimizer, "::load: the checkpoint's ", what,
+              " holds NaN or Inf; every later step would spread it to the parameters, so the "
+              "checkpoint is refused and nothing was loaded");
 }
 
 }  // namespace fogo::detail

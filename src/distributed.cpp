@@ -24,6 +24,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -250,8 +251,29 @@ void ProcessGroup::Impl::connect_store() {
   o.timeout = options.timeout();
   o.multiTenant = true;  // several groups of one process may share the server
   c10::intrusive_ptr<c10d::Store> tcp;
+  // c10d's client, once connected, waits for the server's answer with no timeout: a host that
+  // accepts the connection but never answers (a stalled process on the port, another program)
+  // would hold this rank forever. So the store is made on a helper thread and waited for at most
+  // the timeout, plus a margin that lets c10d's own errors (refused, unreachable) come first; a
+  // helper still blocked then is left behind, detached, and ends with the process.
+  auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+  auto future = made->get_future();
+  std::thread([made, addr = launch.master_addr, o] {
+    try {
+      made->set_value(c10::make_intrusive<c10d::TCPStore>(addr, o));
+    } catch (...) {
+      made->set_exception(std::current_exception());
+    }
+  }).detach();
+  const auto margin = std::min(options.timeout(), std::chrono::milliseconds(5000));
+  TORCH_CHECK(future.wait_for(options.timeout() + margin) == std::future_status::ready,
+              "fogo::dist: ", where(), " cannot ", hosts_store ? "host" : "reach",
+              " the rendezvous store at MASTER_ADDR:MASTER_PORT = ", store_address(),
+              ": a process there accepted the connection but did not answer within the timeout (",
+              format(options.timeout()),
+              "); is MASTER_PORT another program's, or is rank 0 stalled?");
   try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, o);
+    tcp = future.get();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "fogo::dist: ", where(), " cannot ", hosts_store ? "host" : "reach",
                 " the rendezvous store at MASTER_ADDR:MASTER_PORT = ", store_address(),

@@ -26,10 +26,37 @@ void check_same_layout(size_t group, const FOGOOptions& mine, const FOGOOptions&
         static_cast<int64_t>(theirs.projection_scale()));
 }
 
+constexpr const char* kChecksum = "fogo/checksum";
+
+// Every group's options and every parameter's momenta, in group order (the memory follows, added
+// by save and load as they write and read it).
+detail::Checksum options_and_momenta(const FOGO& fogo) {
+  detail::Checksum sum;
+  for (const auto& group : fogo.param_groups()) {
+    const auto& o = static_cast<const FOGOOptions&>(group.options());
+#define FOGO_SUM_OPTION(T, name, ...) sum.option(o.name());
+    FOGO_RANGED_OPTIONS(FOGO_SUM_OPTION)
+    FOGO_PLAIN_OPTIONS(FOGO_SUM_OPTION)
+    FOGO_ENUM_OPTIONS(FOGO_SUM_OPTION)
+#undef FOGO_SUM_OPTION
+    for (const auto& p : group.params()) {
+      const auto it = fogo.state().find(p.unsafeGetTensorImpl());
+      if (it == fogo.state().end()) {
+        sum.add(int64_t{0});
+        continue;
+      }
+      const auto& st = static_cast<const FOGOParamState&>(*it->second);
+      sum.add(int64_t{1}).add(st.slow_momentum()).add(st.fast_momentum());
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 void FOGO::save(torch::serialize::OutputArchive& archive) const {
   serialize(*this, archive);
+  detail::Checksum sum = options_and_momenta(*this);
   archive.write("fogo/format", c10::IValue(static_cast<int64_t>(1)));
   archive.write("fogo/groups", c10::IValue(static_cast<int64_t>(impl_->groups.size())));
   for (size_t g = 0; g < impl_->groups.size(); ++g) {
@@ -37,18 +64,25 @@ void FOGO::save(torch::serialize::OutputArchive& archive) const {
     torch::serialize::OutputArchive a(archive.compilation_unit());
     a.write("initialized", c10::IValue(mem.initialized));
     a.write("step", c10::IValue(mem.step));
-    a.write("centroids", or_empty(mem.book.centroids), /*is_buffer=*/true);
-    a.write("S", or_empty(mem.book.S), true);
-    a.write("N", or_empty(mem.book.N), true);
-    a.write("start", or_empty(mem.start), true);
-    a.write("frozen", or_empty(mem.frozen), true);
-    a.write("frozen_nu", or_empty(mem.frozen_nu), true);
-    a.write("rbar", or_empty(mem.rbar), true);
-    a.write("stats", or_empty(mem.stats), true);
-    a.write("generator", mem.gen.get_state(), true);
+    sum.add(static_cast<int64_t>(mem.initialized)).add(mem.step);
+    const auto tensor = [&](const char* name, const at::Tensor& t) {
+      a.write(name, or_empty(t), /*is_buffer=*/true);
+      sum.add(or_empty(t));
+    };
+    tensor("centroids", mem.book.centroids);
+    tensor("S", mem.book.S);
+    tensor("N", mem.book.N);
+    tensor("start", mem.start);
+    tensor("frozen", mem.frozen);
+    tensor("frozen_nu", mem.frozen_nu);
+    tensor("rbar", mem.rbar);
+    tensor("stats", mem.stats);
+    tensor("generator", mem.gen.get_state());
     a.write("consolidated", c10::IValue(mem.consolidated));
+    sum.add(static_cast<int64_t>(mem.consolidated));
     archive.write("fogo/group/" + std::to_string(g), a);
   }
+  detail::write_checksum(archive, kChecksum, sum.value());
 }
 
 void FOGO::load(torch::serialize::InputArchive& archive) {
@@ -67,6 +101,7 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           check_same_layout(g, before[g],
                             static_cast<const FOGOOptions&>(param_groups_[g].options()));
         }
+        detail::Checksum sum = options_and_momenta(*this);
         archive.read("fogo/groups", value);
         const int64_t count = value.toInt();
         TORCH_CHECK(count <= static_cast<int64_t>(param_groups_.size()),
@@ -84,10 +119,12 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           mem.initialized = value.toBool();
           a.read("step", value);
           mem.step = value.toInt();
-          mem.consolidated = a.try_read("consolidated", value) && value.toBool();
+          sum.add(static_cast<int64_t>(mem.initialized)).add(mem.step);
           auto tensor = [&](const char* name) {
             at::Tensor t;
             a.read(name, t, /*is_buffer=*/true);
+            sum.add(t);
+            detail::check_finite_state("FOGO", "group " + std::to_string(g) + "'s " + name, t);
             return t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
           };
           mem.book.centroids = tensor("centroids");
@@ -100,6 +137,9 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           mem.stats = tensor("stats");
           at::Tensor gen_state;
           a.read("generator", gen_state, true);
+          sum.add(gen_state);
+          mem.consolidated = a.try_read("consolidated", value) && value.toBool();
+          sum.add(static_cast<int64_t>(mem.consolidated));
           mem.gen = make_cpu_generator(0);
           mem.gen.set_state(gen_state);
           const int64_t C = o.codebook_size(), d = o.proj_dim();
@@ -125,6 +165,7 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           }
           loaded.push_back(std::move(mem));
         }
+        detail::verify_checksum(archive, "FOGO", kChecksum, sum.value());
       },
       [&](size_t g, size_t i, const torch::Tensor& p) {
         auto it = state_.find(p.unsafeGetTensorImpl());
@@ -136,6 +177,10 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
                       " has shape ", t.defined() ? t.sizes() : at::IntArrayRef{},
                       "; the checkpoint was made for a different model");
         }
+        detail::check_finite_state("FOGO", "slow momentum for " + detail::describe_param(g, i, p),
+                                   st.slow_momentum());
+        detail::check_finite_state("FOGO", "fast momentum for " + detail::describe_param(g, i, p),
+                                   st.fast_momentum());
         st.slow_momentum(st.slow_momentum().to(p.device()));
         st.fast_momentum(st.fast_momentum().to(p.device()));
       });

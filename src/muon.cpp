@@ -377,21 +377,56 @@ void Muon::set_step_shard(StepShard shard) {
   shard_ = std::move(shard);
 }
 
-void Muon::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
+namespace {
+
+constexpr const char* kMuonChecksum = "muon/checksum";
+
+// Every group's options and every parameter's momentum buffer, in group order: what a checkpoint
+// stores and load() recomputes from what it read.
+uint64_t state_checksum(const Muon& muon) {
+  detail::Checksum sum;
+  for (const auto& group : muon.param_groups()) {
+    const auto& o = static_cast<const MuonOptions&>(group.options());
+    sum.option(o.lr()).option(o.weight_decay()).option(o.momentum()).option(o.nesterov());
+    sum.option(o.ns_coefficients()).option(o.eps()).option(o.ns_steps()).option(o.adjust_lr());
+    sum.option(o.ns_dtype()).option(o.strict_2d()).option(o.nonfinite()).option(o.ns_form());
+    sum.option(o.ns_gram_restart()).option(o.cuda_graph());
+    for (const auto& p : group.params()) {
+      const auto it = muon.state().find(p.unsafeGetTensorImpl());
+      if (it == muon.state().end()) {
+        sum.add(int64_t{0});
+      } else {
+        sum.add(int64_t{1}).add(static_cast<const MuonParamState&>(*it->second).momentum_buffer());
+      }
+    }
+  }
+  return sum.value();
+}
+
+}  // namespace
+
+void Muon::save(torch::serialize::OutputArchive& archive) const {
+  serialize(*this, archive);
+  detail::write_checksum(archive, kMuonChecksum, state_checksum(*this));
+}
 
 void Muon::load(torch::serialize::InputArchive& archive) {
   detail::load_transactional(
       *this,
       [&] {
-        // LibTorch's reader throws torch::jit errors (no c10::Error, no optimizer named) for an
-        // archive that is not a Muon checkpoint (a module's, AdamW's).
+        c10::IValue value;
+        TORCH_CHECK(!archive.try_read("fogo/format", value),
+                    "Muon::load: not a Muon checkpoint (FOGO wrote it; load it with FOGO::load)");
+        // LibTorch's reader throws torch::jit errors or internal asserts, naming no optimizer,
+        // for an archive that is not a Muon checkpoint (a module's, AdamW's) or a damaged one.
         try {
           serialize(*this, archive);
-        } catch (const c10::Error&) {
-          throw;
         } catch (const std::exception& e) {
-          TORCH_CHECK(false, "Muon::load: not a Muon checkpoint: ", e.what());
+          const std::string what = e.what();
+          TORCH_CHECK(false, "Muon::load: not a Muon checkpoint (or a damaged one): ",
+                      what.substr(0, what.find('\n')));
         }
+        detail::verify_checksum(archive, "Muon", kMuonChecksum, state_checksum(*this));
       },
       [&](size_t g, size_t i, const torch::Tensor& p) {
         auto it = state_.find(p.unsafeGetTensorImpl());
@@ -403,6 +438,8 @@ void Muon::load(torch::serialize::InputArchive& archive) {
                     detail::describe_param(g, i, p), " has shape ",
                     buf.defined() ? buf.sizes() : at::IntArrayRef{},
                     "; the checkpoint was made for a different model");
+        detail::check_finite_state("Muon", "momentum_buffer for " + detail::describe_param(g, i, p),
+                                   buf);
         static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
         st.momentum_buffer(buf.to(p.device()));  // archives load onto the CPU
       });

@@ -59,6 +59,8 @@ struct RankResult {
 struct RankLaunch {
   std::string exe;                ///< the program every rank runs
   std::vector<std::string> args;  ///< its arguments (argv[1...]), the same on every rank
+  /// Arguments appended on rank r after `args` (flags one rank was launched with differently).
+  std::function<std::vector<std::string>(int)> rank_args;
   int nprocs = 2;                 ///< ranks to start; WORLD_SIZE = nprocs unless `extra` says
   /// Variables set on rank r on top of the inherited environment and the torchrun ones.
   std::function<Env(int)> extra;
@@ -130,6 +132,11 @@ inline RankRun launch_ranks(const RankLaunch& spec) {
     envp.push_back(nullptr);
     std::vector<std::string> args{spec.exe};
     args.insert(args.end(), spec.args.begin(), spec.args.end());
+    if (spec.rank_args) {
+      for (const auto& a : spec.rank_args(r)) {
+        args.push_back(a);
+      }
+    }
     std::vector<char*> argv;
     for (auto& a : args) {
       argv.push_back(a.data());

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +68,8 @@ enum class Input {
   SparseGrad,
   Complex,
   NonFiniteLr,
+  LrAboveFloat,
+  DecayFlipsSign,
 };
 
 const char* name(Subject s) {
@@ -94,8 +97,9 @@ const char* name(Input i) {
       "Float16",         "Float64",          "NonContiguous",
       "NonContiguous4d", "NoGrad",           "Empty",
       "OneDim",          "OneDimAddedLater", "GradShapeMismatch",
-      "SparseGrad",      "Complex",          "NonFiniteLr"};
-  static_assert(std::size(kNames) == static_cast<size_t>(Input::NonFiniteLr) + 1);
+      "SparseGrad",      "Complex",          "NonFiniteLr",
+      "LrAboveFloat",    "DecayFlipsSign"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Input::DecayFlipsSign) + 1);
   return kNames[static_cast<int>(i)];
 }
 
@@ -273,6 +277,21 @@ std::optional<Scenario> scenario(Subject subject, Input input) {
       s.outcome = Outcome::Reject;
       s.needles = hybrid ? std::vector<std::string>{"set_lr_factor", "finite"}
                          : std::vector<std::string>{opt + ": option 'lr'", "finite"};
+      break;
+    case Input::LrAboveFloat:
+      // lr = 1e39: finite as a double, Inf as the float32 the update multiplies by (ATen refused
+      // it half-way through the step, after Muon had changed parameters and momenta).
+      if (hybrid) return std::nullopt;
+      reject(Outcome::Reject,
+             {opt + ": option 'lr' of param group 0 is 1e+39", "beyond the largest Float"},
+             "parameter 0 of group 0", "");
+      break;
+    case Input::DecayFlipsSign:
+      // weight_decay = 1e40: 1 - lr x weight_decay flips and grows the parameters (Inf within a
+      // few steps, silently).
+      if (hybrid) return std::nullopt;
+      reject(Outcome::Reject, {opt + ": options 'lr' x 'weight_decay'", "flip the sign"},
+             "parameter 0 of group 0", "");
       break;
   }
   if (hybrid) {
@@ -520,6 +539,13 @@ void expect_message(const c10::Error& e, const Scenario& s) {
   }
 }
 
+// Group 0's weight decay, of Muon or FOGO.
+void set_weight_decay(torch::optim::Optimizer& opt, double wd) {
+  auto& options = opt.param_groups()[0].options();
+  if (auto* m = dynamic_cast<fogo::MuonOptions*>(&options)) m->weight_decay(wd);
+  if (auto* f = dynamic_cast<fogo::FOGOOptions*>(&options)) f->weight_decay(wd);
+}
+
 // One accepted step's checks; `before` holds the parameters before it.
 void expect_accepted_step(Harness& h, Input input, const std::vector<torch::Tensor>& before,
                           const std::vector<const void*>& storage, int step) {
@@ -612,6 +638,8 @@ TEST_P(AdversarialInput, Contract) {
     if (input == Input::NonFiniteLr && h.direct()) {
       h.direct()->param_groups()[0].options().set_lr(NAN);
     }
+    if (input == Input::LrAboveFloat) h.direct()->param_groups()[0].options().set_lr(1e39);
+    if (input == Input::DecayFlipsSign) set_weight_decay(*h.direct(), 1e40);
     std::vector<torch::Tensor> before;
     for (const auto& p : h.params()) before.push_back(p.detach().clone());
     const Snapshot state_before = h.snapshot();
@@ -648,8 +676,9 @@ TEST_P(AdversarialInput, Contract) {
   // After a refused or skipped step the optimizer is intact: fixed input steps normally.
   if (s->outcome == Outcome::Reject || s->outcome == Outcome::Skip) {
     if (input == Input::Complex) return;  // a complex parameter stays unsupported
-    if (input == Input::NonFiniteLr && h.direct())
+    if ((input == Input::NonFiniteLr || input == Input::LrAboveFloat) && h.direct())
       h.direct()->param_groups()[0].options().set_lr(kLr);
+    if (input == Input::DecayFlipsSign) set_weight_decay(*h.direct(), kWeightDecay);
     set_grads(h, input, 9, /*clean=*/true);
     if (input == Input::OneDimAddedLater) h.params().back().mutable_grad() = torch::Tensor();
     std::vector<torch::Tensor> before;
@@ -669,12 +698,121 @@ std::vector<Combo> all_combos() {
   std::vector<Combo> out;
   for (const auto subject :
        {Subject::Muon, Subject::FOGO, Subject::HybridFOGO, Subject::HybridMuon}) {
-    for (int i = 0; i <= static_cast<int>(Input::NonFiniteLr); ++i) {
+    for (int i = 0; i <= static_cast<int>(Input::DecayFlipsSign); ++i) {
       const auto input = static_cast<Input>(i);
       if (scenario(subject, input)) out.push_back({subject, input});
     }
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: the faults a stored archive meets (flipped bytes, a NaN saved with the state, the
+// other optimizer's archive). Each load is refused naming the problem and changes nothing.
+
+// An optimizer of `kind` over two matrices, stepped twice; `nan` makes the second gradient NaN
+// under NonFinitePolicy::Unchecked, so that the state saved holds NaN as a diverged run's does.
+std::unique_ptr<torch::optim::Optimizer> stepped(const std::string& kind,
+                                                 std::vector<torch::Tensor>& params, bool nan) {
+  torch::manual_seed(3);
+  params = {torch::randn({4, 6}).requires_grad_(true), torch::randn({6, 3}).requires_grad_(true)};
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (kind == "Muon") {
+    opt = std::make_unique<fogo::Muon>(
+        params, fogo::MuonOptions(kLr).nonfinite(fogo::NonFinitePolicy::Unchecked));
+  } else {
+    opt = std::make_unique<fogo::FOGO>(
+        params, fogo::FOGOOptions(kLr).codebook_size(8).proj_dim(4).lt_candidates(4).nonfinite(
+                    fogo::NonFinitePolicy::Unchecked));
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes());
+    if (nan && step == 1) params[0].mutable_grad()[0][0] = NAN;
+    opt->step();
+  }
+  return opt;
+}
+
+std::string saved(const torch::optim::Optimizer& opt) {
+  std::ostringstream out;
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  archive.save_to(out);
+  return out.str();
+}
+
+// Loads `bytes` into `opt`; returns the error (empty when accepted).
+std::string load_error(torch::optim::Optimizer& opt, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size());
+  try {
+    opt.load(archive);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+class CheckpointFault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CheckpointFault, FlippedBytesInAStateTensorAreRefused) {
+  std::vector<torch::Tensor> pa, pb;
+  auto a = stepped(GetParam(), pa, false);
+  auto b = stepped(GetParam(), pb, false);
+  for (auto& p : pb) p.mutable_grad() = torch::randn(p.sizes());
+  b->step();  // b's state now differs from a's
+  const Snapshot before = snapshot_of(*b);
+  std::string bytes = saved(*a);
+  // One bit of the first momentum's first entries, found by their bytes.
+  const Snapshot sa = snapshot_of(*a);
+  const auto momentum = std::find_if(sa.tensors.begin(), sa.tensors.end(), [](const auto& kv) {
+    return kv.first.find("momentum") != std::string::npos && kv.second.numel() >= 4;
+  });
+  ASSERT_NE(momentum, sa.tensors.end());
+  const auto m = momentum->second.contiguous();
+  const size_t at = bytes.find(std::string(static_cast<const char*>(m.data_ptr()), 16));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 5] ^= 0x04;
+  const std::string error = load_error(*b, bytes);
+  EXPECT_NE(error.find(GetParam() + "::load: the checkpoint is corrupted"), std::string::npos)
+      << error;
+  const Snapshot after = snapshot_of(*b);
+  for (const auto& [key, t] : before.tensors) {
+    if (key.find("checksum") == std::string::npos)
+      EXPECT_TRUE(bitwise_equal(after.tensors.at(key), t)) << key;
+  }
+  // The intact bytes load.
+  EXPECT_EQ(load_error(*b, saved(*a)), "");
+}
+
+TEST_P(CheckpointFault, NonFiniteStateIsRefusedNamingTheTensor) {
+  std::vector<torch::Tensor> pa, pb;
+  auto a = stepped(GetParam(), pa, /*nan=*/true);
+  auto b = stepped(GetParam(), pb, false);
+  const Snapshot before = snapshot_of(*b);
+  const std::string error = load_error(*b, saved(*a));
+  EXPECT_NE(error.find(GetParam() + "::load: the checkpoint's "), std::string::npos) << error;
+  EXPECT_NE(error.find("holds NaN or Inf"), std::string::npos) << error;
+  const Snapshot after = snapshot_of(*b);
+  ASSERT_EQ(after.tensors.size(), before.tensors.size());
+  for (const auto& [key, t] : before.tensors) {
+    EXPECT_TRUE(bitwise_equal(after.tensors.at(key), t)) << key;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Adversarial, CheckpointFault, ::testing::Values("Muon", "FOGO"));
+
+TEST(CheckpointArchives, EachOptimizerRefusesTheOthersArchiveByName) {
+  std::vector<torch::Tensor> pm, pf;
+  auto muon = stepped("Muon", pm, false);
+  auto fogo = stepped("FOGO", pf, false);
+  // Before: an INTERNAL ASSERT asking to report a bug to PyTorch.
+  std::string error = load_error(*muon, saved(*fogo));
+  EXPECT_NE(error.find("Muon::load: not a Muon checkpoint (FOGO wrote it"), std::string::npos)
+      << error;
+  EXPECT_EQ(error.find("INTERNAL ASSERT"), std::string::npos) << error;
+  error = load_error(*fogo, saved(*muon));
+  EXPECT_NE(error.find("FOGO::load: not a FOGO checkpoint"), std::string::npos) << error;
 }
 
 INSTANTIATE_TEST_SUITE_P(Adversarial, AdversarialInput, ::testing::ValuesIn(all_combos()),

@@ -1246,6 +1246,12 @@ TEST(Distributed, BadMasterAddressOrPortIsAClearErrorWithinTheTimeout) {
     l0.local_rank = 0;
     l0.master_port = ntohs(addr.sin_port);
     expect_error_within(l0, "cannot host the rendezvous store", 10);
+    // A live but silent store host (a stalled process, another program on MASTER_PORT): the
+    // kernel accepts the connection into the backlog, nobody answers. c10d's client waited for
+    // the answer forever; now the rank fails within the timeout (1.5 s) and its margin.
+    Launch l1 = l;
+    l1.master_port = l0.master_port;
+    expect_error_within(l1, "accepted the connection but did not answer within the timeout", 6);
     close(fd);
   }
 }

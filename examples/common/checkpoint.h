@@ -18,6 +18,15 @@
 //
 // Every reader error is a std::runtime_error naming the file and the key.
 //
+// Integrity: the file is the LibTorch archive followed by a 24-byte trailer ("FOGOCKS1", the
+// archive's length and a 64-bit checksum of its bytes, fogo::detail::Checksum); the reader refuses
+// a file whose bytes no longer match it (LibTorch's zip reader does not check its CRCs, so flipped
+// bytes would otherwise load silently). A file without the trailer (written before checksums) is
+// read with a warning on stderr. commit() refuses a model or optimizer state holding NaN or Inf,
+// naming the first such tensor, so a diverged run never replaces its last good checkpoint; and it
+// reports a failed write (a full disk) naming the file and the cause, leaving the old file and no
+// .tmp behind.
+//
 // Histories (loss curves, accuracy matrices: rows of numbers of one length) travel as
 // [rows, columns] double tensors: put_history / get_history.
 
@@ -48,13 +57,20 @@ class CheckpointWriter {
   void put_optimizer(const std::string& key, const Optimizer& optimizer) {
     torch::serialize::OutputArchive sub(archive_.compilation_unit());
     optimizer.save(sub);
+    find_nonfinite(key, sub);
     archive_.write(key, sub);
   }
-  /// Writes `path` + ".tmp", flushes it to disk, renames it to `path` (creating parent folders).
+  /// Writes `path` + ".tmp" with its checksum, flushes it to disk, renames it to `path` (creating
+  /// parent folders). Throws std::runtime_error, writing nothing, when a module or optimizer put
+  /// here holds NaN or Inf (naming the first such tensor); and, removing the .tmp and keeping the
+  /// old `path`, when the write fails.
   void commit(const std::string& path);
 
  private:
+  /// Records the first tensor of `sub` (at any depth) holding NaN or Inf, as "key/...".
+  void find_nonfinite(const std::string& key, torch::serialize::OutputArchive& sub);
   torch::serialize::OutputArchive archive_;
+  std::string nonfinite_;  ///< the first non-finite tensor put, or empty
 };
 
 class CheckpointReader {
@@ -95,5 +111,10 @@ class CheckpointReader {
 
 /// Whether `path` names an existing checkpoint file (what `--resume auto` looks for).
 bool checkpoint_exists(const std::string& path);
+
+/// Replaces the file `path` by `contents` atomically: written to `path` + ".tmp", flushed to
+/// disk, renamed over `path`. When any of it fails (a full disk, say) throws std::runtime_error
+/// naming the file and the system's reason; the .tmp is removed and `path` keeps its contents.
+void replace_file(const std::string& path, const std::string& contents);
 
 }  // namespace fogo::trainer

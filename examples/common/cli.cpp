@@ -332,6 +332,10 @@ int run_main(const std::string& program, const std::function<int()>& body, std::
   } catch (const std::invalid_argument& e) {
     err << program << ": error: " << e.what() << "\n";
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    err << program
+        << ": error: out of memory (std::bad_alloc): the run asks for more memory than this "
+           "machine has; lower --batch-size (or the model's size)\n";
   } catch (const c10::Error& e) {
     err << program << ": error: " << e.what_without_backtrace() << "\n";
   } catch (const std::exception& e) {

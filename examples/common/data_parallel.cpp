@@ -16,6 +16,8 @@
 #endif
 
 #include "common/cli.h"
+#include "common/runtime.h"
+#include "common/signature.h"
 
 namespace fogo::trainer {
 
@@ -30,8 +32,11 @@ void add_data_parallel_flags(Cli& cli, DataParallelFlags& flags) {
 }
 
 void validate_data_parallel_flags(const DataParallelFlags& flags) {
-  Cli::require(flags.dist_timeout >= 1, "dist-timeout",
-               "must be >= 1, got " + std::to_string(flags.dist_timeout));
+  // Gloo waits with int milliseconds (24.8 days at most); beyond that the timeout wraps negative.
+  constexpr int64_t kMaxTimeout = 1000000;
+  Cli::require(flags.dist_timeout >= 1 && flags.dist_timeout <= kMaxTimeout, "dist-timeout",
+               "must be in [1, " + std::to_string(kMaxTimeout) + "] seconds (11.5 days), got " +
+                   std::to_string(flags.dist_timeout));
 }
 
 namespace {
@@ -85,6 +90,7 @@ DataParallel& DataParallel::process(std::chrono::seconds timeout,
                                     std::optional<torch::Device> device) {
   if (!g_process) {
     auto* dp = new DataParallel();
+    exit_with_torchrun_agent();
     if (env_world_size() > 1) {
       auto group = fogo::dist::init_from_env(
           fogo::dist::ProcessGroupOptions()
@@ -202,6 +208,70 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
                      static_cast<size_t>(bytes->numel()));
 }
 
+namespace {
+torch::Tensor text_tensor(const std::string& text) {
+  auto t = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr<uint8_t>(), text.data(), text.size());
+  return t;
+}
+std::string tensor_text(const torch::Tensor& t) {
+  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()),
+                     static_cast<size_t>(t.numel()));
+}
+}  // namespace
+
+void DataParallel::check_same_settings(const RunSignature& settings) const {
+  if (!impl_) return;
+  const std::string mine = settings.to_text();
+  const auto main_text = tensor_text(*impl_->from_main(text_tensor(mine), torch::kUInt8));
+  const RunSignature main_settings = RunSignature::from_text(settings.program(), main_text);
+  std::string list;
+  for (const auto& [flag, value] : settings.entries()) {
+    std::string theirs = "(absent)";
+    for (const auto& [f, v] : main_settings.entries()) {
+      if (f == flag) theirs = v;
+    }
+    if (theirs != value) {
+      list +=
+          (list.empty() ? "" : "; ") + ("--" + flag + " " + value + " (rank 0: " + theirs + ")");
+    }
+  }
+  // Every rank learns whether any rank differs, so that all of them stop here together.
+  if (sum(list.empty() ? 0.0 : 1.0) == 0) return;
+  if (list.empty()) {
+    throw CliError("rank " + std::to_string(rank_) +
+                   ": another rank was launched with other flags than rank 0 (its error names "
+                   "them); every rank of a job needs the same flags");
+  }
+  throw CliError("rank " + std::to_string(rank_) + " was launched with other flags than rank 0: " +
+                 list + "; every rank of a job needs the same flags");
+}
+
+void DataParallel::on_main(const std::function<void()>& body) const {
+  if (!impl_) return body();
+  std::exception_ptr error;
+  std::string message;
+  bool usage = false;
+  if (main()) {
+    try {
+      body();
+    } catch (const std::invalid_argument& e) {
+      error = std::current_exception(), message = e.what(), usage = true;
+    } catch (const std::exception& e) {
+      error = std::current_exception(), message = e.what();
+    }
+  }
+  std::optional<torch::Tensor> mine;
+  if (main() && error) mine = text_tensor((usage ? "U" : "R") + message);
+  const auto verdict = impl_->from_main(mine, torch::kUInt8);
+  if (!verdict) return;
+  if (error) std::rethrow_exception(error);
+  const std::string text = tensor_text(*verdict);
+  const std::string quoted = "rank 0 stopped the run: " + text.substr(1);
+  if (text[0] == 'U') throw CliError(quoted);
+  throw std::runtime_error(quoted);
+}
+
 std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer& optimizer) const {
   if (!impl_) return {};
   return fogo::dist::shard_step(impl_->group, optimizer);
@@ -260,6 +330,8 @@ std::optional<std::string> DataParallel::read_on_main(const std::string& path) c
   return bytes.str();
 }
 std::vector<int64_t> DataParallel::shard_step(torch::optim::Optimizer&) const { return {}; }
+void DataParallel::check_same_settings(const RunSignature&) const {}
+void DataParallel::on_main(const std::function<void()>& body) const { body(); }
 void DataParallel::check_lockstep(const torch::nn::Module&, const fogo::FOGO*,
                                   const std::vector<std::pair<std::string, torch::Tensor>>&) const {
 }

@@ -37,6 +37,7 @@ class FOGO;
 namespace fogo::trainer {
 
 class Cli;
+class RunSignature;
 
 /// The data-parallel settings both trainers take (under torchrun).
 struct DataParallelFlags {
@@ -114,6 +115,15 @@ class DataParallel {
   /// The contents of `path` as rank 0 sees it, on every rank (nullopt everywhere when it does not
   /// exist on rank 0): checkpoints need to exist only where rank 0 runs.
   std::optional<std::string> read_on_main(const std::string& path) const;
+  /// At start-up: throws a CliError on every rank, naming each flag and both values, when a rank
+  /// was launched with other `settings` than rank 0 (the run signature and the flags every rank
+  /// must share), instead of training on (a different --data-seed) or failing inside a collective
+  /// (a different --eval-every).
+  void check_same_settings(const RunSignature& settings) const;
+  /// Runs `body` on rank 0 alone; when it throws, every rank throws: rank 0 its own exception,
+  /// the others one of the same kind (std::invalid_argument or std::runtime_error) quoting it.
+  /// What rank 0 alone does at start-up (claiming --out) then stops the whole job at once.
+  void on_main(const std::function<void()>& body) const;
   /// Throws on every rank naming the first tensor that differs between ranks (a replicated run
   /// must keep its model, optimizer state and `extra` bit-identical).
   void check_lockstep(const torch::nn::Module& module, const fogo::FOGO* fogo = nullptr,

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/checkpoint.h"
+
 namespace fogo::trainer {
 namespace {
 
@@ -180,14 +182,15 @@ MetricsWriter MetricsWriter::resume(const std::string& path, int64_t upto, const
     }
   }
   in.close();
-  // Rewrite through a temporary file so a crash here cannot lose the kept records.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& l : kept) out << l << '\n';
-    if (!out) throw std::runtime_error("metrics file '" + tmp + "': write failed");
+  // Rewritten through a temporary file, checked once on disk before it replaces the original: a
+  // crash or a full disk here cannot lose the kept records.
+  std::string contents;
+  for (const auto& l : kept) contents += l + '\n';
+  try {
+    replace_file(path, contents);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("metrics file ") + e.what());
   }
-  std::filesystem::rename(tmp, path);
   return MetricsWriter(path, format, columns, /*append=*/true);
 }
 

@@ -5,8 +5,15 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 #include <torch/version.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <thread>
+
+#include "common/cli.h"
 
 namespace fogo::trainer {
 
@@ -45,7 +52,32 @@ void make_deterministic(int64_t seed) {
 }
 
 void set_threads(int64_t threads) {
+  // Far more threads than cores only slows the run (a million of them looks like a hang).
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  Cli::require(threads >= 0 && threads <= 4 * cores, "threads",
+               "must be in [0, " + std::to_string(4 * cores) + "] (4 x the " +
+                   std::to_string(cores) + " CPUs of this machine; 0: torch's default), got " +
+                   std::to_string(threads));
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+}
+
+void stop_when_orphaned(std::chrono::milliseconds interval) {
+  static std::atomic<bool> started{false};
+  if (started.exchange(true)) return;
+  const pid_t parent = ::getppid();
+  // Made now: once the parent is gone only async-signal-safe calls are made (the other threads
+  // may hold any lock, the allocator's included).
+  const std::string line = "error: the parent process (pid " + std::to_string(parent) +
+                           ") ended; this orphaned worker stops (exit status 1)\n";
+  std::thread([parent, interval, line] {
+    while (::getppid() == parent) std::this_thread::sleep_for(interval);
+    [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());
+    ::_exit(1);
+  }).detach();
+}
+
+void exit_with_torchrun_agent() {
+  if (std::getenv("TORCHELASTIC_RUN_ID")) stop_when_orphaned();
 }
 
 std::string describe_runtime(const torch::Device& device) {

@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -18,7 +19,8 @@ torch::Device parse_device(const std::string& text, const std::string& flag = "d
 /// two runs with one seed on one machine agree.
 void make_deterministic(int64_t seed);
 
-/// Sets torch's intra-op threads (0 leaves torch's default).
+/// Sets torch's intra-op threads (0 leaves torch's default); a CliError naming --threads beyond
+/// 4 x the machine's CPUs.
 void set_threads(int64_t threads);
 
 /// bf16 autocast for the forward pass, as torch.autocast(device_type, dtype=torch.bfloat16).
@@ -47,6 +49,15 @@ class AutocastGuard {
   bool enabled_, previous_ = false;
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
+
+/// Under torchrun (TORCHELASTIC_RUN_ID set), stop_when_orphaned(): a worker whose agent was
+/// killed (the OOM killer, SIGKILL) would otherwise train on, and write into --out, unseen. A
+/// process started otherwise (a shell, nohup, a launch script) is left alone. Idempotent.
+void exit_with_torchrun_agent();
+
+/// Starts a thread that ends this process (exit status 1, one line on stderr naming the parent)
+/// within `interval` of its parent process ending. Idempotent (one watchdog per process).
+void stop_when_orphaned(std::chrono::milliseconds interval = std::chrono::milliseconds(500));
 
 /// The torch build, device and thread count in one line, for logs and result files.
 std::string describe_runtime(const torch::Device& device);
