@@ -1,0 +1,460 @@
+// fogo::dist's process group (dist/process_group.h): the launch environment, the rendezvous
+// store, the members check, the backends.
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef FOGO_DISTRIBUTED_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "internal.h"
+
+namespace fogo::dist {
+namespace detail {
+
+/// c10::Error's message without its C++ backtrace: the errors here quote c10d's.
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+std::string format(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  if (t.count() % 1000 == 0) {
+    out << t.count() / 1000 << " s";
+  } else {
+    out << t.count() << " ms";
+  }
+  return out.str();
+}
+
+std::string join(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    out << (i ? ", " : "") << values[i];
+  }
+  return out.str();
+}
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kEnvHint =
+    "torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT";
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+int64_t parse_int(const char* name, const std::string& text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TORCH_CHECK(error == std::errc() && end == text.data() + text.size() && !text.empty(),
+              "fogo::dist: ", name, "='", text, "' is not an integer");
+  return value;
+}
+
+int64_t env_int(const char* name) {
+  const auto text = env(name);
+  TORCH_CHECK(text, "fogo::dist: environment variable ", name, " is not set (", kEnvHint, ")");
+  return parse_int(name, *text);
+}
+
+void check_launch(const Launch& l) {
+  TORCH_CHECK(l.world_size >= 1 && l.world_size <= std::numeric_limits<int>::max(),
+              "fogo::dist: WORLD_SIZE=", l.world_size, " is not a positive int");
+  TORCH_CHECK(l.rank >= 0 && l.rank < l.world_size, "fogo::dist: RANK=", l.rank,
+              " is not in [0, WORLD_SIZE=", l.world_size, ")");
+  TORCH_CHECK(l.local_rank >= 0 && l.local_rank < l.world_size,
+              "fogo::dist: LOCAL_RANK=", l.local_rank, " is not in [0, WORLD_SIZE=", l.world_size,
+              ")");
+  TORCH_CHECK(l.local_world_size == 0 ||
+                  (l.local_world_size > l.local_rank && l.local_world_size <= l.world_size),
+              "fogo::dist: LOCAL_WORLD_SIZE=", l.local_world_size,
+              " is not in (LOCAL_RANK=", l.local_rank, ", WORLD_SIZE=", l.world_size, "]");
+  TORCH_CHECK(!l.master_addr.empty(), "fogo::dist: MASTER_ADDR is empty");
+  TORCH_CHECK(l.master_port >= 1 && l.master_port <= 65535,
+              "fogo::dist: MASTER_PORT=", l.master_port, " is not a TCP port in [1, 65535]");
+}
+
+/// All ranks on this machine: Gloo can then stay on the loopback interface.
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::string this_process() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ProcessGroup
+
+ProcessGroup::Impl& impl(const ProcessGroup& group) { return *group.impl_; }
+
+Launch Launch::from_env(const ProcessGroupOptions& options) {
+  Launch l;
+  l.world_size = env_int("WORLD_SIZE");
+  l.rank = env_int("RANK");
+  l.local_rank = env_int("LOCAL_RANK");
+  l.local_world_size = env("LOCAL_WORLD_SIZE") ? env_int("LOCAL_WORLD_SIZE") : 0;
+  if (options.master_addr()) {
+    l.master_addr = *options.master_addr();
+  } else {
+    const auto addr = env("MASTER_ADDR");
+    TORCH_CHECK(addr, "fogo::dist: environment variable MASTER_ADDR is not set (", kEnvHint, ")");
+    l.master_addr = *addr;
+  }
+  l.master_port = options.master_port() ? *options.master_port() : env_int("MASTER_PORT");
+  l.agent_store = env("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  check_launch(l);
+  return l;
+}
+
+ProcessGroup::Impl::Impl(const Launch& l, ProcessGroupOptions o)
+    : launch(l), options(std::move(o)) {
+  check_launch(launch);
+  TORCH_CHECK(options.timeout().count() > 0, "fogo::dist: timeout must be positive, got ",
+              options.timeout().count(), " ms");
+  hosts_store = launch.rank == 0 && !launch.agent_store;
+  connect_store();
+  check_members();
+  create_backends();
+}
+
+void ProcessGroup::Impl::connect_store() {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(launch.master_port);
+  o.isServer = hosts_store;
+  if (hosts_store) {
+    o.numWorkers = static_cast<size_t>(launch.world_size);
+  }
+  // The members are checked by check_members(), which names what is wrong; the server's own
+  // wait for workers would only report a count.
+  o.waitWorkers = false;
+  o.timeout = options.timeout();
+  o.multiTenant = true;  // several groups of one process may share the server
+  c10::intrusive_ptr<c10d::Store> tcp;
+  // c10d's client, once connected, waits for the server's answer with no timeout: a host that
+  // accepts the connection but never answers (a stalled process on the port, another program)
+  // would hold this rank forever. So the store is made on a helper thread and waited for at most
+  // the timeout, plus a margin that lets c10d's own errors (refused, unreachable) come first; a
+  // helper still blocked then is left behind, detached, and ends with the process.
+  auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+  auto future = made->get_future();
+  std::thread([made, addr = launch.master_addr, o] {
+    try {
+      made->set_value(c10::make_intrusive<c10d::TCPStore>(addr, o));
+    } catch (...) {
+      made->set_exception(std::current_exception());
+    }
+  }).detach();
+  const auto margin = std::min(options.timeout(), std::chrono::milliseconds(5000));
+  TORCH_CHECK(future.wait_for(options.timeout() + margin) == std::future_status::ready,
+              "fogo::dist: ", where(), " cannot ", hosts_store ? "host" : "reach",
+              " the rendezvous store at MASTER_ADDR:MASTER_PORT = ", store_address(),
+              ": a process there accepted the connection but did not answer within the timeout (",
+              format(options.timeout()),
+              "); is MASTER_PORT another program's, or is rank 0 stalled?");
+  try {
+    tcp = future.get();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "fogo::dist: ", where(), " cannot ", hosts_store ? "host" : "reach",
+                " the rendezvous store at MASTER_ADDR:MASTER_PORT = ", store_address(),
+                " within the timeout (", format(options.timeout()), "): ", message_of(e));
+  }
+  // Each group of a process gets its own key space; ranks create their groups in the same order.
+  static std::atomic<int64_t> groups_created{0};
+  store = c10::make_intrusive<c10d::PrefixStore>("fogo/group" + std::to_string(groups_created++),
+                                                 std::move(tcp));
+}
+
+// Through the store: one process per rank, and every rank present with rank 0's WORLD_SIZE.
+// Rank 0 checks the others and publishes a verdict; the others check rank 0's WORLD_SIZE
+// themselves (so they fail at once when they disagree) and then wait for the verdict.
+void ProcessGroup::Impl::check_members() {
+  const auto deadline = Clock::now() + options.timeout();
+  const auto remaining = [&] {
+    return std::max(milliseconds(1),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
+  const auto world = launch.world_size;
+  const auto rank_key = [](int64_t r) { return "rank/" + std::to_string(r); };
+  const auto world_of = [](const std::string& token) {
+    return parse_int("WORLD_SIZE", token.substr(0, token.find('|')));
+  };
+  const auto process_of = [](const std::string& token) {
+    return token.substr(token.find('|') + 1);
+  };
+
+  const std::string token = std::to_string(world) + "|" + this_process();
+  const auto holder = text(store->compareSet(rank_key(launch.rank), {}, bytes(token)));
+  TORCH_CHECK(holder == token, "fogo::dist: RANK=", launch.rank,
+              " is claimed by two processes: ", process_of(holder), " and this one (",
+              this_process(), "); every process needs its own RANK");
+
+  if (launch.rank != 0) {
+    // Rank 0 waits for this acknowledgement before it exits with an error, so that its store
+    // outlives the ranks still reading from it.
+    const auto acknowledge = [&] {
+      try {
+        store->add("acks", 1);
+      } catch (const std::exception&) {
+      }
+    };
+    try {
+      store->wait({rank_key(0)}, remaining());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not join at ", store_address(),
+                  " within the timeout (", format(options.timeout()), "): ", message_of(e));
+    }
+    const auto world0 = world_of(store->get_to_str(rank_key(0)));
+    if (world0 != world) {
+      acknowledge();
+      TORCH_CHECK(false, "fogo::dist: WORLD_SIZE mismatch: RANK=", launch.rank,
+                  " has WORLD_SIZE=", world, " but rank 0 has WORLD_SIZE=", world0);
+    }
+    std::string verdict;
+    try {
+      // Rank 0 may take its whole timeout to find a missing rank, and its clock started about
+      // when this one's did: a few seconds' grace let its verdict arrive.
+      store->wait({"verdict"}, remaining() + milliseconds(5000));
+      verdict = store->get_to_str("verdict");
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not confirm the members within ",
+                  "the timeout (", format(options.timeout()), "): ", message_of(e));
+    }
+    acknowledge();
+    TORCH_CHECK(verdict == "ok", verdict, " (reported by rank 0)");
+    return;
+  }
+
+  std::string problem;
+  for (int64_t r = 1; r < world && problem.empty(); ++r) {
+    try {
+      store->wait({rank_key(r)}, remaining());
+    } catch (const std::exception&) {
+      std::vector<int64_t> missing;
+      for (int64_t q = r; q < world; ++q) {
+        if (!store->check({rank_key(q)})) {
+          missing.push_back(q);
+        }
+      }
+      problem = "rank(s) " + join(missing) + " of WORLD_SIZE=" + std::to_string(world) +
+                " did not join at " + store_address() + " within the timeout (" +
+                format(options.timeout()) + ")";
+      break;
+    }
+    const auto world_r = world_of(store->get_to_str(rank_key(r)));
+    if (world_r != world) {
+      problem = "WORLD_SIZE mismatch: rank 0 has WORLD_SIZE=" + std::to_string(world) +
+                " but RANK=" + std::to_string(r) + " has WORLD_SIZE=" + std::to_string(world_r);
+    }
+  }
+  store->set("verdict", problem.empty() ? std::string("ok") : "fogo::dist: " + problem);
+  if (problem.empty()) {
+    return;
+  }
+  if (hosts_store) {
+    int64_t joined = 0;
+    for (int64_t r = 1; r < world; ++r) {
+      joined += store->check({rank_key(r)});
+    }
+    const auto ack_deadline = Clock::now() + std::min(options.timeout(), milliseconds(5000));
+    while (store->add("acks", 0) < joined && Clock::now() < ack_deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  TORCH_CHECK(false, "fogo::dist: ", problem);
+}
+
+Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
+                         int64_t cuda_devices, bool nccl_built) {
+  const auto backend = options.backend();
+  const auto& device = options.device();
+  TORCH_CHECK(!device || device->is_cpu() || device->is_cuda(),
+              "fogo::dist: ProcessGroupOptions::device must be a CPU or CUDA device, got ",
+              *device);
+  // NCCL runs on cuda:LOCAL_RANK: a rank without a GPU of its own cannot take part in it, and
+  // a NCCL group is only whole when every rank has one. A launcher that does not say how many
+  // ranks share the node (LOCAL_WORLD_SIZE) may have put them all on it.
+  const bool own_gpu = launch.local_rank < cuda_devices;
+  const int64_t local_world =
+      launch.local_world_size > 0 ? launch.local_world_size : launch.world_size;
+  const auto no_gpu_for_this_rank = [&](const char* why) {
+    TORCH_CHECK(
+        false, "fogo::dist: ", why, " needs one GPU per rank on each node (it runs on ",
+        "cuda:LOCAL_RANK), but LOCAL_RANK=", launch.local_rank, " of ", local_world,
+        " local rank(s) finds ", cuda_devices, " CUDA device(s) visible. Launch at most ",
+        cuda_devices, " rank(s) per node (torchrun --nproc-per-node ",
+        std::max<int64_t>(cuda_devices, 1),
+        "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU); "
+        "the trainers' --device cpu), which communicates through Gloo");
+  };
+  switch (backend) {
+    case Backend::Gloo:
+      return {true, false};
+    case Backend::Nccl:
+      TORCH_CHECK(nccl_built, "fogo::dist: backend Nccl requested but fogo was built without NCCL");
+      TORCH_CHECK(!device || device->is_cuda(), "fogo::dist: backend Nccl communicates CUDA ",
+                  "tensors, but ProcessGroupOptions::device is ", *device,
+                  " (use Backend::Gloo or Auto for a CPU job)");
+      if (!own_gpu) no_gpu_for_this_rank("backend Nccl");
+      return {false, true};
+    case Backend::Auto:
+      break;
+  }
+  if (!nccl_built) return {true, false};  // Gloo moves CUDA tensors too, through the host
+  if (device) {
+    if (device->is_cpu()) return {true, false};
+    if (!own_gpu) no_gpu_for_this_rank("a CUDA job (ProcessGroupOptions::device cuda)");
+    return {true, true};
+  }
+  // No device named: NCCL only where every local rank has a GPU. The decision is the same on
+  // every rank of a node (it reads the node's figures, not this rank's), so no rank ends up
+  // waiting for a NCCL peer that never created its backend.
+  return {true, local_world <= cuda_devices};
+}
+
+void ProcessGroup::Impl::create_backends() {
+#ifdef FOGO_DISTRIBUTED_NCCL
+  const bool nccl_built = true;
+  const int64_t cuda_devices = torch::cuda::is_available() ? c10::cuda::device_count() : 0;
+#else
+  const bool nccl_built = false;
+  const int64_t cuda_devices = 0;
+#endif
+  const auto [use_gloo, use_nccl] = choose_backends(options, launch, cuda_devices, nccl_built);
+  const int rank = static_cast<int>(launch.rank);
+  const int world = static_cast<int>(launch.world_size);
+  pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+
+  if (use_gloo) {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+    // Torch's convention: GLOO_SOCKET_IFNAME names the interfaces; a loopback MASTER_ADDR means
+    // a single machine, where loopback is enough; otherwise the address this host's name
+    // resolves to.
+    if (const auto interfaces = env("GLOO_SOCKET_IFNAME")) {
+      std::stringstream list(*interfaces);
+      for (std::string name; std::getline(list, name, ',');) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      }
+    } else if (is_loopback(launch.master_addr)) {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    c10::intrusive_ptr<c10d::Backend> gloo;
+    try {
+      gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, world, gloo_options);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fogo::dist: ", where(), ": connecting Gloo to the other ranks failed ",
+                  "within the timeout (", format(options.timeout()), "): ", message_of(e));
+    }
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  }
+#ifdef FOGO_DISTRIBUTED_NCCL
+  if (use_nccl) {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(launch.local_rank));
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout();
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, world, nccl_options);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    if (!use_gloo) {
+      pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+      control_device =
+          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+    }
+  }
+#endif
+}
+
+void ProcessGroup::Impl::shutdown() noexcept {
+  std::lock_guard<std::mutex> lock(shutdown_mutex);
+  if (shut_down) {
+    return;
+  }
+  shut_down = true;
+  try {
+    if (pg && !failed) {
+      // The last rank to arrive marks the exit; the rank hosting the store waits for that mark.
+      if (store->add("exit", 1) == launch.world_size) {
+        store->set("exit/done", "1");
+      }
+      if (hosts_store) {
+        store->wait({"exit/done"}, options.timeout());
+      }
+    }
+  } catch (const std::exception& e) {
+    TORCH_WARN("fogo::dist: shutdown on ", where(), ": not every rank reached shutdown within ",
+               format(options.timeout()), ": ", message_of(e));
+  }
+  try {
+    if (pg) {
+      failed ? pg->abort() : pg->shutdown();
+    }
+  } catch (const std::exception& e) {
+    TORCH_WARN("fogo::dist: shutdown on ", where(), ": ", message_of(e));
+  }
+  pg.reset();
+  store.reset();
+}
+
+ProcessGroup::ProcessGroup(const Launch& launch, ProcessGroupOptions options)
+    : impl_(std::make_shared<Impl>(launch, std::move(options))) {}
+
+int64_t ProcessGroup::rank() const { return impl_->launch.rank; }
+int64_t ProcessGroup::world_size() const { return impl_->launch.world_size; }
+int64_t ProcessGroup::local_rank() const { return impl_->launch.local_rank; }
+const ProcessGroupOptions& ProcessGroup::options() const { return impl_->options; }
+torch::Device ProcessGroup::control_device() const { return impl_->control_device; }
+
+c10d::ProcessGroup& ProcessGroup::c10d() const {
+  TORCH_CHECK(impl_->pg, "fogo::dist: the process group was shut down");
+  return *impl_->pg;
+}
+
+void ProcessGroup::barrier() const {
+  c10d::BarrierOptions o;
+  o.device = impl_->control_device;
+  impl_->wait(c10d().barrier(o), "barrier");
+}
+
+void ProcessGroup::shutdown() const { impl_->shutdown(); }
+
+ProcessGroup init_from_env(ProcessGroupOptions options) {
+  const auto launch = Launch::from_env(options);
+  return ProcessGroup(launch, std::move(options));
+}
+
+}  // namespace fogo::dist
