@@ -80,10 +80,10 @@ def zero(tmp):
 
 
 class Chain(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, bias=False):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            torch.nn.Linear(i, o, bias=False) for i, o in [(24, 33), (33, 24), (24, 16)])
+            torch.nn.Linear(i, o, bias=bias) for i, o in [(24, 33), (33, 24), (24, 16)])
 
     def forward(self, x):
         for layer in self.layers:
@@ -98,19 +98,22 @@ def fsdp(tmp, kind):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    cls = {"fsdp_muon": fogo.Muon, "fsdp_fogo": fogo.FOGO}[kind]
+    cls = {"fsdp_muon": fogo.Muon, "fsdp_fogo": fogo.FOGO, "fsdp_hybrid": fogo.FOGO}[kind]
     options = {"lr": 0.02, "ns_dtype": torch.float32}
     if cls is fogo.FOGO:
         options.update(codebook_size=6, proj_dim=8, reseed_every=3)
+    if kind == "fsdp_hybrid":  # biases to AdamW, sharded too
+        make = lambda model: fogo.Hybrid(model, cls, options, {"lr": 1e-2})  # noqa: E731
+    else:
+        make = lambda model: cls(model.parameters(), **options)  # noqa: E731
     torch.manual_seed(0)
-    reference = Chain()
+    reference = Chain(bias=kind == "fsdp_hybrid")
     sharded = copy.deepcopy(reference)
     for layer in sharded.layers:
         fully_shard(layer)
     fully_shard(sharded)
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
-    ref_opt = cls(reference.parameters(), **options)
-    opt = cls(sharded.parameters(), **options)
+    ref_opt, opt = make(reference), make(sharded)
 
     rank, world = dist.get_rank(), dist.get_world_size()
     for t in range(6):
@@ -127,7 +130,7 @@ def fsdp(tmp, kind):
             torch.testing.assert_close(q.full_tensor(), p.detach(), rtol=2e-5, atol=2e-6,
                                        msg=lambda m: f"step {t}, parameter {k}: {m}")
     if cls is fogo.FOGO:
-        mem = opt.memory(0)["centroids"]
+        mem = (opt.matrix if kind == "fsdp_hybrid" else opt).memory(0)["centroids"]
         everyone = [torch.empty_like(mem) for _ in range(world)]
         dist.all_gather(everyone, mem)
         assert all(torch.equal(m, mem) for m in everyone), "codebooks differ across ranks"

@@ -25,5 +25,5 @@ def torchrun(case, tmp_path):
 
 
 def test_zero_resumes_and_fsdp2_equals_the_unsharded_run(tmp_path):
-    # One launch for the three cases (dist_worker.py: zero, fsdp_muon, fsdp_fogo).
-    torchrun("zero,fsdp_muon,fsdp_fogo", tmp_path)
+    # One launch for the cases (dist_worker.py: zero, fsdp_muon, fsdp_fogo, fsdp_hybrid).
+    torchrun("zero,fsdp_muon,fsdp_fogo,fsdp_hybrid", tmp_path)
