@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from . import _C
-from .optim import FOGO, Muon, run_load_post_hooks, run_load_pre_hooks
+from .optim import FOGO, Muon, evaluate_closure, run_load_post_hooks, run_load_pre_hooks
 
 __all__ = ["split_parameters", "hybrid_param_groups", "Hybrid"]
 
@@ -239,10 +239,7 @@ class Hybrid(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Evaluates ``closure`` once, then steps the matrix side and the AdamW side."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         if not self._rest_gradients_usable():
             return loss
         for side in ("matrix", "rest"):

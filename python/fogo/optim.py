@@ -36,6 +36,15 @@ def run_load_pre_hooks(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -
     return state_dict
 
 
+def evaluate_closure(closure: Optional[Callable[[], Any]]) -> Any:
+    """The loss from a step's ``closure`` (re-evaluating the model), with autograd on; None
+    without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
@@ -202,10 +211,7 @@ class _CppOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         self._sync()
         if self._shadows:
             self._gather()

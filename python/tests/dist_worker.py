@@ -136,13 +136,57 @@ def fsdp(tmp, kind):
         assert all(torch.equal(m, mem) for m in everyone), "codebooks differ across ranks"
 
 
+FSDP_DCP_OPTIONS = {"lr": 0.02, "codebook_size": 6, "proj_dim": 8, "freeze_per_task": 2}
+
+
+def fsdp_batch(t):
+    gen = torch.Generator().manual_seed(300 + t)
+    return torch.randn(8, 24, generator=gen), torch.randn(8, 16, generator=gen)
+
+
+def fsdp_dcp(tmp):
+    """An FSDP2 run of fogo.FOGO (a task boundary included) saved with DCP, for
+    test_distributed.py to load on one process, unsharded: the saved state is world-size
+    independent. Rank 0 also writes what the load must reproduce."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Chain()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = fogo.FOGO(model.parameters(), **FSDP_DCP_OPTIONS)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for t in range(4):
+        if t == 2:
+            opt.task_boundary()
+        x, y = fsdp_batch(t)
+        rows = slice(rank * 8 // world, (rank + 1) * 8 // world)
+        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "dcp"))
+    expected = {"params": [p.full_tensor() for p in model.parameters()],
+                "optim": copy.deepcopy(opt.state_dict())}
+    if rank == 0:
+        torch.save(expected, os.path.join(tmp, "expected.pt"))
+
+
 def main():
     cases, tmp = sys.argv[1].split(","), sys.argv[2]
     dist.init_process_group("gloo")
     try:
         for case in cases:
             try:
-                zero(tmp) if case == "zero" else fsdp(tmp, case)
+                if case == "zero":
+                    zero(tmp)
+                elif case == "fsdp_dcp":
+                    fsdp_dcp(tmp)
+                else:
+                    fsdp(tmp, case)
             except Exception as e:
                 raise AssertionError(f"case {case} on rank {dist.get_rank()}: {e}") from e
             dist.barrier()

@@ -42,12 +42,20 @@ def schedule(step):
 
 
 def run(net, opts, scheds, batches):
+    # The first optimizer evaluates the closure (fogo.Hybrid: once for both of its sides); the
+    # others step on the gradients it left.
     for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-        loss.backward()
         for o in opts:
-            o.step()
             o.zero_grad()
+
+        def closure():
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            return loss
+
+        assert opts[0].step(closure) is not None
+        for o in opts[1:]:
+            o.step()
         for s in scheds:
             s.step()
 
@@ -124,3 +132,17 @@ def test_hybrid_of_tensors_and_its_errors():
     skip = fogo.Hybrid([w, b], fogo.Muon, lr=0.02, nonfinite="skip")
     skip.step()
     assert not w.any() and not b.any()
+
+
+def test_hybrid_copies_step_like_the_original():
+    torch.manual_seed(2)
+    net = Net()
+    opt = fogo.Hybrid(net, fogo.FOGO, adamw_options=ADAMW, **MATRIX[fogo.FOGO])
+    batches = data(6)
+    run(net, [opt], [], batches[:3])
+    net2, opt2 = copy.deepcopy((net, opt))
+    assert opt2.param_groups[0]["params"][0] is net2.fc1.weight
+    run(net, [opt], [], batches[3:])
+    run(net2, [opt2], [], batches[3:])
+    for p, q in zip(net.parameters(), net2.parameters()):
+        assert torch.equal(p, q)
