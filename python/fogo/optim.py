@@ -1,9 +1,10 @@
 """fogo.FOGO and fogo.Muon: torch.optim.Optimizers stepping with fogo's C++ optimizers.
 
-``param_groups`` (Python) hold the parameters and every option; the C++ optimizer holds the
-state. Before each C++ call the groups are handed over (the same tensors, checked by identity,
-and every option), so learning-rate schedulers and hand-edited options take effect at the next
-step, as with torch's own optimizers.
+``param_groups`` (Python) hold the parameters and every option, ``opt.state`` every parameter's
+state tensors, which the C++ optimizer steps in place (the same storage). Before each C++ call
+both are handed over (the same tensors, checked by identity; tensors that changed are checked and
+adopted; every option), so learning-rate schedulers, hand-edited options and state written by
+other code take effect at the next step, as with torch's own optimizers.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 // fogo._C: the C++ optimizers behind fogo.FOGO and fogo.Muon (python/fogo/optim.py).
 //
 // The Python classes are torch.optim.Optimizers whose param_groups are the truth for options and
-// parameters; the C++ optimizer here holds the state. Before every call the Python side hands
-// the groups over (sync): the same tensors (checked by identity, never copied) and every option,
-// converted by the tables below. FOGO's options come from the X-macro tables of fogo_options.h,
-// so a new option reaches Python with its C++ default without touching this file.
+// parameters, and whose opt.state holds each parameter's state tensors; the C++ optimizer here
+// steps them. Before every call the Python side hands the groups over (sync): the same tensors
+// (checked by identity, never copied) and every option, converted by the tables below; and the
+// state (adopt_states): the C++ optimizer's state tensors are Python's, taken without a copy
+// (checked when they change), so both sides share storage and each step updates opt.state in
+// place. FOGO's options come from the X-macro tables of fogo_options.h, so a new option reaches
+// Python with its C++ default without touching this file.
 //
-// State dicts are plain Python: per-parameter state as tensors keyed by the parameter's index
-// (torch.optim's layout), and whatever else the C++ checkpoint holds (FOGO's per-group memory) as
-// nested dicts of tensors and numbers. Loading rebuilds a LibTorch archive from them and goes
-// through the C++ load(), so its checks and its all-or-nothing behaviour apply unchanged.
+// Checkpoints: what the C++ archive holds besides LibTorch's part (FOGO's per-group memory) goes
+// to Python as nested dicts of tensors and numbers (extra_state); loading rebuilds a LibTorch
+// archive from the state, options and those entries and goes through the C++ load(), so its
+// checks and its all-or-nothing behaviour apply unchanged.
 #include <fogo/detail/checks.h>
 #include <fogo/fogo.h>
 #include <torch/csrc/Dtype.h>
