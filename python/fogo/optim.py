@@ -82,7 +82,8 @@ class _CppOptimizer(torch.optim.Optimizer):
         defaults.update(options)
         # The C++ constructor validates the defaults (ranges, types) and raises its message.
         self._cpp = self._Cpp(defaults)
-        self._shadows: dict[int, torch.Tensor] = {}
+        self._shadows: dict[int, torch.Tensor] = {}  # id(DTensor parameter) -> full shadow
+        self._written: dict[int, torch.Tensor] = {}  # ... -> the local shard the shadow holds
         super().__init__(params, defaults)
 
     @classmethod
@@ -139,11 +140,11 @@ class _CppOptimizer(torch.optim.Optimizer):
     #
     # The C++ step needs each matrix whole (Newton-Schulz orthogonalizes the full matrix; FOGO's
     # codebook reads all of its rows), which no rank holds of a DTensor. Each DTensor parameter
-    # gets a full-size shadow: before a step every rank all-gathers the parameter and its
-    # gradient into it, steps the full matrices (the same inputs and CPU/GPU arithmetic on every
-    # rank: the same result, FOGO's codebook included), and writes its own shard back. The
-    # state (momenta) is full-size and the same on every rank. docs/python.md counts the
-    # communication.
+    # gets a full-size shadow: before a step every rank all-gathers the gradient into it (and the
+    # parameter, when some rank's shard is not what the last step wrote), steps the full matrices
+    # (the same inputs and CPU/GPU arithmetic on every rank: the same result, FOGO's codebook
+    # included), and writes its own shard back. The state (momenta) is full-size and the same on
+    # every rank. docs/python.md counts the communication.
 
     def _bind(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors the C++ optimizer holds for ``params``: a full shadow for a DTensor."""
@@ -151,6 +152,7 @@ class _CppOptimizer(torch.optim.Optimizer):
             if DTensor is not None and isinstance(p, DTensor) and id(p) not in self._shadows:
                 with torch.no_grad():
                     self._shadows[id(p)] = p.full_tensor().detach().clone()
+                    self._written[id(p)] = p.to_local().detach().clone()
         return [self._cpp_param(p) for p in params]
 
     def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
@@ -167,9 +169,23 @@ class _CppOptimizer(torch.optim.Optimizer):
                 if id(p) in self._shadows]
 
     def _gather(self) -> None:
-        for p, shadow in self._sharded():
-            shadow.copy_(p.full_tensor())
+        sharded = self._sharded()
+        if self._shards_changed(sharded):
+            for p, shadow in sharded:
+                shadow.copy_(p.full_tensor())
+                self._written[id(p)] = p.to_local().detach().clone()
+        for p, shadow in sharded:
             shadow.grad = None if p.grad is None else p.grad.full_tensor()
+
+    def _shards_changed(self, sharded: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether, on some rank, some parameter's shard is not what the last step wrote (other
+        code changed it: model.load_state_dict, an EMA swap): one all-reduce of a flag, where
+        gathering every parameter at every step would cost an all-gather each."""
+        changed = torch.stack([torch.ne(p.to_local(), self._written[id(p)]).any()
+                               for p, _ in sharded]).any()
+        flag = changed.to(torch.int32).reshape(1)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _scatter(self) -> None:
         for p, shadow in self._sharded():
@@ -177,6 +193,7 @@ class _CppOptimizer(torch.optim.Optimizer):
                 continue
             mine = distribute_tensor(shadow, p.device_mesh, p.placements, src_data_rank=None)
             p.to_local().copy_(mine.to_local())
+            self._written[id(p)] = mine.to_local().clone()
             shadow.grad = None
 
     def _sync(self) -> None:
@@ -301,7 +318,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         # copied state.
         super().__setstate__(state)
         self._cpp = self._Cpp(self.defaults)
-        self._shadows = {}
+        self._shadows, self._written = {}, {}
         for group in self.param_groups:
             self._cpp.add_param_group(self._bind(group["params"]), group)
         self._restore()

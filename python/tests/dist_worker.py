@@ -117,6 +117,11 @@ def fsdp(tmp, kind):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     for t in range(6):
+        if t == 3:  # parameters changed between steps by other code: the step must see it
+            with torch.no_grad():
+                for p, q in zip(reference.parameters(), sharded.parameters()):
+                    p.mul_(0.5)
+                    q.mul_(0.5)
         gen = torch.Generator().manual_seed(200 + t)
         x, y = torch.randn(8, 24, generator=gen), torch.randn(8, 16, generator=gen)
         torch.nn.functional.mse_loss(reference(x), y).backward()
