@@ -120,6 +120,23 @@ class _HybridState(MutableMapping):
         return sum(len(side.state) for side in self._hybrid._sides.values())
 
 
+def _init_adamw_state(opt: torch.optim.AdamW, group: dict[str, Any]) -> None:
+    """AdamW's state for ``group``'s parameters, made now by AdamW's own lazy initialisation
+    (``_init_group``, given zero gradients for the call) rather than at their first step: so
+    that, as on the matrix side, every parameter has its state from construction on (DCP loads
+    into a fresh optimizer's state_dict, and only steps one whose state is empty). No step is
+    taken; a zero state is what the first step would have created."""
+    params = [p for p in group["params"] if not opt.state.get(p)]
+    grads = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt._init_group({**group, "params": params}, [], [], [], [], [], [])
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+
+
 class Hybrid(torch.optim.Optimizer):
     """One optimizer for a whole model: matrix weights stepped by ``matrix`` (fogo.FOGO or
     fogo.Muon), everything else (biases, norms, embeddings, output heads) by torch.optim.AdamW,
@@ -225,6 +242,8 @@ class Hybrid(torch.optim.Optimizer):
             opt = self._sides[side] = make([group], **self._options[side])
         else:
             opt.add_param_group(group)
+        if side == "rest":
+            _init_adamw_state(opt, opt.param_groups[-1])
         self.param_groups.append(opt.param_groups[-1])
         self._route.append((side, len(opt.param_groups) - 1))
         for p in group["params"]:

@@ -146,3 +146,34 @@ def test_hybrid_copies_step_like_the_original():
     run(net2, [opt2], [], batches[3:])
     for p, q in zip(net.parameters(), net2.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("matrix", [fogo.FOGO, fogo.Muon])
+def test_hybrid_through_dcp_resumes_bitwise(tmp_path, matrix):
+    # Every parameter has its state from construction on, AdamW's included: DCP loads into a
+    # fresh Hybrid's state_dict in place, and never steps it to "initialise".
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    torch.manual_seed(3)
+    net = Net()
+    first = copy.deepcopy(net)
+    batches = data(6)
+    make = lambda m: fogo.Hybrid(m, matrix, adamw_options=ADAMW, **MATRIX[matrix])  # noqa: E731
+    opt = make(net)
+    fresh = copy.deepcopy(opt.state_dict())
+    assert len(fresh["state"]) == len(list(net.parameters()))
+    run(net, [opt], [], batches)
+
+    opt1 = make(first)
+    run(first, [opt1], [], batches[:3])
+    dcp.save({"optim": get_optimizer_state_dict(first, opt1)}, checkpoint_id=str(tmp_path))
+    second = copy.deepcopy(first)
+    opt2 = make(second)
+    target = {"optim": get_optimizer_state_dict(second, opt2)}
+    assert_state_equal(fresh, opt2.state_dict())  # nothing stepped
+    dcp.load(target, checkpoint_id=str(tmp_path))
+    set_optimizer_state_dict(second, opt2, target["optim"])
+    run(second, [opt2], [], batches[3:])
+    for p, q in zip(net.parameters(), second.parameters()):
+        assert torch.equal(p, q)
