@@ -17,4 +17,6 @@ __version__ = "0.1.0"
 #: Whether the CUDA kernels were compiled in (else CUDA tensors take the ATen path).
 CUDA_KERNELS: bool = _C.cuda_kernels()
 
-__all__ = ["FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters", "CUDA_KERNELS"]
+__all__ = [
+    "FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters", "CUDA_KERNELS",
+]

@@ -272,8 +272,10 @@ class Hybrid(torch.optim.Optimizer):
         policy = self.matrix.param_groups[0]["nonfinite"] if self.matrix else "raise"
         if policy not in ("raise", "skip") or "rest" not in self._sides:
             return True
-        items = [(g, i, p) for g, (group, (side, _)) in enumerate(zip(self.param_groups, self._route))
-                 if side == "rest" for i, p in enumerate(group["params"]) if p.grad is not None]
+        rest = [(g, group) for g, (group, (side, _))
+                in enumerate(zip(self.param_groups, self._route)) if side == "rest"]
+        items = [(g, i, p) for g, group in rest for i, p in enumerate(group["params"])
+                 if p.grad is not None]
         if not items:
             return True
         finite = torch.stack([torch.isfinite(p.grad).all().to(items[0][2].device)
@@ -322,7 +324,8 @@ class Hybrid(torch.optim.Optimizer):
             count[side] += n
         for key, value in state_dict["state"].items():
             if key not in where:
-                raise ValueError(f"fogo.Hybrid.load_state_dict: state for unknown parameter {key!r}")
+                raise ValueError(
+                    f"fogo.Hybrid.load_state_dict: state for unknown parameter {key!r}")
             side, k = where[key]
             parts[side]["state"][k] = value
         for side in ("matrix", "rest"):

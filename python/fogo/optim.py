@@ -161,7 +161,8 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _cpp_groups(self) -> list[dict[str, Any]]:
         if not self._shadows:
             return self.param_groups
-        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]} for g in self.param_groups]
+        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]}
+                for g in self.param_groups]
 
     def _sharded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # In group order: every rank issues the collectives in the same order.
@@ -304,7 +305,8 @@ class _CppOptimizer(torch.optim.Optimizer):
             for i, p in enumerate(group["params"]):
                 if self.state.get(p):
                     state[(g, i)] = self.state[p]
-        self._cpp.load_state_dict(self.param_groups, state, self._group_memory(self.param_groups, {}))
+        memory = self._group_memory(self.param_groups, {})
+        self._cpp.load_state_dict(self.param_groups, state, memory)
         self._expose()
 
     # -- copies -------------------------------------------------------------------------------
@@ -365,7 +367,8 @@ class FOGO(_CppOptimizer):
 
     def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         # fp32 whatever the parameter's dtype, contiguous (FOGOParamState).
-        return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for k in self._fresh_keys}
+        return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                for k in self._fresh_keys}
 
     def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         return value.to(dtype=torch.float32, device=p.device, memory_format=torch.contiguous_format)
