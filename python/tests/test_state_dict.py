@@ -130,3 +130,31 @@ def test_rejected_load_changes_nothing(gen):
     with pytest.raises(ValueError, match="2 param groups, this optimizer 1"):
         fogo.FOGO(model(gen), codebook_size=6, proj_dim=8).load_state_dict(before)
     assert_state_equal(before, opt.state_dict())
+
+
+def test_fogo_01_layout_still_loads(gen):
+    # fogo 0.1's state_dict: the C++ archive's memory entries at the top level ("memory"), no
+    # per-group memory; Muon's option under "adjust_lr".
+    grads = [[randn(gen, *s) for s in SHAPES] for _ in range(6)]
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, grads[:3], boundary_at=2)
+    sd = copy.deepcopy(opt.state_dict())
+    old = {"state": sd["state"], "param_groups": [dict(g) for g in sd["param_groups"]],
+           "memory": fogo._memory.to_archive(sd["param_groups"])}
+    for g in old["param_groups"]:
+        del g["memory"]
+    again = [p.detach().clone().requires_grad_(True) for p in params]
+    opt2 = fogo_opt(again)
+    opt2.load_state_dict(old)
+    train(opt, params, grads[3:])
+    train(opt2, again, grads[3:])
+    assert all(torch.equal(p, q) for p, q in zip(params, again))
+
+    muon = fogo.Muon(model(gen), lr=0.02)
+    msd = copy.deepcopy(muon.state_dict())
+    msd["param_groups"][0]["adjust_lr"] = msd["param_groups"][0].pop("adjust_lr_fn")
+    msd["param_groups"][0]["adjust_lr"] = "match_rms_adamw"
+    muon.load_state_dict(msd)
+    assert muon.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
+    assert "adjust_lr" not in muon.param_groups[0]
