@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from . import _C
-from .optim import FOGO, Muon, evaluate_closure, run_load_post_hooks, run_load_pre_hooks
+from .optim import (FOGO, Muon, evaluate_closure, repr_without_memory, run_load_post_hooks,
+                    run_load_pre_hooks)
 
 __all__ = ["split_parameters", "hybrid_param_groups", "Hybrid"]
 
@@ -248,6 +249,9 @@ class Hybrid(torch.optim.Optimizer):
         self._route.append((side, len(opt.param_groups) - 1))
         for p in group["params"]:
             self._owner[id(p)] = side
+
+    def __repr__(self) -> str:
+        return repr_without_memory(self)
 
     def _regroup(self) -> None:
         """The hybrid's groups from the sides' (a side's load_state_dict replaces its dicts)."""

@@ -46,6 +46,17 @@ def evaluate_closure(closure: Optional[Callable[[], Any]]) -> Any:
         return closure()
 
 
+def repr_without_memory(opt: torch.optim.Optimizer) -> str:
+    """torch.optim.Optimizer's repr without the groups' "memory" (FOGO's): torch's lists every
+    group key, and the memory's tensors would fill the screen."""
+    groups = opt.param_groups
+    opt.param_groups = [{k: v for k, v in g.items() if k != "memory"} for g in groups]
+    try:
+        return torch.optim.Optimizer.__repr__(opt)
+    finally:
+        opt.param_groups = groups
+
+
 def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
@@ -376,6 +387,9 @@ class FOGO(_CppOptimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         self.param_groups[-1]["memory"] = _memory.empty(self.param_groups[-1])
+
+    def __repr__(self) -> str:
+        return repr_without_memory(self)
 
     def _snapshot_memory(self) -> None:
         extra = self._cpp.extra_state()

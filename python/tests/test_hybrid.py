@@ -177,3 +177,10 @@ def test_hybrid_through_dcp_resumes_bitwise(tmp_path, matrix):
     run(second, [opt2], [], batches[3:])
     for p, q in zip(net.parameters(), second.parameters()):
         assert torch.equal(p, q)
+
+
+def test_repr_leaves_out_fogo_memory():
+    opt = fogo.Hybrid(Net(), fogo.FOGO, **MATRIX[fogo.FOGO])
+    text = repr(opt)
+    assert text.startswith("Hybrid (") and "codebook_size: 6" in text and "memory" not in text
+    assert "memory" in opt.param_groups[0]  # the groups themselves keep it
