@@ -1,16 +1,20 @@
-"""The hybrid split: matrix weights to FOGO/Muon, everything else (biases, norms, embeddings,
-output heads) to AdamW, as param groups for two optimizers (fogo::split_parameters' rules)."""
+"""The hybrid: matrix weights to FOGO/Muon, everything else (biases, norms, embeddings, output
+heads) to AdamW: the split (fogo::split_parameters' rules) as param groups, and fogo.Hybrid, one
+optimizer stepping both sides (fogo::HybridOptimizer's Python counterpart)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import MutableMapping
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from . import _C
+from .optim import (FOGO, Muon, evaluate_closure, repr_without_memory, run_load_post_hooks,
+                    run_load_pre_hooks)
 
-__all__ = ["split_parameters", "hybrid_param_groups"]
+__all__ = ["split_parameters", "hybrid_param_groups", "Hybrid"]
 
 #: fogo::ParamSplitRules' default rest_patterns (output heads and classifiers).
 DEFAULT_REST_PATTERNS: tuple[str, ...] = tuple(_C.default_rest_patterns)
@@ -85,3 +89,262 @@ def hybrid_param_groups(
 def _group(name: str, items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     items = list(items)
     return {"params": [p for _, p in items], "param_names": [n for n, _ in items], "name": name}
+
+
+class _HybridState(MutableMapping):
+    """fogo.Hybrid's ``state``: each parameter's entry is its side's own (the same dict), so code
+    that reads or writes ``opt.state`` the torch way reaches the optimizer that steps it."""
+
+    def __init__(self, hybrid: "Hybrid"):
+        self._hybrid = hybrid
+
+    def _side(self, p: torch.Tensor) -> torch.optim.Optimizer:
+        side = self._hybrid._owner.get(id(p))
+        if side is None:
+            raise KeyError(p)
+        return self._hybrid._sides[side]
+
+    def __getitem__(self, p: torch.Tensor) -> Any:
+        return self._side(p).state[p]
+
+    def __setitem__(self, p: torch.Tensor, value: Any) -> None:
+        self._side(p).state[p] = value
+
+    def __delitem__(self, p: torch.Tensor) -> None:
+        del self._side(p).state[p]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for side in self._hybrid._sides.values():
+            yield from side.state
+
+    def __len__(self) -> int:
+        return sum(len(side.state) for side in self._hybrid._sides.values())
+
+
+def _init_adamw_state(opt: torch.optim.AdamW, group: dict[str, Any]) -> None:
+    """AdamW's state for ``group``'s parameters, made now by AdamW's own lazy initialisation
+    (``_init_group``, given zero gradients for the call) rather than at their first step: so
+    that, as on the matrix side, every parameter has its state from construction on (DCP loads
+    into a fresh optimizer's state_dict, and only steps one whose state is empty). No step is
+    taken; a zero state is what the first step would have created."""
+    params = [p for p in group["params"] if not opt.state.get(p)]
+    grads = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt._init_group({**group, "params": params}, [], [], [], [], [], [])
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+
+
+class Hybrid(torch.optim.Optimizer):
+    """One optimizer for a whole model: matrix weights stepped by ``matrix`` (fogo.FOGO or
+    fogo.Muon), everything else (biases, norms, embeddings, output heads) by torch.optim.AdamW,
+    as fogo::HybridOptimizer does in C++::
+
+        opt = fogo.Hybrid(model, fogo.Muon, lr=0.02, adamw_options={"lr": 3e-4})
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # drives both sides
+
+    ``params``: an ``nn.Module`` (split by :func:`split_parameters`' rules, the keywords
+    ``group_by``, ``rest_patterns``, ``matrix_patterns``, ``embeddings_to_rest``), an iterable of
+    tensors (>= 2-D ones to the matrix side), or param groups, each with ``"side"``: ``"matrix"``
+    or ``"rest"`` (or all of its parameters on one side by dimension). ``matrix_options`` and the
+    other keywords are the matrix optimizer's options, ``adamw_options`` AdamW's; a group's own
+    keys override them.
+
+    ``param_groups`` are the sides' groups themselves (matrix groups first for a module), each
+    with its ``"side"``: a scheduler or a hand edit of ``group["lr"]`` applies at the next step.
+    ``state`` maps every parameter to its side's state; ``state_dict()`` is one torch-layout dict
+    over both (FOGO's memory in its groups), ``load_state_dict()`` restores both. ``matrix`` and
+    ``rest`` are the two optimizers (``opt.matrix.task_boundary()``, ``opt.matrix.telemetry()``).
+
+    One ``step()`` evaluates the closure once and steps both sides. NaN/Inf gradients: the matrix
+    side's ``nonfinite`` policy (its first group's) covers the AdamW side's gradients too for
+    "raise" (nothing is stepped, RuntimeError naming the parameter) and "skip" (neither side
+    steps); under "mask" and "unchecked" AdamW's gradients are not checked.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        matrix: type = FOGO,
+        matrix_options: Optional[dict[str, Any]] = None,
+        adamw_options: Optional[dict[str, Any]] = None,
+        *,
+        group_by: Optional[str] = None,
+        rest_patterns: Optional[Sequence[str]] = None,
+        matrix_patterns: Sequence[str] = (),
+        embeddings_to_rest: bool = True,
+        **options: Any,
+    ):
+        if not (isinstance(matrix, type) and issubclass(matrix, (FOGO, Muon))):
+            raise TypeError(f"fogo.Hybrid: matrix must be fogo.FOGO or fogo.Muon, got {matrix!r}")
+        self._matrix_class = matrix
+        self._options = {"matrix": {**(matrix_options or {}), **options},
+                         "rest": dict(adamw_options or {})}
+        self._sides: dict[str, torch.optim.Optimizer] = {}
+        self._route: list[tuple[str, int]] = []  # per group: its side and index there
+        self._owner: dict[int, str] = {}  # id(parameter) -> side
+        if isinstance(params, torch.nn.Module):
+            matrix_groups, rest_groups = hybrid_param_groups(
+                params, group_by, rest_patterns, matrix_patterns, embeddings_to_rest)
+            groups = [{**g, "side": "matrix"} for g in matrix_groups]
+            groups += [{**g, "side": "rest"} for g in rest_groups]
+        else:
+            groups = list(params)
+            if groups and isinstance(groups[0], torch.Tensor):
+                groups = [{"params": [p for p in groups if p.dim() >= 2], "side": "matrix"},
+                          {"params": [p for p in groups if p.dim() < 2], "side": "rest"}]
+                groups = [g for g in groups if g["params"]]
+        super().__init__(groups, {})
+
+    # -- groups ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> _HybridState:  # type: ignore[override]
+        return _HybridState(self)
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        pass  # torch.optim.Optimizer.__init__ sets an empty one: the state is the sides'
+
+    @property
+    def matrix(self) -> Optional[torch.optim.Optimizer]:
+        """The matrix side (fogo.FOGO or fogo.Muon), None without matrices."""
+        return self._sides.get("matrix")
+
+    @property
+    def rest(self) -> Optional[torch.optim.Optimizer]:
+        """The AdamW side, None when every parameter is a matrix."""
+        return self._sides.get("rest")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        group = dict(param_group)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
+        where = f"fogo.Hybrid: param group {len(self.param_groups)}"
+        side = group.get("side")
+        if side is None:
+            dims = {p.dim() >= 2 for p in group["params"]}
+            if len(dims) > 1:
+                raise ValueError(
+                    f"{where} holds matrices and vectors: give it 'side' ('matrix' or 'rest') "
+                    "or split it (fogo.hybrid_param_groups)")
+            side = "matrix" if dims == {True} else "rest"
+        if side not in ("matrix", "rest"):
+            raise ValueError(f"{where}: 'side' must be 'matrix' or 'rest', got {side!r}")
+        group["side"] = side
+        if any(id(p) in self._owner for p in group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        opt = self._sides.get(side)
+        if opt is None:
+            make = self._matrix_class if side == "matrix" else torch.optim.AdamW
+            opt = self._sides[side] = make([group], **self._options[side])
+        else:
+            opt.add_param_group(group)
+        if side == "rest":
+            _init_adamw_state(opt, opt.param_groups[-1])
+        self.param_groups.append(opt.param_groups[-1])
+        self._route.append((side, len(opt.param_groups) - 1))
+        for p in group["params"]:
+            self._owner[id(p)] = side
+
+    def __repr__(self) -> str:
+        return repr_without_memory(self)
+
+    def _regroup(self) -> None:
+        """The hybrid's groups from the sides' (a side's load_state_dict replaces its dicts)."""
+        self.param_groups[:] = [self._sides[s].param_groups[k] for s, k in self._route]
+
+    # -- stepping --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Evaluates ``closure`` once, then steps the matrix side and the AdamW side."""
+        loss = evaluate_closure(closure)
+        if not self._rest_gradients_usable():
+            return loss
+        for side in ("matrix", "rest"):
+            if side in self._sides:
+                self._sides[side].step()
+        return loss
+
+    def _rest_gradients_usable(self) -> bool:
+        """Under the matrix side's "raise" / "skip": whether AdamW's gradients are finite (one
+        host synchronisation); raises for "raise", before anything changes."""
+        policy = self.matrix.param_groups[0]["nonfinite"] if self.matrix else "raise"
+        if policy not in ("raise", "skip") or "rest" not in self._sides:
+            return True
+        rest = [(g, group) for g, (group, (side, _))
+                in enumerate(zip(self.param_groups, self._route)) if side == "rest"]
+        items = [(g, i, p) for g, group in rest for i, p in enumerate(group["params"])
+                 if p.grad is not None]
+        if not items:
+            return True
+        finite = torch.stack([torch.isfinite(p.grad).all().to(items[0][2].device)
+                              for _, _, p in items])
+        if bool(finite.all()):
+            return True
+        if policy == "skip":
+            return False
+        g, i, p = items[int((~finite).nonzero()[0])]
+        raise RuntimeError(
+            f"fogo.Hybrid: the gradient of parameter {i} of group {g} (shape {list(p.shape)}, "
+            "AdamW side) holds NaN or Inf; nothing was stepped (nonfinite='raise'; 'skip' skips "
+            "such steps)")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch.optim's layout over every group of both sides (parameters numbered across the
+        hybrid's groups); FOGO's memory in its groups. state_dict hooks run."""
+        if self.matrix is not None:
+            self.matrix._snapshot_memory()
+        return super().state_dict()
+
+    @torch._disable_dynamo
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a Hybrid's state_dict() over the same group layout: each side loads its part
+        (the matrix side first, checked and all or nothing; then AdamW). Load hooks run."""
+        state_dict = run_load_pre_hooks(self, state_dict)
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(
+                f"fogo.Hybrid.load_state_dict: the state_dict has {len(saved)} param groups, "
+                f"this optimizer {len(self.param_groups)}")
+        parts = {s: {"state": {}, "param_groups": []} for s in self._sides}
+        where, count = {}, {s: 0 for s in self._sides}
+        for g, (group, (side, _)) in enumerate(zip(saved, self._route)):
+            n = len(self.param_groups[g]["params"])
+            if group.get("side", side) != side or len(group["params"]) != n:
+                raise ValueError(
+                    f"fogo.Hybrid.load_state_dict: param group {g} of the state_dict is "
+                    f"{group.get('side')!r} with {len(group['params'])} parameters, this "
+                    f"optimizer's {side!r} with {n}")
+            local = list(range(count[side], count[side] + n))
+            where.update({key: (side, k) for key, k in zip(group["params"], local)})
+            parts[side]["param_groups"].append({**group, "params": local})
+            count[side] += n
+        for key, value in state_dict["state"].items():
+            if key not in where:
+                raise ValueError(
+                    f"fogo.Hybrid.load_state_dict: state for unknown parameter {key!r}")
+            side, k = where[key]
+            parts[side]["state"][k] = value
+        for side in ("matrix", "rest"):
+            if side in parts:
+                self._sides[side].load_state_dict(parts[side])
+        self._regroup()
+        run_load_post_hooks(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("defaults", "_matrix_class", "_options", "_sides", "_route")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.param_groups = []
+        self._regroup()
+        self._owner = {id(p): s for (s, _), g in zip(self._route, self.param_groups)
+                       for p in g["params"]}

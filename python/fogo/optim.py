@@ -1,29 +1,86 @@
 """fogo.FOGO and fogo.Muon: torch.optim.Optimizers stepping with fogo's C++ optimizers.
 
-``param_groups`` (Python) hold the parameters and every option; the C++ optimizer holds the
-state. Before each C++ call the groups are handed over (the same tensors, checked by identity,
-and every option), so learning-rate schedulers and hand-edited options take effect at the next
-step, as with torch's own optimizers.
+``param_groups`` (Python) hold the parameters and every option, ``opt.state`` every parameter's
+state tensors, which the C++ optimizer steps in place (the same storage). Before each C++ call
+both are handed over (the same tensors, checked by identity; tensors that changed are checked and
+adopted; every option), so learning-rate schedulers, hand-edited options and state written by
+other code take effect at the next step, as with torch's own optimizers.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
+from collections import defaultdict
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import _C
+from . import _C, _memory
+
+try:  # DTensor parameters (FSDP2's fully_shard, tensor parallelism)
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # torch without torch.distributed
+    DTensor = None
 
 __all__ = ["FOGO", "Muon"]
 
 
+def run_load_pre_hooks(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """torch.optim.Optimizer.load_state_dict's start, for an optimizer that loads its own way:
+    a shallow copy of ``state_dict`` through the registered pre-hooks."""
+    state_dict = state_dict.copy()
+    for pre_hook in opt._optimizer_load_state_dict_pre_hooks.values():
+        result = pre_hook(opt, state_dict)
+        if result is not None:
+            state_dict = result
+    return state_dict
+
+
+def evaluate_closure(closure: Optional[Callable[[], Any]]) -> Any:
+    """The loss from a step's ``closure`` (re-evaluating the model), with autograd on; None
+    without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def repr_without_memory(opt: torch.optim.Optimizer) -> str:
+    """torch.optim.Optimizer's repr without the groups' "memory" (FOGO's): torch's lists every
+    group key, and the memory's tensors would fill the screen."""
+    groups = opt.param_groups
+    opt.param_groups = [{k: v for k, v in g.items() if k != "memory"} for g in groups]
+    try:
+        return torch.optim.Optimizer.__repr__(opt)
+    finally:
+        opt.param_groups = groups
+
+
+def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
+    for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
+        post_hook(opt)
+
+
 class _CppOptimizer(torch.optim.Optimizer):
-    """A torch.optim.Optimizer whose step, state and checkpoints are a C++ optimizer's."""
+    """A torch.optim.Optimizer whose step is a C++ optimizer's.
+
+    ``opt.state[p]`` holds every parameter's state tensors from construction on, and they are the
+    C++ step's own (the same storage, updated in place by each step): code that reads or writes
+    ``opt.state`` the torch way (``state_dict()``, DCP, ZeroRedundancyOptimizer, hooks) sees and
+    changes the truth. Tensors put into ``opt.state`` by hand or by a library are adopted by the
+    C++ optimizer at the next step, after checks (shape, device, dtype).
+    """
 
     _Cpp: Any = None  # the fogo._C class
+    #: Other names accepted for an option (renamed to its group key).
+    _aliases: dict[str, str] = {}
+    #: Group keys besides the options: the parameters' names, the group's own name and side (as
+    #: hybrid_param_groups' and fogo.Hybrid's groups carry).
+    _group_extras = frozenset({"params", "param_names", "name", "side"})
 
     def __init__(self, params: Iterable[Any], lr: Optional[float] = None, **options: Any):
+        options = self._renamed(options)
         defaults = self._Cpp.default_options()
         unknown = sorted(set(options) - set(defaults))
         if unknown:
@@ -36,15 +93,41 @@ class _CppOptimizer(torch.optim.Optimizer):
         defaults.update(options)
         # The C++ constructor validates the defaults (ranges, types) and raises its message.
         self._cpp = self._Cpp(defaults)
+        self._shadows: dict[int, torch.Tensor] = {}  # id(DTensor parameter) -> full shadow
+        self._written: dict[int, torch.Tensor] = {}  # ... -> the local shard the shadow holds
         super().__init__(params, defaults)
+
+    @classmethod
+    def _renamed(cls, options: dict[str, Any]) -> dict[str, Any]:
+        for old, new in cls._aliases.items():
+            if old in options:
+                options = dict(options)
+                options[new] = options.pop(old)
+        return options
+
+    # -- to override --------------------------------------------------------------------------
+
+    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A parameter's state before its first step (what the C++ step would create)."""
+        raise NotImplementedError
+
+    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """A loaded state tensor of parameter ``p`` as the step needs it."""
+        raise NotImplementedError
+
+    def _group_memory(self, groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict:
+        """The C++ archive's entries beyond LibTorch's for ``groups`` (a checkpoint's)."""
+        return {}
+
+    def _snapshot_memory(self) -> None:
+        """Group-level state into the param groups (FOGO's memory), before they are saved."""
 
     # -- param groups -------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        param_group = self._renamed(param_group)
         # A misspelt option would otherwise sit in the group, unused, while the default applies.
-        # Besides the options a group may carry its parameters' names and its own name (as
-        # hybrid_param_groups' groups do).
-        known = {"params", "param_names", "name"} | set(self.defaults)
+        known = self._group_extras | set(self.defaults)
         unknown = sorted(set(param_group) - known)
         if unknown:
             raise TypeError(
@@ -54,53 +137,140 @@ class _CppOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            self._cpp.add_param_group(group["params"], group)
+            self._cpp.add_param_group(self._bind(group["params"]), group)
         except BaseException:
             self.param_groups.pop()
             raise
+        # Every parameter's state exists from the start: every rank of a distributed run holds
+        # the same keys before the first step, and DCP never steps to "initialise" it.
+        for p in group["params"]:
+            self.state[p] = self._fresh_state(self._cpp_param(p))
+        self._adopt()
+
+    # -- sharded (DTensor) parameters ---------------------------------------------------------
+    #
+    # The C++ step needs each matrix whole (Newton-Schulz orthogonalizes the full matrix; FOGO's
+    # codebook reads all of its rows), which no rank holds of a DTensor. Each DTensor parameter
+    # gets a full-size shadow: before a step every rank all-gathers the gradient into it (and the
+    # parameter, when some rank's shard is not what the last step wrote), steps the full matrices
+    # (the same inputs and CPU/GPU arithmetic on every rank: the same result, FOGO's codebook
+    # included), and writes its own shard back. The state (momenta) is full-size and the same on
+    # every rank. docs/python.md counts the communication.
+
+    def _bind(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors the C++ optimizer holds for ``params``: a full shadow for a DTensor."""
+        for p in params:
+            if DTensor is not None and isinstance(p, DTensor) and id(p) not in self._shadows:
+                with torch.no_grad():
+                    self._shadows[id(p)] = p.full_tensor().detach().clone()
+                    self._written[id(p)] = p.to_local().detach().clone()
+        return [self._cpp_param(p) for p in params]
+
+    def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
+        return self._shadows.get(id(p), p)
+
+    def _cpp_groups(self) -> list[dict[str, Any]]:
+        if not self._shadows:
+            return self.param_groups
+        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]}
+                for g in self.param_groups]
+
+    def _sharded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # In group order: every rank issues the collectives in the same order.
+        return [(p, self._shadows[id(p)]) for g in self.param_groups for p in g["params"]
+                if id(p) in self._shadows]
+
+    def _gather(self) -> None:
+        sharded = self._sharded()
+        if self._shards_changed(sharded):
+            for p, shadow in sharded:
+                shadow.copy_(p.full_tensor())
+                self._written[id(p)] = p.to_local().detach().clone()
+        for p, shadow in sharded:
+            shadow.grad = None if p.grad is None else p.grad.full_tensor()
+
+    def _shards_changed(self, sharded: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether, on some rank, some parameter's shard is not what the last step wrote (other
+        code changed it: model.load_state_dict, an EMA swap): one all-reduce of a flag, where
+        gathering every parameter at every step would cost an all-gather each."""
+        changed = torch.stack([torch.ne(p.to_local(), self._written[id(p)]).any()
+                               for p, _ in sharded]).any()
+        flag = changed.to(torch.int32).reshape(1)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _scatter(self) -> None:
+        for p, shadow in self._sharded():
+            if shadow.grad is None:
+                continue
+            mine = distribute_tensor(shadow, p.device_mesh, p.placements, src_data_rank=None)
+            p.to_local().copy_(mine.to_local())
+            self._written[id(p)] = mine.to_local().clone()
+            shadow.grad = None
 
     def _sync(self) -> None:
-        self._cpp.sync(self.param_groups)
+        """The param groups' options and opt.state into the C++ optimizer."""
+        self._cpp.sync(self._cpp_groups())
+        self._adopt()
+
+    def _adopt(self) -> None:
+        # A parameter whose state was removed (or never made) starts afresh, as torch's
+        # optimizers create missing state at the step.
+        rows = []
+        for group in self.param_groups:
+            row = []
+            for p in group["params"]:
+                st = self.state.get(p)
+                if not isinstance(st, dict) or any(k not in st for k in self._fresh_keys):
+                    st = self.state[p] = {**self._fresh_state(self._cpp_param(p)), **(st or {})}
+                row.append(st)
+            rows.append(row)
+        self._cpp.adopt_states(rows)
+
+    def _expose(self) -> None:
+        """opt.state from the C++ optimizer's state (after a load made new tensors)."""
+        self.state = defaultdict(dict)
+        for group, row in zip(self.param_groups, self._cpp.param_states()):
+            for p, st in zip(group["params"], row):
+                if st is not None:
+                    self.state[p] = st
+        self._adopt()
 
     # -- stepping -----------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         self._sync()
+        if self._shadows:
+            self._gather()
         self._cpp.step()
+        if self._shadows:
+            self._scatter()
         return loss
 
     # -- checkpoints --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"state": {index: {name: tensor}}, "param_groups": [...]}`` as torch.optim lays it
-        out (parameters numbered across groups), plus ``"memory"`` for state that belongs to no
-        parameter (FOGO's per-group codebooks, frozen banks, generators and counters) as dicts of
-        tensors and numbers. Tensors are copies of the optimizer's state."""
-        self._sync()
-        state, extra = self._cpp.state_dict()
-        groups, index = [], 0
-        for group in self.param_groups:
-            saved = {k: v for k, v in group.items() if k != "params"}
-            saved["params"] = list(range(index, index + len(group["params"])))
-            index += len(group["params"])
-            groups.append(saved)
-        out: dict[str, Any] = {"state": state, "param_groups": groups}
-        if extra:
-            out["memory"] = extra
-        return out
+        """torch.optim's ``{"state": {index: {name: tensor}}, "param_groups": [...]}``
+        (parameters numbered across groups; the state tensors are opt.state's, as torch's
+        optimizers return them), FOGO's group-level memory under each group's ``"memory"``.
+        Hooks registered with ``register_state_dict_pre_hook`` / ``_post_hook`` run."""
+        self._snapshot_memory()
+        return super().state_dict()
 
+    @torch._disable_dynamo
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores a state_dict() of an optimizer over the same parameter layout. Checked first
-        (group count and sizes here, shapes and memory layout in C++); a rejected state_dict
-        leaves the optimizer as it was. Options come from the state_dict, as with torch.optim."""
+        """Restores a state_dict() of an optimizer over the same parameter layout (this class's,
+        or for fogo.Muon torch.optim.Muon's). Checked first (group count and sizes here, shapes
+        and memory layout in C++); a rejected state_dict leaves the optimizer as it was. Options
+        come from the state_dict, as with torch.optim; options it lacks keep their values. State
+        tensors are cast to what the step needs (fogo.Muon: the parameter's dtype, as torch;
+        FOGO: fp32) and moved to the parameter's device. Load hooks run as torch's."""
+        state_dict = run_load_pre_hooks(self, state_dict)
         name = type(self).__name__
-        saved_groups = state_dict["param_groups"]
+        saved_groups = [self._renamed(g) for g in copy.deepcopy(state_dict["param_groups"])]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
                 f"{name}.load_state_dict: the state_dict has {len(saved_groups)} param groups, "
@@ -119,12 +289,52 @@ class _CppOptimizer(torch.optim.Optimizer):
         for key, value in state_dict["state"].items():
             if key not in where:
                 raise ValueError(f"{name}.load_state_dict: state for unknown parameter {key!r}")
-            state[where[key]] = value
-        self._sync()
-        self._cpp.load_state_dict(saved_groups, state, state_dict.get("memory", {}))
-        super().load_state_dict({"state": {}, "param_groups": saved_groups})
+            g, i = where[key]
+            p = self._cpp_param(self.param_groups[g]["params"][i])
+            state[(g, i)] = {
+                k: self._cast_state(p, v) if isinstance(v, torch.Tensor) else v
+                for k, v in value.items()
+            }
+        memory = self._group_memory(saved_groups, state_dict)
+        for saved, group in zip(saved_groups, self.param_groups):
+            # A checkpoint of torch.optim.Muon lacks fogo's own options: they keep their values.
+            for k, v in group.items():
+                if k != "memory":
+                    saved.setdefault(k, v)
+            saved["params"] = group["params"]
+        self._cpp.sync(self._cpp_groups())
+        self._cpp.load_state_dict(saved_groups, state, memory)  # checked; all or nothing
+        self.param_groups[:] = saved_groups
+        self._expose()
+        self._snapshot_memory()
+        run_load_post_hooks(self)
 
-    # Python's own view of the state stays empty (the state lives in C++): state_dict() has it.
+    def _restore(self) -> None:
+        """The C++ optimizer from the Python side's groups, opt.state and memory."""
+        state = {}
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if self.state.get(p):
+                    state[(g, i)] = self.state[p]
+        memory = self._group_memory(self.param_groups, {})
+        self._cpp.load_state_dict(self.param_groups, state, memory)
+        self._expose()
+
+    # -- copies -------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._snapshot_memory()
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy and pickle: a new C++ optimizer over the copied parameters, holding the
+        # copied state.
+        super().__setstate__(state)
+        self._cpp = self._Cpp(self.defaults)
+        self._shadows, self._written = {}, {}
+        for group in self.param_groups:
+            self._cpp.add_param_group(self._bind(group["params"]), group)
+        self._restore()
 
 
 def _signature(cpp: Any) -> inspect.Signature:
@@ -161,9 +371,35 @@ class FOGO(_CppOptimizer):
     """
 
     _Cpp = _C.FOGO
+    _fresh_keys = ("slow_momentum", "fast_momentum")
 
     def __init__(self, params: Iterable[Any], lr: Optional[float] = None, **options: Any):
         super().__init__(params, lr, **options)
+
+    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        # fp32 whatever the parameter's dtype, contiguous (FOGOParamState).
+        return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                for k in self._fresh_keys}
+
+    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return value.to(dtype=torch.float32, device=p.device, memory_format=torch.contiguous_format)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self.param_groups[-1]["memory"] = _memory.empty(self.param_groups[-1])
+
+    def __repr__(self) -> str:
+        return repr_without_memory(self)
+
+    def _snapshot_memory(self) -> None:
+        extra = self._cpp.extra_state()
+        for g, group in enumerate(self.param_groups):
+            group["memory"] = _memory.from_archive(extra.get(f"fogo/group/{g}"), group)
+
+    def _group_memory(self, groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict:
+        if "memory" in state_dict and not any("memory" in g for g in groups):
+            return state_dict["memory"]  # the layout of fogo 0.1's state_dict()
+        return _memory.to_archive(groups)
 
     def telemetry(self) -> list[dict[str, Any]]:
         """One dict per param group, from the last step (rbar, gamma_st, codebook_entropy, ...)."""
@@ -196,30 +432,34 @@ class Muon(_CppOptimizer):
 
 {options}
 
-    ``adjust_lr`` is "original" (torch.optim.Muon's default, also given as None) or
-    "match_rms_adamw"; torch.optim.Muon's ``adjust_lr_fn`` keyword is accepted for it.
+    ``adjust_lr_fn`` (torch.optim.Muon's name; fogo 0.1's ``adjust_lr`` is accepted for it) is
+    "original" (also given as None, torch.optim.Muon's default) or "match_rms_adamw". Param
+    groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
     ``nonfinite`` is "raise", "skip", "unchecked" (torch.optim.Muon's behaviour) or "mask", as
     for :class:`FOGO`.
     """
 
     _Cpp = _C.Muon
+    _aliases = {"adjust_lr": "adjust_lr_fn"}  # fogo 0.1's name
+    _fresh_keys = ("momentum_buffer",)
 
     def __init__(self, params: Iterable[Any], lr: Optional[float] = None, **options: Any):
-        if "adjust_lr_fn" in options:  # torch.optim.Muon's name
-            options["adjust_lr"] = options.pop("adjust_lr_fn")
         super().__init__(params, lr, **options)
+
+    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        # torch.optim.Optimizer.load_state_dict's rule: floating state takes the parameter's dtype.
+        if p.is_floating_point():
+            return value.to(dtype=p.dtype, device=p.device)
+        return value.to(device=p.device)
 
     def graph_stats(self, group: int = 0) -> dict[str, int]:
         """With ``cuda_graph=True``: how often group ``group``'s step was captured in a CUDA graph
         and run from one (``captures``, ``replays``)."""
         self._sync()
         return self._cpp.graph_stats(group)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if "adjust_lr_fn" in param_group:  # torch.optim.Muon's name
-            param_group = dict(param_group)
-            param_group["adjust_lr"] = param_group.pop("adjust_lr_fn")
-        super().add_param_group(param_group)
 
 
 for _cls in (FOGO, Muon):

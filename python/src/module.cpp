@@ -1,22 +1,28 @@
 // fogo._C: the C++ optimizers behind fogo.FOGO and fogo.Muon (python/fogo/optim.py).
 //
 // The Python classes are torch.optim.Optimizers whose param_groups are the truth for options and
-// parameters; the C++ optimizer here holds the state. Before every call the Python side hands
-// the groups over (sync): the same tensors (checked by identity, never copied) and every option,
-// converted by the tables below. FOGO's options come from the X-macro tables of fogo_options.h,
-// so a new option reaches Python with its C++ default without touching this file.
+// parameters, and whose opt.state holds each parameter's state tensors; the C++ optimizer here
+// steps them. Before every call the Python side hands the groups over (sync): the same tensors
+// (checked by identity, never copied) and every option, converted by the tables below; and the
+// state (adopt_states): the C++ optimizer's state tensors are Python's, taken without a copy
+// (checked when they change), so both sides share storage and each step updates opt.state in
+// place. FOGO's options come from the X-macro tables of fogo_options.h, so a new option reaches
+// Python with its C++ default without touching this file.
 //
-// State dicts are plain Python: per-parameter state as tensors keyed by the parameter's index
-// (torch.optim's layout), and whatever else the C++ checkpoint holds (FOGO's per-group memory) as
-// nested dicts of tensors and numbers. Loading rebuilds a LibTorch archive from them and goes
-// through the C++ load(), so its checks and its all-or-nothing behaviour apply unchanged.
+// Checkpoints: what the C++ archive holds besides LibTorch's part (FOGO's per-group memory) goes
+// to Python as nested dicts of tensors and numbers (extra_state); loading rebuilds a LibTorch
+// archive from the state, options and those entries and goes through the C++ load(), so its
+// checks and its all-or-nothing behaviour apply unchanged.
+#include <fogo/detail/checks.h>
 #include <fogo/fogo.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 #include <torch/serialize/archive.h>
 
+#include <array>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -181,6 +187,18 @@ using Plain = std::decay_t<T>;
   X(ns_gram_restart)            \
   X(cuda_graph)
 
+// A parameter's state tensor `key` from a Python dict, with a message naming what is missing.
+at::Tensor tensor_item(const char* optimizer, const py::dict& d, const char* key) {
+  if (!d.contains(key))
+    throw py::key_error(std::string("fogo.") + optimizer + ": a parameter's state has no '" + key +
+                        "'");
+  const py::object v = d[key];
+  if (!THPVariable_Check(v.ptr()))
+    throw py::type_error(std::string("fogo.") + optimizer + ": a parameter's state '" + key +
+                         "' must be a tensor, got " + py::repr(v).cast<std::string>());
+  return THPVariable_Unpack(v.ptr());
+}
+
 struct FOGOTraits {
   using Optim = fogo::FOGO;
   using Options = fogo::FOGOOptions;
@@ -206,25 +224,25 @@ struct FOGOTraits {
 #undef FOGO_PY_FROM
     return o;
   }
-  static py::dict state_to_dict(const State& s) {
-    py::dict d;
-    d["slow_momentum"] = s.slow_momentum().clone();
-    d["fast_momentum"] = s.fast_momentum().clone();
-    return d;
+  static constexpr std::array<const char*, 2> state_keys = {"slow_momentum", "fast_momentum"};
+  static std::vector<at::Tensor> state_tensors(const State& s) {
+    return {s.slow_momentum(), s.fast_momentum()};
   }
   static State state_from_dict(const py::dict& d) {
     State s;
-    s.slow_momentum(tensor_item(d, "slow_momentum"));
-    s.fast_momentum(tensor_item(d, "fast_momentum"));
+    s.slow_momentum(tensor_item(name, d, "slow_momentum"));
+    s.fast_momentum(tensor_item(name, d, "fast_momentum"));
     return s;
   }
-  static at::Tensor tensor_item(const py::dict& d, const char* key) {
-    if (!d.contains(key))
-      throw py::key_error(std::string(name) + ".load_state_dict: a parameter's state has no '" +
-                          key + "'");
-    return d[key].cast<at::Tensor>();
-  }
+  /// The momenta are fp32 whatever the parameter's dtype (FOGOParamState).
+  static c10::ScalarType state_dtype(const at::Tensor&) { return at::kFloat; }
 };
+
+// The param-group key of a MuonOptions field: torch.optim.Muon's name where it has one
+// (adjust_lr_fn), so that param groups and checkpoints cross with torch.optim.Muon.
+constexpr const char* muon_key(std::string_view field) {
+  return field == "adjust_lr" ? "adjust_lr_fn" : field.data();
+}
 
 struct MuonTraits {
   using Optim = fogo::Muon;
@@ -234,31 +252,28 @@ struct MuonTraits {
 
   static py::dict to_dict(const Options& o) {
     py::dict d;
-#define FOGO_PY_TO(field) d[#field] = Convert<Plain<decltype(o.field())>>::to(o.field());
+#define FOGO_PY_TO(field) d[muon_key(#field)] = Convert<Plain<decltype(o.field())>>::to(o.field());
     FOGO_PY_MUON_OPTIONS(FOGO_PY_TO)
 #undef FOGO_PY_TO
     return d;
   }
   static Options from_dict(const py::dict& d, Options o) {
-#define FOGO_PY_FROM(field) \
-  if (d.contains(#field))   \
-    o.field(Convert<Plain<decltype(o.field())>>::from(d[#field], name, #field));
+#define FOGO_PY_FROM(field)         \
+  if (d.contains(muon_key(#field))) \
+    o.field(Convert<Plain<decltype(o.field())>>::from(d[muon_key(#field)], name, muon_key(#field)));
     FOGO_PY_MUON_OPTIONS(FOGO_PY_FROM)
 #undef FOGO_PY_FROM
     return o;
   }
-  static py::dict state_to_dict(const State& s) {
-    py::dict d;
-    d["momentum_buffer"] = s.momentum_buffer().clone();
-    return d;
-  }
+  static constexpr std::array<const char*, 1> state_keys = {"momentum_buffer"};
+  static std::vector<at::Tensor> state_tensors(const State& s) { return {s.momentum_buffer()}; }
   static State state_from_dict(const py::dict& d) {
-    if (!d.contains("momentum_buffer"))
-      throw py::key_error("Muon.load_state_dict: a parameter's state has no 'momentum_buffer'");
     State s;
-    s.momentum_buffer(d["momentum_buffer"].cast<at::Tensor>());
+    s.momentum_buffer(tensor_item(name, d, "momentum_buffer"));
     return s;
   }
+  /// The buffer has the parameter's dtype (torch.optim.Muon's zeros_like(grad)).
+  static c10::ScalarType state_dtype(const at::Tensor& p) { return p.scalar_type(); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -345,14 +360,20 @@ class Bound {
 
   /// Adds a group after the checks the C++ constructor makes (options valid, parameter shapes),
   /// with this group's index in the messages.
+  /// Options are checked first (their errors as the C++ raises them); what the constructor then
+  /// rejects is a parameter (fewer than 2 dimensions, a CPU tensor with cuda_graph): ValueError,
+  /// as torch.optim.Muon raises for a parameter it cannot take.
   void add_param_group(const std::vector<at::Tensor>& params, const py::dict& options) {
     const Options o = options_from(options);
-    {
+    o.validate();
+    try {
       std::vector<torch::optim::OptimizerParamGroup> probe;
       for (size_t g = 0; g < opt_.param_groups().size(); ++g)
         probe.emplace_back(std::vector<at::Tensor>{}, std::make_unique<Options>());
       probe.emplace_back(params, std::make_unique<Options>(o));
       typename Traits::Optim check(probe, o);
+    } catch (const c10::Error& e) {
+      throw py::value_error(e.what_without_backtrace());
     }
     opt_.add_param_group(torch::optim::OptimizerParamGroup(params, std::make_unique<Options>(o)));
   }
@@ -393,26 +414,70 @@ class Bound {
     opt_.step();
   }
 
-  /// (state, extra): state as {param index: {name: tensor}}, extra as the archive's other
-  /// entries (FOGO's memory), both copies.
-  std::pair<py::dict, py::dict> state_dict() const {
-    py::dict state;
-    int64_t index = 0;
-    for (const auto& group : opt_.param_groups()) {
-      for (const auto& p : group.params()) {
-        auto it = opt_.state().find(p.unsafeGetTensorImpl());
-        if (it != opt_.state().end())
-          state[py::int_(index)] = Traits::state_to_dict(static_cast<const State&>(*it->second));
-        ++index;
-      }
-    }
+  /// The archive's entries other than LibTorch's (FOGO's per-group memory), as plain Python
+  /// (copies); the per-parameter state is Python's opt.state, shared with the step.
+  py::dict extra_state() const {
     py::dict extra;
     torch::serialize::OutputArchive out;
     opt_.save(out);
     torch::serialize::InputArchive in = reopen(out);
     for (const std::string& key : in.keys())
       if (!is_libtorch_key(key)) extra[py::str(key)] = archive_value_to_py(in, key);
-    return {state, extra};
+    return extra;
+  }
+
+  /// Every parameter's state tensors, the optimizer's own (no copies): per group a list with a
+  /// {name: tensor} dict per parameter, None where it has none.
+  py::list param_states() const {
+    py::list out;
+    for (const auto& group : opt_.param_groups()) {
+      py::list row;
+      for (const auto& p : group.params()) {
+        const auto it = opt_.state().find(p.unsafeGetTensorImpl());
+        if (it == opt_.state().end()) {
+          row.append(py::none());
+          continue;
+        }
+        py::dict d;
+        const auto tensors = Traits::state_tensors(static_cast<const State&>(*it->second));
+        for (size_t k = 0; k < tensors.size(); ++k) d[Traits::state_keys[k]] = tensors[k];
+        row.append(d);
+      }
+      out.append(row);
+    }
+    return out;
+  }
+
+  /// Makes `states` (param_states' layout, a dict per parameter) the optimizer's state, tensor
+  /// by tensor without copying, so that Python's opt.state and the C++ step share storage. A
+  /// tensor the optimizer already holds is taken as it is; another is checked first (the
+  /// parameter's shape and device, the state's dtype, contiguous where the parameter is), all
+  /// before anything changes.
+  void adopt_states(const py::list& states) {
+    auto& groups = opt_.param_groups();
+    auto& map = opt_.state();
+    std::vector<std::pair<void*, State>> adopted;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto row = states[g].template cast<py::list>();
+      const auto& params = groups[g].params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
+        State s = Traits::state_from_dict(row[i].template cast<py::dict>());
+        const auto mine = map.find(p.unsafeGetTensorImpl());
+        const auto theirs = Traits::state_tensors(s);
+        if (mine != map.end()) {
+          const auto held = Traits::state_tensors(static_cast<const State&>(*mine->second));
+          bool same = true;
+          for (size_t k = 0; k < held.size(); ++k)
+            same = same && held[k].unsafeGetTensorImpl() == theirs[k].unsafeGetTensorImpl();
+          if (same) continue;
+        }
+        for (size_t k = 0; k < theirs.size(); ++k)
+          check_state(g, i, p, Traits::state_keys[k], theirs[k]);
+        adopted.emplace_back(p.unsafeGetTensorImpl(), std::move(s));
+      }
+    }
+    for (auto& [key, s] : adopted) map[key] = std::make_unique<State>(std::move(s));
   }
 
   /// `groups`: the checkpoint's option dicts, one per group (same layout as this optimizer's,
@@ -452,6 +517,25 @@ class Bound {
   typename Traits::Optim& get() { return opt_; }
 
  private:
+  static void check_state(size_t g, size_t i, const at::Tensor& p, const char* key,
+                          const at::Tensor& t) {
+    const auto fail = [&](const std::string& what) {
+      throw py::value_error(std::string("fogo.") + Traits::name + ": opt.state[p]['" + key +
+                            "'] of " + fogo::detail::describe_param(g, i, p) + " " + what +
+                            " (load_state_dict converts a checkpoint's state; tensors put into "
+                            "opt.state by hand must match the parameter)");
+    };
+    if (!t.defined()) fail("is undefined");
+    if (t.sizes() != p.sizes())
+      fail("has shape " + c10::str(t.sizes()) + ", the parameter " + c10::str(p.sizes()));
+    if (t.device() != p.device())
+      fail("is on " + t.device().str() + ", the parameter on " + p.device().str());
+    if (t.scalar_type() != Traits::state_dtype(p))
+      fail("has dtype " + std::string(c10::toString(t.scalar_type())) + ", expected " +
+           c10::toString(Traits::state_dtype(p)));
+    if (p.is_contiguous() && !t.is_contiguous()) fail("is not contiguous");
+  }
+
   typename Traits::Optim opt_;
 };
 
@@ -571,7 +655,9 @@ py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
       .def("add_param_group", &B::add_param_group)
       .def("sync", &B::sync)
       .def("step", &B::step)
-      .def("state_dict", &B::state_dict)
+      .def("extra_state", &B::extra_state)
+      .def("param_states", &B::param_states)
+      .def("adopt_states", &B::adopt_states)
       .def("load_state_dict", &B::load_state_dict);
 }
 

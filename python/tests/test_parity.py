@@ -61,7 +61,7 @@ def test_muon_python_equals_cpp(gen):
     shapes = [[(16, 24), (8, 3, 3, 3)], [(12, 20)]]
     groups = [
         ([randn(gen, *s) for s in shapes[0]], {"lr": 0.02}),
-        ([randn(gen, *s) for s in shapes[1]], {"lr": 0.05, "nesterov": False, "adjust_lr": "match_rms_adamw"}),
+        ([randn(gen, *s) for s in shapes[1]], {"lr": 0.05, "nesterov": False, "adjust_lr_fn": "match_rms_adamw"}),
     ]
     grads = make_grads(gen, shapes, 5)
     factors = [1.0, 0.5, 0.1, 1.0, 3.0]

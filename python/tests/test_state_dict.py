@@ -1,6 +1,7 @@
 """state_dict() / load_state_dict(): plain tensors and numbers, and a resumed run equal to the
 uninterrupted one bit for bit (FOGO's codebooks, frozen banks and generators included)."""
 
+import copy
 import io
 
 import pytest
@@ -93,10 +94,14 @@ def test_fogo_state_dict_layout(gen):
     assert sd["state"][0]["slow_momentum"].shape == SHAPES[0]
     assert [g["params"] for g in sd["param_groups"]] == [[0, 1], [2]]
     assert sd["param_groups"][1]["lr"] == 0.005 and sd["param_groups"][1]["seed"] == 3
-    group0 = sd["memory"]["fogo/group/0"]
-    assert group0["step"] == 4 and group0["initialized"] is True
-    assert group0["centroids"].shape == (6, 8)
-    assert group0["frozen"].shape == (2, 8)  # freeze_per_task centroids frozen at the boundary
+    # FOGO's memory: per group, fixed-shape tensors (DCP loads them in place) and lists for
+    # what grows (the frozen bank: one block per task).
+    group0 = sd["param_groups"][0]["memory"]
+    assert group0["step"] == 4 and group0["initialized"] is True and group0["created"] is True
+    assert group0["centroids"].shape == (6, 8) and group0["undefined"] == []
+    assert torch.equal(group0["centroids"], opt.memory(0)["centroids"])
+    assert torch.tensor(group0["frozen"]).shape == (2, 8)  # freeze_per_task frozen at the boundary
+    assert torch.equal(torch.tensor(group0["frozen"]), opt.memory(0)["frozen"])
 
     def plain(x):
         if isinstance(x, dict):
@@ -112,7 +117,7 @@ def test_rejected_load_changes_nothing(gen):
     params = model(gen)
     opt = fogo_opt(params)
     train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(2)])
-    before = opt.state_dict()
+    before = copy.deepcopy(opt.state_dict())  # state_dict() returns the live state, as torch's
 
     other_params = model(gen)
     other = fogo.FOGO(
@@ -125,3 +130,31 @@ def test_rejected_load_changes_nothing(gen):
     with pytest.raises(ValueError, match="2 param groups, this optimizer 1"):
         fogo.FOGO(model(gen), codebook_size=6, proj_dim=8).load_state_dict(before)
     assert_state_equal(before, opt.state_dict())
+
+
+def test_fogo_01_layout_still_loads(gen):
+    # fogo 0.1's state_dict: the C++ archive's memory entries at the top level ("memory"), no
+    # per-group memory; Muon's option under "adjust_lr".
+    grads = [[randn(gen, *s) for s in SHAPES] for _ in range(6)]
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, grads[:3], boundary_at=2)
+    sd = copy.deepcopy(opt.state_dict())
+    old = {"state": sd["state"], "param_groups": [dict(g) for g in sd["param_groups"]],
+           "memory": fogo._memory.to_archive(sd["param_groups"])}
+    for g in old["param_groups"]:
+        del g["memory"]
+    again = [p.detach().clone().requires_grad_(True) for p in params]
+    opt2 = fogo_opt(again)
+    opt2.load_state_dict(old)
+    train(opt, params, grads[3:])
+    train(opt2, again, grads[3:])
+    assert all(torch.equal(p, q) for p, q in zip(params, again))
+
+    muon = fogo.Muon(model(gen), lr=0.02)
+    msd = copy.deepcopy(muon.state_dict())
+    msd["param_groups"][0]["adjust_lr"] = msd["param_groups"][0].pop("adjust_lr_fn")
+    msd["param_groups"][0]["adjust_lr"] = "match_rms_adamw"
+    muon.load_state_dict(msd)
+    assert muon.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
+    assert "adjust_lr" not in muon.param_groups[0]
