@@ -374,6 +374,17 @@ bench() {
   done 2>&1 | tee "$logs/torch_muon.txt"
   cp "$logs/bench.json" "$report/bench.json"
   "$python" "$root/scripts/gpu_report.py" bench "$logs" >"$report/bench.md"
+  targets | tee -a "$report/bench.md"
+}
+
+targets() {
+  # Issue 26's targets table (bench/targets.py) from whatever this run has measured so far: every
+  # row printed with its H100 baseline and target, "not measured" where an input is missing.
+  local args=(--bench "$logs/bench.json" --torch-muon "$logs/torch_muon.txt"
+              --gpt2-eager "$logs/gpt2-eager.log") opt
+  for opt in adamw muon fogo; do args+=(--gpt2 "$opt=$logs/gpt2-$opt.log"); done
+  echo
+  "$python" "$root/bench/targets.py" "${args[@]}"
 }
 
 train() {
@@ -419,6 +430,7 @@ print(f"resnet18 width 64 {sys.argv[2]}: {batch * (last['step'] - first['step'])
 PY
   done
   "$python" "$root/scripts/gpu_report.py" train "$logs" >"$report/train.md"
+  targets >>"$report/train.md"
   cat "$report/train.md"
   return $rc
 }
