@@ -508,3 +508,38 @@ TEST(Muon, LoadMovesStateToTheParametersDevice) {
   EXPECT_TRUE(st.momentum_buffer().is_cuda());
   target.step();  // and it steps with it
 }
+
+// The adjusted learning rate as (lr f1) f2: the same bits as the rules' formulas written out
+// (muon_update reads lr on the device and multiplies by the factors in this order), and the
+// update's learning-rate-on-the-device route (a CUDA graph's) agreeing with the eager ops to
+// rounding on the CPU too.
+TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps) {
+  for (const auto [A, B] :
+       {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}, {7, 7}, {1, 5}, {300, 40}}) {
+    for (const double lr : {0.02, 1e-3, 0.3 / 7}) {
+      const double a = static_cast<double>(A), b = static_cast<double>(B);
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Original, A, B),
+                lr * std::sqrt(std::max(1.0, a / b)));
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::MatchRmsAdamW, A, B),
+                lr * 0.2 * std::sqrt(std::max(a, b)));
+    }
+  }
+  torch::manual_seed(23);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW}) {
+      const auto p0 = torch::randn({12, 4, 2}, dtype), q0 = torch::randn({5, 30}, dtype);
+      const auto O1 = torch::randn({12, 8}).to(torch::kBFloat16), O2 = torch::randn({5, 30});
+      std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
+      std::vector<fogo::MuonUpdateItem> dev = {{p0.clone(), O1}, {q0.clone(), O2}};
+      fogo::muon_update(host, {0.02, 0.1, rule, {}});
+      fogo::muon_update(dev, {0.0, 0.1, rule, torch::full({}, 0.02, torch::kDouble)});
+      for (size_t k = 0; k < host.size(); ++k) {
+        EXPECT_FALSE(torch::equal(host[k].param, k == 0 ? p0 : q0));  // it moved
+        // fp32: separate products against add_'s alpha, a few units of 2^-24 of |p|.
+        const double tol = dtype == torch::kFloat ? 1e-6 : 1e-14;
+        EXPECT_LT((dev[k].param - host[k].param).abs().max().item<double>(), tol)
+            << c10::toString(dtype) << " parameter " << k;
+      }
+    }
+  }
+}
