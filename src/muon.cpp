@@ -71,7 +71,7 @@ namespace {
 // torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
 NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
-                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart());
+                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
 }
 
 }  // namespace
@@ -103,6 +103,10 @@ void MuonOptions::validate() const {
               ")");
   TORCH_CHECK(ns_gram_restart() >= 0, "Muon: option 'ns_gram_restart' must be >= 0, got ",
               ns_gram_restart());
+  TORCH_CHECK(ns_schedule() >= kNSConstant && ns_schedule() <= kTuned5,
+              "Muon: option 'ns_schedule' must be 0 (kNSConstant), 1 (kPolarExpress) or 2 "
+              "(kTuned5), got ",
+              ns_schedule());
   fogo::validate(ns_config(*this));
   TORCH_CHECK(is_known(nonfinite()), "Muon: option 'nonfinite' is not a known policy (",
               static_cast<int64_t>(nonfinite()), ")");
@@ -126,6 +130,7 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(cuda_graph);
   archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_schedule);
 }
 
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -151,6 +156,7 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   // Added later: absent from older checkpoints, whose defaults hold.
   if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
   if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
+  if (archive.try_read("ns_schedule", value)) ns_schedule(value.toInt());
   if (archive.try_read("cuda_graph", value)) cuda_graph(value.toBool());
 }
 
@@ -160,7 +166,8 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
          a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
          a.nonfinite() == b.nonfinite() && a.ns_form() == b.ns_form() &&
-         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph();
+         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph() &&
+         a.ns_schedule() == b.ns_schedule();
 }
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
@@ -318,6 +325,7 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
   std::vector<size_t> order(params.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   const detail::Runs runs = detail::sort_into_runs(order, [&](size_t k) { return key(params[k]); });
+  std::vector<MuonUpdateItem> updates_of;  // each parameter with its orthogonalized momentum
 
   // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
   // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
@@ -325,7 +333,6 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
   for (const auto& [begin, end] : runs) {
     std::vector<torch::Tensor> run, run_grads, bufs;
     for (size_t i = begin; i < end; ++i) {
-  std::vector<MuonUpdateItem> updates_of;  // each parameter with its orthogonalized momentum
       const at::Tensor& p = params[order[i]];
       run.push_back(p);
       run_grads.push_back(grads[order[i]]);
@@ -362,6 +369,9 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
     for (size_t k = 0; k < mine.size(); ++k)
       updates_of.push_back({mine[k], ortho[static_cast<int64_t>(k)]});
   }
+  // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the
+  // learning rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
+  ops::muon_update(updates_of, {lr, options.weight_decay(), options.adjust_lr(), device_lr});
   for (const auto& [tensor, before] : saved) {
     tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
   }
@@ -369,9 +379,6 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
 
 void Muon::graph_group(size_t g, const std::vector<at::Tensor>& params,
                        const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
-  // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the
-  // learning rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
-  ops::muon_update(updates_of, {lr, options.weight_decay(), options.adjust_lr(), device_lr});
   const auto& o = static_cast<const MuonOptions&>(param_groups_[g].options());
   auto& graph = graphs_->of(g);
   // What the stages touch besides the static inputs: the parameters and their momentum buffers.

@@ -543,3 +543,43 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
     }
   }
 }
+
+// MuonOptions::ns_schedule: checked (naming the option), compared, checkpointed, and it changes
+// the step (Polar Express against the constant quintic) while the default keeps torch.optim.Muon's
+// coefficients (the bitwise parity tests above run with it).
+TEST(Muon, NsScheduleIsCheckedComparedCheckpointedAndUsed) {
+  auto p = torch::randn({8, 24}).requires_grad_(true);
+  EXPECT_EQ(fogo::MuonOptions().ns_schedule(), fogo::kNSConstant);
+  try {
+    fogo::Muon({p}, fogo::MuonOptions().ns_schedule(3));
+    ADD_FAILURE() << "ns_schedule 3 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_schedule"), std::string::npos) << e.what();
+  }
+  try {
+    fogo::Muon({p}, fogo::MuonOptions().ns_schedule(fogo::kTuned5).ns_steps(4));
+    ADD_FAILURE() << "the 5-iteration set accepted for 4 iterations";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_steps"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fogo::MuonOptions().ns_schedule(fogo::kPolarExpress) == fogo::MuonOptions());
+  std::vector<torch::Tensor> after;
+  for (const int64_t schedule : {fogo::kNSConstant, fogo::kPolarExpress, fogo::kTuned5}) {
+    auto q = torch::ones({8, 24}).requires_grad_(true);
+    const auto options = fogo::MuonOptions(0.02).ns_schedule(schedule);
+    fogo::Muon opt({q}, options);
+    torch::manual_seed(24);
+    q.mutable_grad() = torch::randn({8, 24});
+    opt.step();
+    EXPECT_TRUE(torch::isfinite(q).all().item<bool>());
+    after.push_back(q.detach().clone());
+    std::stringstream checkpoint;
+    torch::save(opt, checkpoint);
+    fogo::Muon loaded({q});
+    torch::load(loaded, checkpoint);
+    EXPECT_TRUE(static_cast<const fogo::MuonOptions&>(loaded.param_groups()[0].options()) ==
+                options);
+  }
+  EXPECT_FALSE(torch::equal(after[0], after[1]));
+  EXPECT_FALSE(torch::equal(after[0], after[2]));
+}

@@ -95,6 +95,10 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(NSForm, ns_form) = NSForm::Plain;
   /// Gram form: iterations between re-formings of the Gram matrix (0: never).
   TORCH_ARG(int64_t, ns_gram_restart) = 3;
+  /// Per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,
+  /// torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace
+  /// ns_coefficients.
+  TORCH_ARG(int64_t, ns_schedule) = kNSConstant;
   /// CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning
   /// rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly).
   TORCH_ARG(bool, cuda_graph) = false;
