@@ -33,11 +33,9 @@ __global__ void __launch_bounds__(kThreads)
   const float ms = take ? mu_s : 1.0f, mf = take ? mu_f : 1.0f;
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   for (int64_t g = blockIdx.x; g < layout.tiles[chunk.count]; g += gridDim.x) {
-    const int k = owner(layout.tiles, chunk.count, g);  // block-uniform
+    const auto [k, r0, c0] = tile_origin<kTile>(chunk, layout.tiles, g);  // block-uniform
     const MomentaTensor& t = chunk.t[k];
-    const int64_t rows = t.rows, cols = t.cols, tiles_c = (cols + kTile - 1) / kTile;
-    const int64_t local = g - layout.tiles[k];
-    const int64_t r0 = (local / tiles_c) * kTile, c0 = (local % tiles_c) * kTile;
+    const int64_t rows = t.rows, cols = t.cols;
     float* __restrict__ Bs = t.Bs;
     float* __restrict__ Bf = t.Bf;
     const float* __restrict__ G = t.G;

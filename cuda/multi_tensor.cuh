@@ -45,4 +45,18 @@ __device__ __forceinline__ int owner(const int64_t* offsets, int count, int64_t 
   return k;
 }
 
+/// Where grid index `g` (a tile of the chunk) lies: its parameter k and the first row and column
+/// of its kTile x kTile tile in that parameter's [rows, cols].
+struct TileOrigin {
+  int k;
+  int64_t r0, c0;
+};
+template <int kTile, typename Chunk>
+__device__ __forceinline__ TileOrigin tile_origin(const Chunk& chunk, const int64_t* tiles,
+                                                  int64_t g) {
+  const int k = owner(tiles, chunk.count, g);
+  const int64_t tiles_c = (chunk.t[k].cols + kTile - 1) / kTile, local = g - tiles[k];
+  return {k, (local / tiles_c) * kTile, (local % tiles_c) * kTile};
+}
+
 }  // namespace fogo::cuda

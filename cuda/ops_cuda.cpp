@@ -56,6 +56,19 @@ FloatType float_type(const at::Tensor& t, const char* what) {
   }
 }
 
+// Calls launch(begin, end) for each run of consecutive items of one (parameter, input) dtype pair,
+// at most `most` long: the items one multi-tensor launch takes.
+template <typename F>
+void for_each_launch(const std::vector<std::pair<FloatType, FloatType>>& types, size_t most,
+                     F&& launch) {
+  for (size_t begin = 0; begin < types.size();) {
+    size_t end = begin;
+    while (end < types.size() && end - begin < most && types[end] == types[begin]) ++end;
+    launch(begin, end);
+    begin = end;
+  }
+}
+
 }  // namespace
 
 bool runs_on(const c10::Device& device) {
@@ -273,13 +286,10 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
   const MuonArgs args{p.lr, p.weight_decay,
                       p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr};
   std::vector<at::Tensor> inputs;  // O made contiguous, alive until the launches are queued
-  // Consecutive parameters of one (parameter, O) dtype pair, up to kMuonChunk, share a launch.
-  for (size_t begin = 0; begin < items.size();) {
-    const auto [param_type, o_type] = types[begin];
+  for_each_launch(types, kMuonChunk, [&](size_t begin, size_t end) {
     MuonChunk chunk{};
-    size_t end = begin;
-    for (; end < items.size() && chunk.count < kMuonChunk && types[end] == types[begin]; ++end) {
-      const MuonUpdateItem& item = items[end];
+    for (size_t k = begin; k < end; ++k) {
+      const MuonUpdateItem& item = items[k];
       const int64_t rows = item.O.size(0), cols = item.O.size(1);
       // Tall matrices come out of Newton–Schulz as the transpose of a contiguous wide result:
       // read that one as is (the kernel transposes through a shared tile).
@@ -291,10 +301,9 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
         chunk.t[chunk.count++] = {
             item.param.data_ptr(), O.data_ptr(), rows, cols, f1, f2, transposed};
     }
-    launch_muon_update(chunk, param_type, o_type, args, stream);
+    launch_muon_update(chunk, types[begin].first, types[begin].second, args, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    begin = end;
-  }
+  });
   for (const MuonUpdateItem& item : items) {
     item.param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would
   }
@@ -334,13 +343,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
   const at::Tensor ratios =
       at::empty({static_cast<int64_t>(items.size())}, items.front().delta.options());
   std::vector<at::Tensor> inputs;  // contiguous O_s and delta, alive until the launches are queued
-  // Consecutive parameters of one (parameter, O_s) dtype pair, up to kRmsChunk, share a launch.
-  for (size_t begin = 0; begin < items.size();) {
-    const auto [param_type, os_type] = types[begin];
+  for_each_launch(types, kRmsChunk, [&](size_t begin, size_t end) {
     RmsChunk chunk{};
-    size_t end = begin;
-    for (; end < items.size() && chunk.count < kRmsChunk && types[end] == types[begin]; ++end) {
-      const RmsUpdateItem& item = items[end];
+    for (size_t k = begin; k < end; ++k) {
+      const RmsUpdateItem& item = items[k];
       const at::Tensor Os = item.Os.contiguous(), delta = item.delta.contiguous();
       inputs.push_back(Os);
       inputs.push_back(delta);
@@ -350,11 +356,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
     }
     at::Tensor scratch =
         at::empty({rms_scratch_doubles(chunk)}, ratios.options().dtype(at::kDouble));
-    launch_rms_update(chunk, param_type, os_type, args, scratch.data_ptr<double>(),
-                      f32(ratios) + begin, stream);
+    launch_rms_update(chunk, types[begin].first, types[begin].second, args,
+                      scratch.data_ptr<double>(), f32(ratios) + begin, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    begin = end;
-  }
+  });
   std::vector<at::Tensor> out;
   for (size_t k = 0; k < items.size(); ++k) {
     // As an in-place ATen op would, for autograd.

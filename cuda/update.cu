@@ -167,11 +167,9 @@ __global__ void __launch_bounds__(kThreads)
   const float decay = static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, args.weight_decay)));
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   for (int64_t g = blockIdx.x; g < layout.tiles[chunk.count]; g += gridDim.x) {
-    const int k = owner(layout.tiles, chunk.count, g);  // block-uniform
+    const auto [k, r0, c0] = tile_origin<kTile>(chunk, layout.tiles, g);  // block-uniform
     const MuonTensor& t = chunk.t[k];
-    const int64_t rows = t.rows, cols = t.cols, tiles_c = (cols + kTile - 1) / kTile;
-    const int64_t local = g - layout.tiles[k];
-    const int64_t r0 = (local / tiles_c) * kTile, c0 = (local % tiles_c) * kTile;
+    const int64_t rows = t.rows, cols = t.cols;
     const float alpha = static_cast<float>(-__dmul_rn(__dmul_rn(lr, t.f1), t.f2));
     const TO* __restrict__ O = static_cast<const TO*>(t.O);
     T* __restrict__ param = static_cast<T*>(t.param);
@@ -207,12 +205,10 @@ void launch_muon_update(const MuonChunk& chunk, FloatType param_type, FloatType 
   if (layout.tiles[chunk.count] == 0) return;  // nothing to write
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(layout.tiles[chunk.count], kMaxTileBlocks));
-  with_type(param_type, [&](auto* param_tag) {
-    with_type(o_type, [&](auto* o_tag) {
-      using T = std::remove_pointer_t<decltype(param_tag)>;
-      using TO = std::remove_pointer_t<decltype(o_tag)>;
-      muon_update_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args);
-    });
+  with_types(param_type, o_type, [&](auto* param_tag, auto* o_tag) {
+    using T = std::remove_pointer_t<decltype(param_tag)>;
+    using TO = std::remove_pointer_t<decltype(o_tag)>;
+    muon_update_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args);
   });
 }
 
@@ -240,12 +236,10 @@ void launch_rms_update(const RmsChunk& chunk, FloatType param_type, FloatType os
   if (layout.tiles[chunk.count] == 0) return;
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(layout.tiles[chunk.count], kMaxTileBlocks));
-  with_type(param_type, [&](auto* param_tag) {
-    with_type(os_type, [&](auto* os_tag) {
-      using T = std::remove_pointer_t<decltype(param_tag)>;
-      using TO = std::remove_pointer_t<decltype(os_tag)>;
-      rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args, steps);
-    });
+  with_types(param_type, os_type, [&](auto* param_tag, auto* os_tag) {
+    using T = std::remove_pointer_t<decltype(param_tag)>;
+    using TO = std::remove_pointer_t<decltype(os_tag)>;
+    rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args, steps);
   });
 }
 

@@ -23,6 +23,14 @@ bool cuda_f32(std::initializer_list<const at::Tensor*> tensors) {
   return true;
 }
 
+// A parameter or an update input the kernels can read or store: fp32, bf16 or fp16 on a CUDA
+// device they were built for.
+bool storable(const at::Tensor& t) {
+  const auto type = t.scalar_type();
+  return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
+         cuda::runs_on(t.device());
+}
+
 }  // namespace
 #endif
 
@@ -102,12 +110,7 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
   }
   const std::vector<RmsUpdateItem>& items = all;
 #ifdef FOGO_WITH_CUDA
-  const auto storable = [](const at::Tensor& t) {
-    const auto type = t.scalar_type();
-    return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
-           cuda::runs_on(t.device());
-  };
-  const auto fused = [&](const RmsUpdateItem& item) {
+  const auto fused = [](const RmsUpdateItem& item) {
     return item.param.is_contiguous() && storable(item.param) && storable(item.Os) &&
            cuda_f32({&item.delta});
   };
@@ -119,12 +122,7 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
 
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
 #ifdef FOGO_WITH_CUDA
-  const auto storable = [](const at::Tensor& t) {
-    const auto type = t.scalar_type();
-    return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
-           cuda::runs_on(t.device());
-  };
-  const auto fused = [&](const MuonUpdateItem& item) {
+  const auto fused = [](const MuonUpdateItem& item) {
     return item.param.is_contiguous() && item.param.dim() >= 1 && storable(item.param) &&
            storable(item.O) && item.O.dim() == 2;
   };
