@@ -77,15 +77,87 @@ void time_steps(benchmark::State& state, const torch::Device& device, int warmup
   }
 }
 
+// Counters beside the time, so that a run shows each stage's distance from its roof without
+// arithmetic by hand: "bytes" (per call) is the traffic the stage cannot avoid, every input read
+// once and every output written once (its floor; a kernel that reads twice moves more), "GB/s"
+// that over the measured time; "flop" and "TFLOP/s" the arithmetic of the GEMMs (2 per
+// multiply-add; Newton–Schulz as newton_schulz_macs counts it). Compare GB/s with the device's
+// memory bandwidth (H100 SXM: 3.35 TB/s) and TFLOP/s with its peak (bf16 dense: 989).
+void set_traffic(benchmark::State& state, double bytes, double flops) {
+  using benchmark::Counter;
+  if (bytes > 0) {
+    state.counters["bytes"] = bytes;
+    state.counters["GB/s"] = Counter(bytes * 1e-9, Counter::kIsIterationInvariantRate);
+  }
+  if (flops > 0) {
+    state.counters["flop"] = flops;
+    state.counters["TFLOP/s"] = Counter(flops * 1e-12, Counter::kIsIterationInvariantRate);
+  }
+}
+
+double element_bytes(torch::ScalarType type) { return static_cast<double>(c10::elementSize(type)); }
+
+// The wide orientation [m, n] (m <= n) of a parameter's matrix view.
+std::pair<int64_t, int64_t> wide(const Shape& shape) {
+  const int64_t rows = shape[0], cols = c10::multiply_integers(shape) / rows;
+  return {std::min(rows, cols), std::max(rows, cols)};
+}
+
+// Newton–Schulz FLOPs of one optimizer step over the set, routed as the optimizers route them:
+// fogo::Muon one chain per matrix (Gram where Auto finds it cheaper); FOGO both streams, the fast
+// one as P_f = NS(B_f) Pi through the Gram route where orthogonalize() takes it.
+double muon_ns_flops(int64_t set, const fogo::MuonOptions& o) {
+  double macs = 0;
+  for (const Shape& shape : model_shapes(set)) {
+    const auto [m, n] = wide(shape);
+    const bool gram =
+        o.ns_form() == fogo::NSForm::Gram ||
+        (o.ns_form() == fogo::NSForm::Auto &&
+         fogo::newton_schulz_gram_is_cheaper(m, n, o.ns_steps(), o.ns_gram_restart()));
+    macs += fogo::newton_schulz_macs(m, n, o.ns_steps(), gram, o.ns_gram_restart());
+  }
+  return 2 * macs;
+}
+double fogo_ns_flops(int64_t set, const fogo::FOGOOptions& o) {
+  const bool full = o.ns_dtype() == torch::kFloat || o.ns_dtype() == torch::kDouble;
+  const bool allowed = full || (o.ns_form() != fogo::NSForm::Plain && o.ns_gram_restart() > 0);
+  const auto gram_of = [&](int64_t m, int64_t n, int64_t steps) {
+    return o.ns_form() == fogo::NSForm::Gram ||
+           (o.ns_form() == fogo::NSForm::Auto &&
+            fogo::newton_schulz_gram_is_cheaper(m, n, steps, o.ns_gram_restart()));
+  };
+  double macs = 0;
+  for (const Shape& shape : model_shapes(set)) {
+    const auto [m, n] = wide(shape);
+    const int64_t d = o.proj_dim(), ks = o.ns_steps_slow(), kf = o.ns_steps_fast();
+    macs += fogo::newton_schulz_macs(m, n, ks, gram_of(m, n, ks), o.ns_gram_restart());
+    if (allowed && fogo::newton_schulz_projected_is_cheaper(m, n, d, kf, o.ns_gram_restart())) {
+      macs +=
+          fogo::newton_schulz_projected_macs(m, n, d, kf, true, o.ns_gram_restart()) - m * n * d;
+    } else {
+      macs += fogo::newton_schulz_macs(m, n, kf, gram_of(m, n, kf), o.ns_gram_restart());
+    }
+  }
+  return 2 * macs;
+}
+
 using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     std::vector<torch::Tensor>, int64_t set, torch::ScalarType)>;
 
+// With the step's Newton–Schulz FLOPs as "TFLOP/s" (NS arithmetic over the whole step's time:
+// the step's distance from spending all its time in NS at the device's peak).
 void optimizer_step(benchmark::State& state, const Factory& make) {
   const Setup s = setup(state);
   if (!s.ok) return;
   auto params = make_params(state.range(0), s.device);
   auto opt = make(params, state.range(0), s.ns_dtype);
   time_steps(state, s.device, 2, [&] { opt->step(); });
+  const auto& options = opt->param_groups()[0].options();
+  if (const auto* f = dynamic_cast<const fogo::FOGOOptions*>(&options)) {
+    set_traffic(state, 0, fogo_ns_flops(state.range(0), *f));
+  } else if (const auto* m = dynamic_cast<const fogo::MuonOptions*>(&options)) {
+    set_traffic(state, 0, muon_ns_flops(state.range(0), *m));
+  }
 }
 
 void BM_Step_FOGO(benchmark::State& state) {
@@ -118,6 +190,13 @@ void BM_Step_FOGOAuto(benchmark::State& state) {
     return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).ns_form(fogo::NSForm::Auto));
   });
 }
+// Every shape through the Gram form with restarts (ns_form Gram): with Plain, the two forms Auto
+// chooses between (issue 26's "Auto / min(Plain, Gram)").
+void BM_Step_FOGOGram(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).ns_form(fogo::NSForm::Gram));
+  });
+}
 void BM_Step_Muon(benchmark::State& state) {
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
     return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
@@ -137,6 +216,12 @@ void BM_Step_MuonAuto(benchmark::State& state) {  // as BM_Step_FOGOAuto
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
     return std::make_unique<fogo::Muon>(
         p, fogo::MuonOptions(0.02).ns_dtype(dt).ns_form(fogo::NSForm::Auto));
+  });
+}
+void BM_Step_MuonGram(benchmark::State& state) {  // as BM_Step_FOGOGram
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(
+        p, fogo::MuonOptions(0.02).ns_dtype(dt).ns_form(fogo::NSForm::Gram));
   });
 }
 void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignored
@@ -223,6 +308,62 @@ void BM_Stage_FOGO(benchmark::State& state) {
     const auto rows = O.reshape({-1, b.n});
     return bf16 ? fogo::mm_bf16_f32(rows, Pi_bf16.at(b.n)) : rows.to(torch::kFloat).mm(b.Pi);
   };
+
+  // The stage's floor traffic and GEMM FLOPs (set_traffic).
+  const double xb = element_bytes(s.ns_dtype), f4 = 4;
+  double weights = 0, ns_flops = 0, ns_bytes = 0, proj_bytes = 0, proj_flops = 0, lift_bytes = 0,
+         lift_flops = 0;
+  for (const auto& b : buckets) {
+    const auto P = static_cast<double>(b.Bs.size(0)), m = static_cast<double>(b.m),
+               n = static_cast<double>(b.n), dd = static_cast<double>(d);
+    weights += P * m * n;
+    // NS: the slow chain, the fast one (or the fast Gram route to P_f); inputs read (fp32 here),
+    // outputs written in the compute dtype ([P m, d] fp32 for the Gram route).
+    ns_flops += 2 * P *
+                (fogo::newton_schulz_macs(b.m, b.n, o.ns_steps_slow(), false, 0) +
+                 (b.gram ? fogo::newton_schulz_projected_macs(b.m, b.n, d, o.ns_steps_fast(), true,
+                                                              o.ns_gram_restart())
+                         : fogo::newton_schulz_macs(b.m, b.n, o.ns_steps_fast(), false, 0)));
+    ns_bytes += P * m * n * (2 * f4 + xb) + (b.gram ? P * m * dd * f4 : P * m * n * xb);
+    // Project: O read, Pi read, P [P m, d] fp32 written, once per stream that takes it.
+    const double streams = b.gram ? 1 : 2;
+    proj_bytes += streams * (P * m * n * xb + P * m * dd * f4) + n * dd * xb;
+    proj_flops += streams * 2 * P * m * n * dd;
+    // Lift: dz rows read, K read, delta [P m, n] fp32 written.
+    lift_bytes += P * m * dd * f4 + n * dd * xb + P * m * n * f4;
+    lift_flops += 2 * P * m * n * dd;
+  }
+  const double Rd = static_cast<double>(R * d), Cd = static_cast<double>(C * d);
+  switch (stage) {
+    case kMomenta:  // G, Bs, Bf read; Bs, Bf and both NS inputs written
+      set_traffic(state, weights * (5 * f4 + 2 * xb), 0);
+      break;
+    case kNs:
+      set_traffic(state, ns_bytes, ns_flops);
+      break;
+    case kProject:
+      set_traffic(state, proj_bytes, proj_flops);
+      break;
+    case kProjected:  // Ps, Pf, cbar read; dz, q written; sim = q cbar^T
+    case kProjectedLt48: {
+      const double K = stage == kProjectedLt48 ? 48 : 0;
+      set_traffic(state, 4 * Rd * f4 + (Cd + K * d) * f4,
+                  2 * Rd * static_cast<double>(C) + 2 * 2 * Rd * K);
+      break;
+    }
+    case kLift:
+      set_traffic(state, lift_bytes, lift_flops);
+      break;
+    case kUpdate:  // parameter read and written, O_s and delta read
+      set_traffic(state, weights * (2 * f4 + xb + f4), 0);
+      break;
+    case kFlush:  // S read and written, s, prev read, centroids written; N, m
+      set_traffic(state, 5 * Cd * f4 + 3 * static_cast<double>(C) * f4,
+                  2 * Cd * static_cast<double>(C + o.r_dec()));  // corr [C, C], the r neighbours
+      break;
+    default:
+      break;
+  }
 
   std::function<void()> run;
   switch (stage) {
@@ -341,8 +482,10 @@ BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_flush_ema(float* S, float* N, const float* s, const float* m, int64_t C, int64_t d,
                       double beta, float eps, float* chat, cudaStream_t stream) {
+  if (C == 0) return;  // no centroid: nothing to do (a zero-block grid is a launch error)
   // 1 - beta formed in double and rounded once, as the reference's scalar is.
   flush_ema_kernel<<<static_cast<unsigned>(C), kThreads, 0, stream>>>(
       S, N, s, m, d, static_cast<float>(beta), static_cast<float>(1.0 - beta), eps, chat);
@@ -123,6 +124,7 @@ void launch_flush_ema(float* S, float* N, const float* s, const float* m, int64_
 void launch_flush_decorrelate(const float* S, const float* N, const float* corr, const float* prev,
                               int64_t C, int64_t d, int64_t r, float lambda_c, float eps,
                               float* out, cudaStream_t stream) {
+  if (C == 0) return;
   flush_decorrelate_kernel<<<static_cast<unsigned>(C), kThreads, 0, stream>>>(
       S, N, corr, prev, C, d, r, lambda_c, eps, out);
 }

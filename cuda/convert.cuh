@@ -40,4 +40,10 @@ void with_type(FloatType type, F&& f) {
   }
 }
 
+// Calls f with null pointers of the element types `a` and `b` name.
+template <typename F>
+void with_types(FloatType a, FloatType b, F&& f) {
+  with_type(a, [&](auto* a_tag) { with_type(b, [&](auto* b_tag) { f(a_tag, b_tag); }); });
+}
+
 }  // namespace fogo::cuda

@@ -145,12 +145,68 @@ int64_t rms_scratch_doubles(const RmsChunk& chunk);
 void launch_rms_update(const RmsChunk& chunk, FloatType param_type, FloatType os_type,
                        UpdateArgs args, double* scratch, float* ratio, cudaStream_t stream);
 
-/// Step 1 for one parameter (fogo::momenta_step): Bs, Bf, G fp32 [rows, cols] row-major;
-/// B = fl(fl(B mu) + G) for both streams, or, where `ok` (a device bool; null: always) is false,
-/// B = fl(fl(B 1) + -0) (its bits kept). Then Xs, Xf (null: not wanted) = B in x_type, [rows,
-/// cols], or [cols, rows] (B transposed) when `transposed`. One read of G, Bs, Bf.
-void launch_momenta(float* Bs, float* Bf, const float* G, int64_t rows, int64_t cols, float mu_s,
-                    float mu_f, const bool* ok, void* Xs, void* Xf, FloatType x_type,
-                    bool transposed, cudaStream_t stream);
+// ---------------------------------------------------------------------------------------------
+// Step 1 (fogo::momenta_step), for many parameters per launch (their table is a kernel argument).
+
+/// Parameters per launch of the momenta kernel (the table stays under the 4 KiB argument limit).
+constexpr int kMomentaChunk = 40;
+
+/// One parameter of a momenta launch: Bs, Bf, G fp32 [rows, cols] row-major (rows, cols >= 1);
+/// Xs, Xf (null: not wanted) [rows, cols], or [cols, rows] when `transposed`.
+struct MomentaTensor {
+  float* Bs;
+  float* Bf;
+  const float* G;
+  void* Xs;
+  void* Xf;
+  int64_t rows, cols;
+  bool transposed;
+};
+
+struct MomentaChunk {
+  MomentaTensor t[kMomentaChunk];
+  int count;
+};
+
+/// For every parameter of the chunk: B = fl(fl(B mu) + G) for both streams, or, where `ok` (a
+/// device bool; null: always) is false, B = fl(fl(B 1) + -0) (its bits kept). Then Xs, Xf = B in
+/// x_type (every X of the chunk of that type), transposed where asked. One read of G, Bs, Bf; one
+/// launch whatever the count (nothing when it is 0).
+void launch_momenta(const MomentaChunk& chunk, float mu_s, float mu_f, const bool* ok,
+                    FloatType x_type, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// fogo::Muon's update (muon.h, muon_update), for many parameters per launch.
+
+/// Parameters per launch of Muon's update (the table stays under the 4 KiB argument limit).
+constexpr int kMuonChunk = 48;
+
+/// One parameter of a Muon-update launch: param [rows, cols] row-major (its matrix view), O
+/// [rows, cols] row-major, or [cols, rows] holding O^T when `transposed`; the adjusted learning
+/// rate is (lr f1) f2 (muon_adjusted_lr's factors, so a device lr rounds as the host's does).
+struct MuonTensor {
+  void* param;
+  const void* O;
+  int64_t rows, cols;
+  double f1, f2;
+  bool transposed;
+};
+
+struct MuonChunk {
+  MuonTensor t[kMuonChunk];
+  int count;
+};
+
+struct MuonArgs {
+  double lr, weight_decay;
+  const double* device_lr;  ///< when not null, the learning rate (read by the kernel) instead of lr
+};
+
+/// For every parameter of the chunk (all of `param_type`, all O of `o_type`), as the ATen route
+/// (_foreach_mul_ by the decay, then add_ with alpha) rounds it:
+///   p1 = fl_T(p fl32(1 - lr wd)),   p = fl_T(fma(fl32(-(lr f1) f2), O, p1)),
+/// the double products rounded as the host rounds them. One launch whatever the count.
+void launch_muon_update(const MuonChunk& chunk, FloatType param_type, FloatType o_type,
+                        MuonArgs args, cudaStream_t stream);
 
 }  // namespace fogo::cuda

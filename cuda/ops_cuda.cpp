@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels.h"
 
@@ -52,6 +53,19 @@ FloatType float_type(const at::Tensor& t, const char* what) {
     default:
       TORCH_CHECK(false, "fogo CUDA kernels: ", what, " must be fp32, bf16 or fp16, got ",
                   t.scalar_type());
+  }
+}
+
+// Calls launch(begin, end) for each run of consecutive items of one (parameter, input) dtype pair,
+// at most `most` long: the items one multi-tensor launch takes.
+template <typename F>
+void for_each_launch(const std::vector<std::pair<FloatType, FloatType>>& types, size_t most,
+                     F&& launch) {
+  for (size_t begin = 0; begin < types.size();) {
+    size_t end = begin;
+    while (end < types.size() && end - begin < most && types[end] == types[begin]) ++end;
+    launch(begin, end);
+    begin = end;
   }
 }
 
@@ -199,39 +213,99 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
                   const at::Tensor& ok) {
   if (items.empty()) return;
   const c10::Device device = items.front().Bs.device();
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (ok.defined()) {
     TORCH_CHECK(
         ok.is_cuda() && ok.device() == device && ok.scalar_type() == at::kBool && ok.numel() == 1,
         "fogo CUDA momenta_step: ok must be one bool on ", device);
   }
+  // Every item checked before the first launch: a rejected call changes nothing.
+  std::optional<at::ScalarType> x_dtype;  // one Newton–Schulz input dtype for the whole call
+  FloatType x_type = FloatType::Float;
   for (const MomentaItem& item : items) {
     for (const auto& [t, what] : {std::pair{&item.Bs, "B_s"}, {&item.Bf, "B_f"}, {&item.G, "G"}}) {
       check_f32_cuda(*t, what, device);
       TORCH_CHECK(t->is_contiguous() && t->sizes() == item.Bs.sizes(),
                   "fogo CUDA momenta_step: B_s, B_f and G must be contiguous and of one shape");
     }
-    const int64_t rows = item.Bs.size(0), cols = item.Bs.numel() / rows;
-    const at::Tensor& X = item.Xs.defined() ? item.Xs : item.Xf;
-    FloatType x_type = FloatType::Float;
-    if (X.defined()) {
-      x_type = float_type(X, "the Newton–Schulz input");
-      for (const at::Tensor* x : {&item.Xs, &item.Xf}) {
-        TORCH_CHECK(
-            !x->defined() || (x->device() == device && x->is_contiguous() &&
-                              x->scalar_type() == X.scalar_type() && x->numel() == rows * cols),
-            "fogo CUDA momenta_step: the Newton–Schulz inputs must be contiguous, of one "
-            "dtype and of the momenta's size, on ",
-            device);
-      }
+    for (const at::Tensor* x : {&item.Xs, &item.Xf}) {
+      if (!x->defined()) continue;
+      x_type = float_type(*x, "the Newton–Schulz input");
+      if (!x_dtype) x_dtype = x->scalar_type();
+      TORCH_CHECK(x->device() == device && x->is_contiguous() && x->scalar_type() == *x_dtype &&
+                      x->numel() == item.Bs.numel(),
+                  "fogo CUDA momenta_step: the Newton–Schulz inputs must be contiguous, of one "
+                  "dtype and of the momenta's size, on ",
+                  device);
     }
-    launch_momenta(f32(item.Bs), f32(item.Bf), f32(item.G), rows, cols, static_cast<float>(mu_s),
-                   static_cast<float>(mu_f), ok.defined() ? ok.data_ptr<bool>() : nullptr,
-                   item.Xs.defined() ? item.Xs.data_ptr() : nullptr,
-                   item.Xf.defined() ? item.Xf.data_ptr() : nullptr, x_type, item.transposed,
-                   stream);
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool* flag = ok.defined() ? ok.data_ptr<bool>() : nullptr;
+  MomentaChunk chunk{};
+  const auto launch = [&] {
+    launch_momenta(chunk, static_cast<float>(mu_s), static_cast<float>(mu_f), flag, x_type, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    chunk.count = 0;
+  };
+  for (const MomentaItem& item : items) {
+    if (item.Bs.numel() == 0) continue;  // nothing to update (and no matrix view to divide by)
+    const int64_t rows = item.Bs.size(0), cols = item.Bs.numel() / rows;
+    chunk.t[chunk.count++] = {f32(item.Bs),
+                              f32(item.Bf),
+                              f32(item.G),
+                              item.Xs.defined() ? item.Xs.data_ptr() : nullptr,
+                              item.Xf.defined() ? item.Xf.data_ptr() : nullptr,
+                              rows,
+                              cols,
+                              item.transposed};
+    if (chunk.count == kMomentaChunk) launch();
+  }
+  if (chunk.count > 0) launch();
+}
+
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
+  if (items.empty()) return;
+  const c10::Device device = items.front().param.device();
+  std::vector<std::pair<FloatType, FloatType>> types;  // (parameter, O): all checked first
+  for (const MuonUpdateItem& item : items) {
+    types.emplace_back(float_type(item.param, "the parameter"), float_type(item.O, "O"));
+    TORCH_CHECK(
+        item.param.is_cuda() && item.param.device() == device && item.O.device() == device &&
+            item.param.is_contiguous() && item.param.dim() >= 1 && item.O.dim() == 2 &&
+            item.O.size(0) == item.param.size(0) && item.O.numel() == item.param.numel(),
+        "fogo CUDA muon_update: a contiguous parameter and O [rows, numel / rows], all on ", device,
+        ", expected, got ", item.param.sizes(), " and ", item.O.sizes(), " on ", item.O.device());
+  }
+  if (p.device_lr.defined()) {
+    TORCH_CHECK(p.device_lr.dim() == 0 && p.device_lr.scalar_type() == at::kDouble &&
+                    p.device_lr.device() == device,
+                "fogo CUDA muon_update: device_lr must be a 0-d float64 tensor on ", device);
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const MuonArgs args{p.lr, p.weight_decay,
+                      p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr};
+  std::vector<at::Tensor> inputs;  // O made contiguous, alive until the launches are queued
+  for_each_launch(types, kMuonChunk, [&](size_t begin, size_t end) {
+    MuonChunk chunk{};
+    for (size_t k = begin; k < end; ++k) {
+      const MuonUpdateItem& item = items[k];
+      const int64_t rows = item.O.size(0), cols = item.O.size(1);
+      // Tall matrices come out of Newton–Schulz as the transpose of a contiguous wide result:
+      // read that one as is (the kernel transposes through a shared tile).
+      const bool transposed = !item.O.is_contiguous() && item.O.t().is_contiguous();
+      const at::Tensor O = transposed ? item.O : item.O.contiguous();
+      inputs.push_back(O);
+      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols);
+      if (rows * cols > 0)
+        chunk.t[chunk.count++] = {
+            item.param.data_ptr(), O.data_ptr(), rows, cols, f1, f2, transposed};
+    }
+    launch_muon_update(chunk, types[begin].first, types[begin].second, args, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  for (const MuonUpdateItem& item : items) {
+    item.param.unsafeGetTensorImpl()->bump_version();  // as an in-place ATen op would
   }
 }
 
@@ -269,13 +343,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
   const at::Tensor ratios =
       at::empty({static_cast<int64_t>(items.size())}, items.front().delta.options());
   std::vector<at::Tensor> inputs;  // contiguous O_s and delta, alive until the launches are queued
-  // Consecutive parameters of one (parameter, O_s) dtype pair, up to kRmsChunk, share a launch.
-  for (size_t begin = 0; begin < items.size();) {
-    const auto [param_type, os_type] = types[begin];
+  for_each_launch(types, kRmsChunk, [&](size_t begin, size_t end) {
     RmsChunk chunk{};
-    size_t end = begin;
-    for (; end < items.size() && chunk.count < kRmsChunk && types[end] == types[begin]; ++end) {
-      const RmsUpdateItem& item = items[end];
+    for (size_t k = begin; k < end; ++k) {
+      const RmsUpdateItem& item = items[k];
       const at::Tensor Os = item.Os.contiguous(), delta = item.delta.contiguous();
       inputs.push_back(Os);
       inputs.push_back(delta);
@@ -285,11 +356,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
     }
     at::Tensor scratch =
         at::empty({rms_scratch_doubles(chunk)}, ratios.options().dtype(at::kDouble));
-    launch_rms_update(chunk, param_type, os_type, args, scratch.data_ptr<double>(),
-                      f32(ratios) + begin, stream);
+    launch_rms_update(chunk, types[begin].first, types[begin].second, args,
+                      scratch.data_ptr<double>(), f32(ratios) + begin, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    begin = end;
-  }
+  });
   std::vector<at::Tensor> out;
   for (size_t k = 0; k < items.size(); ++k) {
     // As an in-place ATen op would, for autograd.

@@ -6,6 +6,7 @@
 
 #include <fogo/codebook.h>
 #include <fogo/momenta.h>
+#include <fogo/muon.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 
@@ -28,6 +29,10 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
 /// undefined); `ok` a 0-d bool on that device or undefined.
 void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
                   const at::Tensor& ok);
+
+/// Every item's param contiguous, fp32, bf16 or fp16; O [rows, numel / rows] fp32, bf16 or fp16
+/// (contiguous, or the transpose of a contiguous matrix); all on one device.
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
 
 /// Every item's param contiguous, fp32, bf16 or fp16; Os [m, n] fp32, bf16 or fp16; delta
 /// [m, n] fp32; all on one device; `ok` a 0-d bool there or undefined.

@@ -12,6 +12,7 @@
 
 #include "convert.cuh"
 #include "kernels.h"
+#include "multi_tensor.cuh"
 #include "reduce.cuh"
 
 namespace fogo::cuda {
@@ -45,15 +46,6 @@ RmsLayout layout_of(const RmsChunk& chunk) {
     l.tiles[k + 1] = l.tiles[k] + tiles_of(chunk.t[k]);
   }
   return l;
-}
-
-// The parameter whose range [offsets[k], offsets[k+1]) holds `index` (a short scan: at most
-// kRmsChunk entries, read in place from the kernel's argument space: the tables are
-// __grid_constant__, so indexing them makes no per-thread copy).
-__device__ int owner(const int64_t* offsets, int count, int64_t index) {
-  int k = 0;
-  while (k + 1 < count && offsets[k + 1] <= index) ++k;
-  return k;
 }
 
 // Pass 1: per block, sum (Os+delta)^2, sum delta^2, sum Os^2 of one parameter's elements (its
@@ -161,7 +153,64 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// fogo::Muon's update, every tile of every parameter: p1 = fl_T(p decay), then
+// p = fl_T(fma(alpha, O, p1)), as _foreach_mul_ and add_(O, alpha) round it (ATen's add is
+// self + alpha * other in fp32, contracted to one fma). A transposed O goes through a shared tile
+// so that O and the parameter are both read along their rows.
+template <typename T, typename TO>
+__global__ void __launch_bounds__(kThreads)
+    muon_update_kernel(const __grid_constant__ MuonChunk chunk,
+                       const __grid_constant__ TileLayout<kMuonChunk> layout, MuonArgs args) {
+  __shared__ float tile[kTile][kTile + 1];  // +1: conflict-free column reads
+  const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
+  // The host's double arithmetic, uncontracted, then one rounding to fp32 as ATen's scalars.
+  const float decay = static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, args.weight_decay)));
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  for (int64_t g = blockIdx.x; g < layout.tiles[chunk.count]; g += gridDim.x) {
+    const auto [k, r0, c0] = tile_origin<kTile>(chunk, layout.tiles, g);  // block-uniform
+    const MuonTensor& t = chunk.t[k];
+    const int64_t rows = t.rows, cols = t.cols;
+    const float alpha = static_cast<float>(-__dmul_rn(__dmul_rn(lr, t.f1), t.f2));
+    const TO* __restrict__ O = static_cast<const TO*>(t.O);
+    T* __restrict__ param = static_cast<T*>(t.param);
+    const auto apply = [&](T& p, float o) {
+      const float p1 = Convert<T>::load(Convert<T>::store(__fmul_rn(Convert<T>::load(p), decay)));
+      p = Convert<T>::store(__fmaf_rn(alpha, o, p1));
+    };
+    if (!t.transposed) {  // O [rows, cols]: the parameter's layout
+      for (int y = ty; y < kTile; y += kThreads / kTile) {
+        const int64_t r = r0 + y, c = c0 + tx;
+        if (r < rows && c < cols) apply(param[r * cols + c], Convert<TO>::load(O[r * cols + c]));
+      }
+      continue;  // uniform over the block
+    }
+    for (int y = ty; y < kTile; y += kThreads / kTile) {  // O [cols, rows], read along its rows
+      const int64_t c = c0 + y, r = r0 + tx;
+      if (r < rows && c < cols) tile[y][tx] = Convert<TO>::load(O[c * rows + r]);
+    }
+    __syncthreads();
+    for (int y = ty; y < kTile; y += kThreads / kTile) {
+      const int64_t r = r0 + y, c = c0 + tx;
+      if (r < rows && c < cols) apply(param[r * cols + c], tile[tx][y]);
+    }
+    __syncthreads();  // the tile is refilled next round
+  }
+}
+
 }  // namespace
+
+void launch_muon_update(const MuonChunk& chunk, FloatType param_type, FloatType o_type,
+                        MuonArgs args, cudaStream_t stream) {
+  const auto layout = tile_layout<kTile>(chunk);
+  if (layout.tiles[chunk.count] == 0) return;  // nothing to write
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(layout.tiles[chunk.count], kMaxTileBlocks));
+  with_types(param_type, o_type, [&](auto* param_tag, auto* o_tag) {
+    using T = std::remove_pointer_t<decltype(param_tag)>;
+    using TO = std::remove_pointer_t<decltype(o_tag)>;
+    muon_update_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args);
+  });
+}
 
 int64_t rms_scratch_doubles(const RmsChunk& chunk) {
   // 3 partials per norm block, then one step size per parameter (an fp32 in a double's slot).
@@ -182,14 +231,15 @@ void launch_rms_update(const RmsChunk& chunk, FloatType param_type, FloatType os
   });
   rms_scale_kernel<<<chunk.count, kThreads, 0, stream>>>(chunk, layout, partials, args, steps,
                                                          ratio);
+  // Parameters without elements have no tiles: nothing to write (and a zero-block grid is a
+  // launch error).
+  if (layout.tiles[chunk.count] == 0) return;
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(layout.tiles[chunk.count], kMaxTileBlocks));
-  with_type(param_type, [&](auto* param_tag) {
-    with_type(os_type, [&](auto* os_tag) {
-      using T = std::remove_pointer_t<decltype(param_tag)>;
-      using TO = std::remove_pointer_t<decltype(os_tag)>;
-      rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args, steps);
-    });
+  with_types(param_type, os_type, [&](auto* param_tag, auto* os_tag) {
+    using T = std::remove_pointer_t<decltype(param_tag)>;
+    using TO = std::remove_pointer_t<decltype(os_tag)>;
+    rms_apply_kernel<T, TO><<<grid, kThreads, 0, stream>>>(chunk, layout, args, steps);
   });
 }
 

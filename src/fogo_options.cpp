@@ -10,7 +10,7 @@ namespace fogo {
 
 NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
   return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps, o.ns_dtype(),
-                         o.ns_form(), o.ns_gram_restart());
+                         o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
 }
 
 FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}
@@ -23,7 +23,9 @@ void FOGOOptions::validate() const {
   detail::check_range("FOGO", #name, static_cast<double>(name()), lo, hi);
   FOGO_RANGED_OPTIONS(FOGO_CHECK_RANGE)
 #undef FOGO_CHECK_RANGE
-  fogo::validate(ns_config(*this, ns_steps_slow()));  // coefficients finite, NS dtype and form
+  // Coefficients finite, NS dtype and form, a schedule made for both streams' step counts.
+  fogo::validate(ns_config(*this, ns_steps_slow()));
+  fogo::validate(ns_config(*this, ns_steps_fast()));
   TORCH_CHECK(
       projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
       "FOGO: option 'projection_scale' is not a known value");

@@ -13,18 +13,57 @@
 #include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
 #include "fogo/newton_schulz.h"
+#include "fogo/ops.h"
 #include "graphed_step.h"
 
 namespace fogo {
 
-double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
+std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B) {
   switch (rule) {
     case MuonAdjustLR::Original:
-      return lr * std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B)));
+      return {std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B))), 1.0};
     case MuonAdjustLR::MatchRmsAdamW:
-      return lr * 0.2 * std::sqrt(static_cast<double>(std::max(A, B)));
+      return {0.2, std::sqrt(static_cast<double>(std::max(A, B)))};
   }
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
+}
+
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
+  // lr f1 f2, left to right: lr sqrt(...) (times 1, exact) or lr 0.2 sqrt(...), as before.
+  const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B);
+  return lr * f1 * f2;
+}
+
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
+  if (items.empty()) return;
+  const auto matrix = [](const at::Tensor& param) {
+    const int64_t rows = param.size(0);
+    return std::pair{rows, param.numel() / std::max<int64_t>(rows, 1)};
+  };
+  if (!p.device_lr.defined()) {
+    // torch.optim.Muon's ops, per tensor the same arithmetic (one multi-tensor mul for all).
+    std::vector<at::Tensor> params;
+    for (const MuonUpdateItem& item : items) params.push_back(item.param);
+    at::_foreach_mul_(params, 1.0 - p.lr * p.weight_decay);
+    for (const MuonUpdateItem& item : items) {
+      const auto [rows, cols] = matrix(item.param);
+      item.param.add_(item.O.reshape(item.param.sizes()),
+                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols));
+    }
+    return;
+  }
+  // A CUDA graph's learning rate, read on the device: the same update in the parameter's
+  // precision (fp32 for bf16/fp16 ones, one rounding at the end), to rounding.
+  const at::Tensor decay = 1.0 - p.device_lr * p.weight_decay;
+  for (const MuonUpdateItem& item : items) {
+    const at::Tensor& param = item.param;
+    const auto [rows, cols] = matrix(param);
+    const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols);
+    const at::Tensor step = p.device_lr * f1 * f2;
+    const auto type = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor o = item.O.reshape(param.sizes()).to(type);
+    param.copy_(param.to(type) * decay.to(type) - o * step.to(type));
+  }
 }
 
 namespace {
@@ -32,7 +71,7 @@ namespace {
 // torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
 NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
-                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart());
+                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
 }
 
 }  // namespace
@@ -64,6 +103,10 @@ void MuonOptions::validate() const {
               ")");
   TORCH_CHECK(ns_gram_restart() >= 0, "Muon: option 'ns_gram_restart' must be >= 0, got ",
               ns_gram_restart());
+  TORCH_CHECK(ns_schedule() >= kNSConstant && ns_schedule() <= kTuned5,
+              "Muon: option 'ns_schedule' must be 0 (kNSConstant), 1 (kPolarExpress) or 2 "
+              "(kTuned5), got ",
+              ns_schedule());
   fogo::validate(ns_config(*this));
   TORCH_CHECK(is_known(nonfinite()), "Muon: option 'nonfinite' is not a known policy (",
               static_cast<int64_t>(nonfinite()), ")");
@@ -87,6 +130,7 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(cuda_graph);
   archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_schedule);
 }
 
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -112,6 +156,7 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
   // Added later: absent from older checkpoints, whose defaults hold.
   if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
   if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
+  if (archive.try_read("ns_schedule", value)) ns_schedule(value.toInt());
   if (archive.try_read("cuda_graph", value)) cuda_graph(value.toBool());
 }
 
@@ -121,7 +166,8 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
          a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
          a.nonfinite() == b.nonfinite() && a.ns_form() == b.ns_form() &&
-         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph();
+         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph() &&
+         a.ns_schedule() == b.ns_schedule();
 }
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
@@ -279,6 +325,7 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
   std::vector<size_t> order(params.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   const detail::Runs runs = detail::sort_into_runs(order, [&](size_t k) { return key(params[k]); });
+  std::vector<MuonUpdateItem> updates_of;  // each parameter with its orthogonalized momentum
 
   // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
   // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
@@ -319,25 +366,12 @@ void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
     }
     const torch::Tensor ortho =
         mine.size() == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
-    if (!device_lr.defined()) {
-      const double adjusted_lr = muon_adjusted_lr(lr, options.adjust_lr(), rows, cols);
-      at::_foreach_mul_(mine, 1.0 - lr * options.weight_decay());
-      for (size_t k = 0; k < mine.size(); ++k) {
-        mine[k].add_(ortho[static_cast<int64_t>(k)].reshape(mine[k].sizes()), -adjusted_lr);
-      }
-    } else {
-      // A CUDA graph's learning rate, read on the device: the same update in the parameter's
-      // precision (fp32 for bf16/fp16 ones, one rounding at the end), to rounding.
-      const at::Tensor decay = 1.0 - device_lr * options.weight_decay();
-      const at::Tensor step = device_lr * muon_adjusted_lr(1.0, options.adjust_lr(), rows, cols);
-      for (size_t k = 0; k < mine.size(); ++k) {
-        at::Tensor& p = mine[k];
-        const auto type = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-        const at::Tensor o = ortho[static_cast<int64_t>(k)].reshape(p.sizes()).to(type);
-        p.copy_(p.to(type) * decay.to(type) - o * step.to(type));
-      }
-    }
+    for (size_t k = 0; k < mine.size(); ++k)
+      updates_of.push_back({mine[k], ortho[static_cast<int64_t>(k)]});
   }
+  // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the
+  // learning rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
+  ops::muon_update(updates_of, {lr, options.weight_decay(), options.adjust_lr(), device_lr});
   for (const auto& [tensor, before] : saved) {
     tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
   }

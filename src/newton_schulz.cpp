@@ -4,12 +4,63 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+
+#ifdef FOGO_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 namespace fogo {
 
+std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps) {
+  switch (id) {
+    case kNSConstant:
+      return {};
+    case kPolarExpress: {
+      // arXiv 2505.16932, Algorithm 1 (degree 5, l = 1e-3), as published; the safety factor
+      // applied here as the paper's code applies it.
+      constexpr std::array<std::array<double, 3>, 8> published = {{
+          {8.28721201814563, -23.595886519098837, 17.300387312530933},
+          {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
+          {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
+          {3.3184196573706015, -2.488488024314874, 0.51004894012372},
+          {2.300652019954817, -1.6689039845747493, 0.4188073119525673},
+          {1.891301407787398, -1.2679958271945868, 0.37680408948524835},
+          {1.8750014808534479, -1.2500016453999487, 0.3750001645474248},
+          {1.875, -1.25, 0.375},
+      }};
+      constexpr double safety = 1.01;
+      std::vector<std::array<double, 3>> out;
+      for (size_t k = 0; k < published.size(); ++k) {
+        const auto [a, b, c] = published[k];
+        const bool last = k + 1 == published.size();
+        out.push_back(last ? published[k]
+                           : std::array<double, 3>{a / safety, b / std::pow(safety, 3),
+                                                   c / std::pow(safety, 5)});
+      }
+      return out;
+    }
+    case kTuned5:
+      TORCH_CHECK(steps == 5,
+                  "ns_schedule 2 (kTuned5) is a 5-iteration set: the Newton–Schulz "
+                  "step count (ns_steps) must be 5, got ",
+                  steps);
+      return {{4.0848, -6.8946, 2.9270},
+              {3.9505, -6.3029, 2.6377},
+              {3.7418, -5.5913, 2.3037},
+              {2.8769, -3.1427, 1.2046},
+              {2.8366, -3.0525, 1.2012}};
+  }
+  TORCH_CHECK(false, "ns_schedule must be 0 (kNSConstant), 1 (kPolarExpress) or 2 (kTuned5), got ",
+              id);
+}
+
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
-                   NSForm form, int64_t gram_restart) {
+                   NSForm form, int64_t gram_restart, int64_t schedule) {
   NSConfig ns;
   ns.coefficients = {std::get<0>(coefficients), std::get<1>(coefficients),
                      std::get<2>(coefficients)};
@@ -19,6 +70,7 @@ NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64
   ns.compute_dtype = compute_dtype;
   ns.form = form;
   ns.gram_restart = gram_restart;
+  ns.schedule = ns_schedule(schedule, steps);
   return ns;
 }
 
@@ -30,6 +82,12 @@ void validate(const NSConfig& config) {
                 "NSConfig.coefficients (ns_coefficients) must be "
                 "finite, got ",
                 coefficient);
+  }
+  for (const auto& abc : config.schedule) {
+    for (double coefficient : abc) {
+      TORCH_CHECK(std::isfinite(coefficient),
+                  "NSConfig.schedule's coefficients must be finite, got ", coefficient);
+    }
   }
   TORCH_CHECK(std::isfinite(config.eps) && config.eps > 0,
               "NSConfig.eps must be finite and > 0, got ", config.eps);
@@ -55,11 +113,11 @@ at::Tensor plus_identity(const at::Tensor& P, double a) {
 // The Gram form on a normalised wide batch X [batch, m, n] (newton_schulz.h): returns NS(X), or
 // with Pi [n, d] defined NS(X) Pi, as Q (X Pi) with X the iterate of the last restart.
 at::Tensor gram_chain(at::Tensor X, const NSConfig& config, const at::Tensor& Pi = {}) {
-  const auto [a, b, c] = config.coefficients;
   at::Tensor Q;  // Q_k since the last restart; undefined stands for the identity
   if (config.steps > 0) {
     at::Tensor A = at::bmm(X, X.transpose(-2, -1));
     for (int64_t k = 0; k < config.steps; ++k) {
+      const auto [a, b, c] = config.at(k);
       const at::Tensor P = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
       Q = Q.defined() ? at::baddbmm(Q, P, Q, /*beta=*/a, /*alpha=*/1.0) : plus_identity(P, a);
       if (k + 1 == config.steps) break;
@@ -77,19 +135,159 @@ at::Tensor gram_chain(at::Tensor X, const NSConfig& config, const at::Tensor& Pi
   return Q.defined() ? at::bmm(Q, right) : right;
 }
 
-bool use_gram(const NSConfig& config, int64_t m, int64_t n) {
+// ---------------------------------------------------------------------------------------------
+// ns_form Auto's decisions (newton_schulz.h).
+
+#ifdef FOGO_WITH_CUDA
+// One warm-up run (allocations, cuBLAS heuristics), then 3 runs between events on the current
+// stream. Not inside a stream capture: nothing may synchronise there.
+bool capturing(const c10::Device& device) {
+  const c10::cuda::CUDAGuard guard(device);
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+double time_on_cuda(const std::function<void()>& run, const c10::Device& device) {
+  if (!device.is_cuda() || capturing(device)) return NAN;
+  const c10::cuda::CUDAGuard guard(device);
+  run();
+  constexpr int kRuns = 3;
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  const auto stream = at::cuda::getCurrentCUDAStream(device.index());
+  start.record(stream);
+  for (int k = 0; k < kRuns; ++k) run();
+  stop.record(stream);
+  stop.synchronize();
+  return static_cast<double>(start.elapsed_time(stop)) / kRuns;
+}
+#else
+double time_on_cuda(const std::function<void()>&, const c10::Device&) { return NAN; }
+#endif
+
+struct AutoDecisions {
+  std::mutex mutex;
+  std::vector<NSFormChoice> kept;  // in the order made
+  NSFormTimer timer;               // null: time_on_cuda
+  bool timing = true;
+};
+
+AutoDecisions& decisions() {
+  static AutoDecisions state;
+  return state;
+}
+
+bool same_key(const NSFormChoice& a, const NSFormChoice& b) {
+  return a.m == b.m && a.n == b.n && a.d == b.d && a.batch == b.batch && a.steps == b.steps &&
+         a.restart == b.restart && a.schedule == b.schedule && a.dtype == b.dtype &&
+         a.device == b.device;
+}
+
+// The kept decision for `key`, or else one made now: `plain` and `gram` run the two candidates
+// once each, `model` is the cost model's answer.
+bool decide(NSFormChoice key, const c10::Device& device, const std::function<void()>& plain,
+            const std::function<void()>& gram, bool model) {
+  AutoDecisions& state = decisions();
+  NSFormTimer timer;
+  {
+    const std::lock_guard<std::mutex> lock(state.mutex);
+    for (const NSFormChoice& c : state.kept) {
+      if (same_key(c, key)) return c.gram;
+    }
+    if (state.timing) timer = state.timer ? state.timer : NSFormTimer(time_on_cuda);
+  }
+  // Timed outside the lock (the candidates run newton_schulz themselves).
+  key.plain_ms = timer ? timer(plain, device) : NAN;
+  key.gram_ms = std::isnan(key.plain_ms) ? NAN : timer(gram, device);
+  key.measured = !std::isnan(key.plain_ms) && !std::isnan(key.gram_ms);
+  key.gram = key.measured ? key.gram_ms < key.plain_ms : model;
+#ifdef FOGO_WITH_CUDA
+  // Inside a capture the model answers this call only: the next eager sight measures.
+  if (!key.measured && device.is_cuda() && capturing(device)) return key.gram;
+#endif
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  for (const NSFormChoice& c : state.kept) {
+    if (same_key(c, key)) return c.gram;  // another thread decided meanwhile: its answer holds
+  }
+  state.kept.push_back(key);
+  return key.gram;
+}
+
+NSFormChoice key_of(const at::Tensor& B, int64_t d, const NSConfig& config, int64_t schedule_id) {
+  NSFormChoice key;
+  key.m = std::min(B.size(-2), B.size(-1));
+  key.n = std::max(B.size(-2), B.size(-1));
+  key.d = d;
+  key.batch = B.dim() == 3 ? B.size(0) : 0;
+  key.steps = config.steps;
+  key.restart = config.gram_restart;
+  key.schedule = schedule_id;
+  key.dtype = config.compute_dtype;
+  key.device = B.device().str();
+  return key;
+}
+
+// The schedule in a key: its coefficients differ per named schedule, and the iteration count is
+// in the key already, so its size tells the named ones apart (0: constant coefficients).
+int64_t schedule_key(const NSConfig& config) {
+  return static_cast<int64_t>(config.schedule.size());
+}
+
+NSConfig with_form(NSConfig config, NSForm form) {
+  config.form = form;
+  return config;
+}
+
+bool use_gram(const at::Tensor& B, const NSConfig& config, int64_t m, int64_t n) {
   switch (config.form) {
     case NSForm::Plain:
       return false;
     case NSForm::Gram:
       return true;
-    case NSForm::Auto:
-      return newton_schulz_gram_is_cheaper(m, n, config.steps, config.gram_restart);
+    case NSForm::Auto: {
+      const NSConfig plain = with_form(config, NSForm::Plain),
+                     gram = with_form(config, NSForm::Gram);
+      return decide(
+          key_of(B, 0, config, schedule_key(config)), B.device(),
+          [&] { (void)newton_schulz(B, plain); }, [&] { (void)newton_schulz(B, gram); },
+          newton_schulz_gram_is_cheaper(m, n, config.steps, config.gram_restart));
+    }
   }
   return false;
 }
 
 }  // namespace
+
+std::vector<NSFormChoice> ns_form_choices() {
+  const std::lock_guard<std::mutex> lock(decisions().mutex);
+  return decisions().kept;
+}
+
+void clear_ns_form_choices() {
+  const std::lock_guard<std::mutex> lock(decisions().mutex);
+  decisions().kept.clear();
+}
+
+void set_ns_form_timer(NSFormTimer timer) {
+  const std::lock_guard<std::mutex> lock(decisions().mutex);
+  decisions().timer = std::move(timer);
+}
+
+void set_ns_form_timing(bool enabled) {
+  const std::lock_guard<std::mutex> lock(decisions().mutex);
+  decisions().timing = enabled;
+}
+
+bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
+                                  const NSConfig& config) {
+  const int64_t m = B.size(-2), n = B.size(-1), d = Pi.size(-1);
+  return decide(
+      key_of(B, d, config, schedule_key(config)), B.device(),
+      [&] {
+        (void)at::matmul(newton_schulz(B, with_form(config, NSForm::Plain)),
+                         Pi.to(config.compute_dtype));
+      },
+      [&] { (void)newton_schulz_projected(B, Pi, config); },
+      newton_schulz_projected_is_cheaper(m, n, d, config.steps, config.gram_restart));
+}
 
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
   validate(config);
@@ -97,13 +295,12 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
               "newton_schulz: input must be [m, n] or [batch, m, n], got shape ", B.sizes());
   TORCH_CHECK(at::isFloatingType(B.scalar_type()),
               "newton_schulz: input must be real floating point, got ", B.scalar_type());
-  const auto [a, b, c] = config.coefficients;
   const bool batched = B.dim() == 3;
   const bool tall = B.size(-2) > B.size(-1);
 
   at::Tensor X = B.to(config.compute_dtype);
   if (tall) X = X.transpose(-2, -1);
-  if (use_gram(config, X.size(-2), X.size(-1))) {
+  if (use_gram(B, config, X.size(-2), X.size(-1))) {
     X = batched ? X : X.unsqueeze(0);
     const at::Tensor norms = at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true);
     X = gram_chain(
@@ -128,6 +325,7 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
   }
 
   for (int64_t k = 0; k < config.steps; ++k) {
+    const auto [a, b, c] = config.at(k);
     if (batched) {
       at::Tensor A = at::bmm(X, X.transpose(-2, -1));
       at::Tensor poly = c == 0.0 ? A * b : at::baddbmm(A, A, A, /*beta=*/b, /*alpha=*/c);
@@ -162,33 +360,38 @@ at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
   return B.dim() == 3 ? Y : Y.squeeze(0);
 }
 
-bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t restart) {
+double newton_schulz_macs(int64_t m, int64_t n, int64_t steps, bool gram, int64_t restart) {
   // Multiply-adds per matrix. Plain: each step X X^T (m^2 n), A^2 (m^3), polynomial times X
   // (m^2 n). Gram: A_0 and Q X_0 (m^2 n each); each step A^2 and F Q (m^3 each, the first F Q
   // free); between steps F A F (2 m^3), or at a restart Q X and X X^T (m^2 n each).
-  if (steps == 0) return false;
+  if (steps == 0) return 0.0;
   const double M = static_cast<double>(m), N = static_cast<double>(n);
   const double K = static_cast<double>(steps);
+  if (!gram) return K * (2 * M * M * N + M * M * M);
   const double restarts = restart > 0 ? static_cast<double>((steps - 1) / restart) : 0.0;
-  const double plain = K * (2 * M * M * N + M * M * M);
-  const double gram = 2 * M * M * N + (2 * K - 1) * M * M * M + (K - 1 - restarts) * 2 * M * M * M +
-                      restarts * 2 * M * M * N;
-  return gram < plain;
+  return 2 * M * M * N + (2 * K - 1) * M * M * M + (K - 1 - restarts) * 2 * M * M * M +
+         restarts * 2 * M * M * N;
+}
+
+bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t restart) {
+  return steps > 0 &&
+         newton_schulz_macs(m, n, steps, true, restart) < newton_schulz_macs(m, n, steps, false, 0);
+}
+
+double newton_schulz_projected_macs(int64_t m, int64_t n, int64_t d, int64_t steps, bool gram,
+                                    int64_t restart) {
+  // Plain: the chain, then X Pi (m n d). Gram: the Gram form's count with its final Q X (m^2 n)
+  // replaced by X Pi (m n d) and Q (X Pi) (m^2 d); without iterations just X0 Pi.
+  const double M = static_cast<double>(m), N = static_cast<double>(n), D = static_cast<double>(d);
+  const double project = M * N * D;
+  if (!gram || steps == 0) return newton_schulz_macs(m, n, steps, false, 0) + project;
+  return newton_schulz_macs(m, n, steps, true, restart) - M * M * N + project + M * M * D;
 }
 
 bool newton_schulz_projected_is_cheaper(int64_t m, int64_t n, int64_t d, int64_t steps,
                                         int64_t restart) {
-  // Multiply-adds per matrix. Plain: each step X X^T (m^2 n), A^2 (m^3) and the polynomial times
-  // X (m^2 n), then X Pi (m n d). Gram: the Gram form's count (newton_schulz_gram_is_cheaper)
-  // with its final Q X (m^2 n) replaced by X Pi (m n d) and Q (X Pi) (m^2 d).
-  if (steps == 0) return false;
-  const double M = static_cast<double>(m), N = static_cast<double>(n), D = static_cast<double>(d);
-  const double K = static_cast<double>(steps);
-  const double restarts = restart > 0 ? static_cast<double>((steps - 1) / restart) : 0.0;
-  const double plain = K * (2 * M * M * N + M * M * M) + M * N * D;
-  const double gram = M * M * N + (2 * K - 1) * M * M * M + (K - 1 - restarts) * 2 * M * M * M +
-                      restarts * 2 * M * M * N + M * N * D + M * M * D;
-  return gram < plain;
+  return steps > 0 && newton_schulz_projected_macs(m, n, d, steps, true, restart) <
+                          newton_schulz_projected_macs(m, n, d, steps, false, 0);
 }
 
 }  // namespace fogo

@@ -1,7 +1,8 @@
 #include "fogo/ops.h"
 
-#ifdef FOGO_WITH_CUDA
 #include <algorithm>
+
+#ifdef FOGO_WITH_CUDA
 #include <initializer_list>
 
 #include "ops_cuda.h"
@@ -20,6 +21,14 @@ bool cuda_f32(std::initializer_list<const at::Tensor*> tensors) {
       return false;
   }
   return true;
+}
+
+// A parameter or an update input the kernels can read or store: fp32, bf16 or fp16 on a CUDA
+// device they were built for.
+bool storable(const at::Tensor& t) {
+  const auto type = t.scalar_type();
+  return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
+         cuda::runs_on(t.device());
 }
 
 }  // namespace
@@ -67,6 +76,10 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
+  // No centroid: nothing to update (the CUDA kernels would get a grid of zero blocks).
+  if (book.centroids.numel() == 0 && book.S.numel() == 0 && book.N.numel() == 0 &&
+      acc.m.numel() == 0 && acc.s.numel() == 0)
+    return;
 #ifdef FOGO_WITH_CUDA
   if (cuda_f32({&book.centroids, &book.S, &book.N, &acc.m, &acc.s}) && book.S.is_contiguous() &&
       book.N.is_contiguous())
@@ -75,15 +88,29 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   fogo::flush(book, acc, p);
 }
 
-std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
                                          const UpdateParams& p, const at::Tensor& ok) {
-#ifdef FOGO_WITH_CUDA
-  const auto storable = [](const at::Tensor& t) {
-    const auto type = t.scalar_type();
-    return t.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) &&
-           cuda::runs_on(t.device());
+  // Items without elements change nothing and their ratio is 0 / (0 + eps): they are answered
+  // here (a call of only such items would give the CUDA kernels a grid of zero blocks).
+  const auto empty = [](const RmsUpdateItem& item) {
+    return item.param.numel() == 0 && item.Os.numel() == 0 && item.delta.numel() == 0;
   };
-  const auto fused = [&](const RmsUpdateItem& item) {
+  if (std::any_of(all.begin(), all.end(), empty)) {
+    std::vector<RmsUpdateItem> rest;
+    for (const RmsUpdateItem& item : all) {
+      if (!empty(item)) rest.push_back(item);
+    }
+    const std::vector<at::Tensor> got = ops::apply_rms_update(rest, p, ok);
+    std::vector<at::Tensor> out;
+    auto next = got.begin();
+    for (const RmsUpdateItem& item : all) {
+      out.push_back(empty(item) ? at::zeros({}, item.delta.options()) : *next++);
+    }
+    return out;
+  }
+  const std::vector<RmsUpdateItem>& items = all;
+#ifdef FOGO_WITH_CUDA
+  const auto fused = [](const RmsUpdateItem& item) {
     return item.param.is_contiguous() && storable(item.param) && storable(item.Os) &&
            cuda_f32({&item.delta});
   };
@@ -91,6 +118,18 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
     return cuda::apply_rms_update(items, p, ok);
 #endif
   return fogo::apply_rms_update(items, p, ok);
+}
+
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
+#ifdef FOGO_WITH_CUDA
+  const auto fused = [](const MuonUpdateItem& item) {
+    return item.param.is_contiguous() && item.param.dim() >= 1 && storable(item.param) &&
+           storable(item.O) && item.O.dim() == 2;
+  };
+  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
+    return cuda::muon_update(items, p);
+#endif
+  fogo::muon_update(items, p);
 }
 
 }  // namespace fogo::ops

@@ -548,3 +548,78 @@ TEST(Muon, LoadMovesStateToTheParametersDevice) {
   EXPECT_TRUE(st.momentum_buffer().is_cuda());
   target.step();  // and it steps with it
 }
+
+// The adjusted learning rate as (lr f1) f2: the same bits as the rules' formulas written out
+// (muon_update reads lr on the device and multiplies by the factors in this order), and the
+// update's learning-rate-on-the-device route (a CUDA graph's) agreeing with the eager ops to
+// rounding on the CPU too.
+TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps) {
+  for (const auto [A, B] :
+       {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}, {7, 7}, {1, 5}, {300, 40}}) {
+    for (const double lr : {0.02, 1e-3, 0.3 / 7}) {
+      const double a = static_cast<double>(A), b = static_cast<double>(B);
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Original, A, B),
+                lr * std::sqrt(std::max(1.0, a / b)));
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::MatchRmsAdamW, A, B),
+                lr * 0.2 * std::sqrt(std::max(a, b)));
+    }
+  }
+  torch::manual_seed(23);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW}) {
+      const auto p0 = torch::randn({12, 4, 2}, dtype), q0 = torch::randn({5, 30}, dtype);
+      const auto O1 = torch::randn({12, 8}).to(torch::kBFloat16), O2 = torch::randn({5, 30});
+      std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
+      std::vector<fogo::MuonUpdateItem> dev = {{p0.clone(), O1}, {q0.clone(), O2}};
+      fogo::muon_update(host, {0.02, 0.1, rule, {}});
+      fogo::muon_update(dev, {0.0, 0.1, rule, torch::full({}, 0.02, torch::kDouble)});
+      for (size_t k = 0; k < host.size(); ++k) {
+        EXPECT_FALSE(torch::equal(host[k].param, k == 0 ? p0 : q0));  // it moved
+        // fp32: separate products against add_'s alpha, a few units of 2^-24 of |p|.
+        const double tol = dtype == torch::kFloat ? 1e-6 : 1e-14;
+        EXPECT_LT((dev[k].param - host[k].param).abs().max().item<double>(), tol)
+            << c10::toString(dtype) << " parameter " << k;
+      }
+    }
+  }
+}
+
+// MuonOptions::ns_schedule: checked (naming the option), compared, checkpointed, and it changes
+// the step (Polar Express against the constant quintic) while the default keeps torch.optim.Muon's
+// coefficients (the bitwise parity tests above run with it).
+TEST(Muon, NsScheduleIsCheckedComparedCheckpointedAndUsed) {
+  auto p = torch::randn({8, 24}).requires_grad_(true);
+  EXPECT_EQ(fogo::MuonOptions().ns_schedule(), fogo::kNSConstant);
+  try {
+    fogo::Muon({p}, fogo::MuonOptions().ns_schedule(3));
+    ADD_FAILURE() << "ns_schedule 3 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_schedule"), std::string::npos) << e.what();
+  }
+  try {
+    fogo::Muon({p}, fogo::MuonOptions().ns_schedule(fogo::kTuned5).ns_steps(4));
+    ADD_FAILURE() << "the 5-iteration set accepted for 4 iterations";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_steps"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fogo::MuonOptions().ns_schedule(fogo::kPolarExpress) == fogo::MuonOptions());
+  std::vector<torch::Tensor> after;
+  for (const int64_t schedule : {fogo::kNSConstant, fogo::kPolarExpress, fogo::kTuned5}) {
+    auto q = torch::ones({8, 24}).requires_grad_(true);
+    const auto options = fogo::MuonOptions(0.02).ns_schedule(schedule);
+    fogo::Muon opt({q}, options);
+    torch::manual_seed(24);
+    q.mutable_grad() = torch::randn({8, 24});
+    opt.step();
+    EXPECT_TRUE(torch::isfinite(q).all().item<bool>());
+    after.push_back(q.detach().clone());
+    std::stringstream checkpoint;
+    torch::save(opt, checkpoint);
+    fogo::Muon loaded({q});
+    torch::load(loaded, checkpoint);
+    EXPECT_TRUE(static_cast<const fogo::MuonOptions&>(loaded.param_groups()[0].options()) ==
+                options);
+  }
+  EXPECT_FALSE(torch::equal(after[0], after[1]));
+  EXPECT_FALSE(torch::equal(after[0], after[2]));
+}

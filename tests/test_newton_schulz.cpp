@@ -1,10 +1,15 @@
 // Newton–Schulz against the SVD: NS acts on each singular value independently, through the
 // scalar map x -> a x + b x^3 + c x^5, and leaves the singular vectors alone.
+#include <fogo/fogo_options.h>
 #include <fogo/newton_schulz.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -266,5 +271,329 @@ TEST(NewtonSchulz, AutoFormFollowsTheCostModel) {
     const auto automatic = fogo::newton_schulz(G, config);
     config.form = gram ? fogo::NSForm::Gram : fogo::NSForm::Plain;
     EXPECT_TRUE(torch::equal(automatic, fogo::newton_schulz(G, config))) << m << "x" << n;
+  }
+}
+
+// ------------------------------------------------------------------ ns_form Auto's decisions
+
+namespace {
+
+// While alive: a timer injected into Auto that runs the candidate (so the closures are
+// exercised) and returns the next of `times` (plain, then gram, per decision), counting calls;
+// on exit the default timer, timing on and no kept decisions, whatever the test did.
+struct InjectedTimer {
+  std::vector<double> times;
+  size_t calls = 0;
+  explicit InjectedTimer(std::vector<double> t) : times(std::move(t)) {
+    fogo::clear_ns_form_choices();
+    fogo::set_ns_form_timer([this](const std::function<void()>& run, const c10::Device&) {
+      run();
+      return times.at(calls++);
+    });
+  }
+  ~InjectedTimer() {
+    fogo::set_ns_form_timer(nullptr);
+    fogo::set_ns_form_timing(true);
+    fogo::clear_ns_form_choices();
+  }
+};
+
+fogo::NSConfig auto_config(c10::ScalarType dtype = torch::kFloat) {
+  fogo::NSConfig config;
+  config.compute_dtype = dtype;
+  config.form = fogo::NSForm::Auto;
+  return config;
+}
+
+torch::Tensor forced(const torch::Tensor& G, fogo::NSConfig config, bool gram) {
+  config.form = gram ? fogo::NSForm::Gram : fogo::NSForm::Plain;
+  return fogo::newton_schulz(G, config);
+}
+
+}  // namespace
+
+// The measured times decide, against the cost model where they disagree with it: a square
+// matrix (the model: Plain) timed faster in Gram form takes Gram; a wide one (the model: Gram)
+// timed faster plain takes Plain. Each (shape, batch, dtype) is timed once, at first sight; the
+// decisions are listed with their times, and results are those of the form taken, bit for bit.
+TEST(NewtonSchulzAuto, TimesBothFormsOnceAndKeepsTheFaster) {
+  ASSERT_FALSE(fogo::newton_schulz_gram_is_cheaper(16, 16, 5, 3));
+  ASSERT_TRUE(fogo::newton_schulz_gram_is_cheaper(16, 96, 5, 3));
+  //                    square: plain, gram   wide: plain, gram   batch of 3 wide   bf16 square
+  InjectedTimer timer({5.0, 2.0, 1.0, 3.0, 4.0, 1.5, 2.0, 2.0});
+  torch::manual_seed(31);
+  const auto square = torch::randn({16, 16}), wide = torch::randn({16, 96});
+  const auto config = auto_config();
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(square, config), forced(square, config, true)));
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(wide, config), forced(wide, config, false)));
+    // The transpose is the same wide shape: the same decision, no new timing.
+    EXPECT_TRUE(
+        torch::equal(fogo::newton_schulz(wide.t(), config), forced(wide.t(), config, false)));
+  }
+  EXPECT_EQ(timer.calls, 4u);  // two shapes, two forms each, once
+  const auto batch = torch::randn({3, 16, 96});
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(batch, config), forced(batch, config, true)));
+  const auto bf16 = auto_config(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(square, bf16), forced(square, bf16, false)));  // tie
+  EXPECT_EQ(timer.calls, 8u);
+
+  const auto choices = fogo::ns_form_choices();
+  ASSERT_EQ(choices.size(), 4u);
+  EXPECT_EQ(choices[0].m, 16);
+  EXPECT_EQ(choices[0].n, 16);
+  EXPECT_EQ(choices[0].batch, 0);
+  EXPECT_TRUE(choices[0].gram);
+  EXPECT_TRUE(choices[0].measured);
+  EXPECT_EQ(choices[0].plain_ms, 5.0);
+  EXPECT_EQ(choices[0].gram_ms, 2.0);
+  EXPECT_EQ(choices[0].device, "cpu");
+  EXPECT_EQ(choices[1].n, 96);
+  EXPECT_FALSE(choices[1].gram);
+  EXPECT_EQ(choices[2].batch, 3);
+  EXPECT_TRUE(choices[2].gram);
+  EXPECT_EQ(choices[3].dtype, torch::kBFloat16);
+  EXPECT_FALSE(choices[3].gram);  // a tie keeps Plain
+  EXPECT_EQ(choices[3].steps, 5);
+  EXPECT_EQ(choices[3].restart, 3);
+}
+
+// Deterministic for a given set of decisions: forgetting them and timing again with the same
+// times gives the same choices; timing off, or a timer that cannot time (NaN), leaves the choice
+// to the cost model, listed as not measured.
+TEST(NewtonSchulzAuto, WithoutTimesTheCostModelDecidesAndSaysSo) {
+  torch::manual_seed(32);
+  const auto square = torch::randn({16, 16}), wide = torch::randn({16, 96});
+  const auto config = auto_config();
+  {
+    InjectedTimer timer({5.0, 2.0, 5.0, 2.0});
+    const auto first = fogo::newton_schulz(square, config);
+    fogo::clear_ns_form_choices();
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(square, config), first));
+    EXPECT_EQ(timer.calls, 4u);
+    EXPECT_TRUE(fogo::ns_form_choices().at(0).gram);
+
+    fogo::clear_ns_form_choices();
+    fogo::set_ns_form_timing(false);
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(square, config), forced(square, config, false)));
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(wide, config), forced(wide, config, true)));
+    EXPECT_EQ(timer.calls, 4u);  // not called
+    const auto choices = fogo::ns_form_choices();
+    ASSERT_EQ(choices.size(), 2u);
+    for (const auto& c : choices) {
+      EXPECT_FALSE(c.measured);
+      EXPECT_TRUE(std::isnan(c.plain_ms) && std::isnan(c.gram_ms));
+    }
+  }
+  {
+    InjectedTimer timer({NAN, NAN});
+    EXPECT_TRUE(torch::equal(fogo::newton_schulz(wide, config), forced(wide, config, true)));
+    EXPECT_FALSE(fogo::ns_form_choices().at(0).measured);
+  }
+  // The default timer on the CPU cannot time: the model, as before timing existed.
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(wide, config), forced(wide, config, true)));
+  const auto choices = fogo::ns_form_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_FALSE(choices[0].measured);
+  fogo::clear_ns_form_choices();
+}
+
+// FOGO's fast stream: the projected route against the plain chain then the projection, decided
+// the same way, listed with Pi's width.
+TEST(NewtonSchulzAuto, ProjectedRouteIsDecidedByTimeToo) {
+  ASSERT_TRUE(fogo::newton_schulz_projected_is_cheaper(16, 96, 8, 5, 3));
+  InjectedTimer timer({1.0, 2.0});  // plain then project faster, against the model
+  torch::manual_seed(33);
+  const auto B = torch::randn({2, 16, 96}), Pi = torch::randn({96, 8});
+  auto config = auto_config();
+  EXPECT_FALSE(fogo::newton_schulz_projected_auto(B, Pi, config));
+  EXPECT_FALSE(fogo::newton_schulz_projected_auto(B, Pi, config));
+  EXPECT_EQ(timer.calls, 2u);
+  const auto choices = fogo::ns_form_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].d, 8);
+  EXPECT_EQ(choices[0].batch, 2);
+  fogo::set_ns_form_timing(false);
+  fogo::clear_ns_form_choices();
+  EXPECT_TRUE(fogo::newton_schulz_projected_auto(B, Pi, config));  // the model
+}
+
+// ------------------------------------------------------- per-iteration coefficient schedules
+
+namespace {
+
+// G [m, n] (m <= n) whose normalised form G / |G|_F has the singular values `s` exactly: the
+// largest is made sqrt(1 - sum of the others' squares), so |G|_F = 1.
+std::pair<torch::Tensor, torch::Tensor> with_normalised_spectrum(int64_t m, int64_t n,
+                                                                 torch::Tensor rest, int64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const double top = std::sqrt(1.0 - rest.pow(2).sum().item<double>());
+  const auto s = torch::cat({torch::full({1}, top, opts), rest});
+  const auto U = std::get<0>(torch::linalg_qr(at::randn({m, m}, gen, opts)));
+  const auto V = std::get<0>(torch::linalg_qr(at::randn({n, m}, gen, opts)));
+  return {U.matmul(torch::diag(s)).matmul(V.t()), s};
+}
+
+double scheduled_map(double x, const std::vector<std::array<double, 3>>& schedule, int64_t steps) {
+  for (int64_t k = 0; k < steps; ++k) {
+    const auto& [a, b, c] = schedule[std::min<size_t>(k, schedule.size() - 1)];
+    x = a * x + b * x * x * x + c * x * x * x * x * x;
+  }
+  return x;
+}
+
+}  // namespace
+
+// The Polar Express set as the paper publishes it (fogo stores it so, dividing by the safety
+// factor when building the schedule): each polynomial is the paper's optimal odd quintic for the
+// interval the previous ones leave, so its image of that interval is centred on 1 (l' + u' = 2),
+// and from the fourth on it equioscillates (values 1 - E, 1 + E, 1 - E, 1 + E at l, its two
+// critical points and u: the minimax property that makes it optimal; the first three are
+// "cushioned" at the low end, as the paper's construction for l = 1e-3 does). The last is the
+// limit polynomial (15 x - 10 x^3 + 3 x^5) / 8 (p(1) = 1, p'(1) = p''(1) = 0).
+TEST(NewtonSchulzSchedule, PolarExpressIsThePublishedOptimalComposition) {
+  const auto safe = fogo::ns_schedule(fogo::kPolarExpress, 5);
+  ASSERT_EQ(safe.size(), 8u);
+  double l = 1e-3, u = 1.0;
+  for (size_t k = 0; k < safe.size(); ++k) {
+    const double f = k + 1 < safe.size() ? 1.01 : 1.0;  // undo the safety factor
+    const double a = safe[k][0] * f, b = safe[k][1] * f * f * f, c = safe[k][2] * std::pow(f, 5);
+    const auto p = [&](double x) { return a * x + b * x * x * x + c * std::pow(x, 5); };
+    std::vector<double> points = {l, u};
+    const double disc = 9 * b * b - 20 * a * c;  // p'(x) = a + 3 b x^2 + 5 c x^4
+    for (const double sign : {-1.0, 1.0}) {
+      const double y = (-3 * b + sign * std::sqrt(std::max(disc, 0.0))) / (10 * c);
+      if (disc >= 0 && y > 0 && std::sqrt(y) > l && std::sqrt(y) < u)
+        points.push_back(std::sqrt(y));
+    }
+    double lo = 1e9, hi = -1e9;
+    for (const double x : points) {
+      lo = std::min(lo, p(x));
+      hi = std::max(hi, p(x));
+    }
+    EXPECT_NEAR(lo + hi, 2.0, 1e-9) << "polynomial " << k;
+    if (k >= 3 && k + 1 < safe.size()) {
+      ASSERT_EQ(points.size(), 4u) << "polynomial " << k;
+      std::sort(points.begin(), points.end());
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_NEAR(p(points[i]), i % 2 == 0 ? lo : hi, 1e-9) << "polynomial " << k;
+    }
+    l = lo;
+    u = hi;
+  }
+  EXPECT_NEAR(l, 1.0, 1e-8);  // eight polynomials take [1e-3, 1] to 1
+  EXPECT_NEAR(u, 1.0, 1e-8);
+  EXPECT_EQ(safe.back(), (std::array<double, 3>{15.0 / 8, -10.0 / 8, 3.0 / 8}));
+}
+
+// Each schedule against the SVD on matrices whose normalised singular values span the range it
+// promises (newton_schulz.h): in float64 every output singular value is the scalar map of its
+// input (the chain is a polynomial in X X^T), in the Gram form too, and lies in the promised
+// image. In bf16 (what the optimizers run) the input's entries are rounded to 2^-9 of their size,
+// which moves singular values below ~1e-2 of the largest by their own order (a 1e-3 one becomes
+// noise, and Polar Express's steep first polynomial maps it anywhere in [0.7, 1.1]): there the
+// promise is checked for inputs from 2e-2 up, within 0.03 (measured with PyTorch's bf16 ops, six
+// draws: at most 0.006 outside).
+TEST(NewtonSchulzSchedule, SchedulesMapTheirRangeIntoTheImageTheyPromise) {
+  struct Case {
+    int64_t schedule, steps;
+    double l, lo, hi;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {fogo::kNSConstant, 5, 1e-2, 0.68, 1.14, "Muon's quintic"},
+      {fogo::kPolarExpress, 5, 1e-3, 0.846, 1.124, "Polar Express, 5"},
+      {fogo::kPolarExpress, 6, 1e-3, 0.994, 1.002, "Polar Express, 6"},
+      {fogo::kPolarExpress, 10, 1e-3, 1 - 1e-6, 1 + 1e-6, "Polar Express, 10"},
+      {fogo::kTuned5, 5, 1e-2, 0.977, 1.032, "tuned 5-step"},
+  };
+  for (const auto& c : cases) {
+    const auto schedule = fogo::ns_schedule(c.schedule, c.steps);
+    const auto coefficients = fogo::NSConfig::quintic();
+    const auto map = [&](double x) {
+      return schedule.empty() ? scalar_map(x, coefficients, c.steps)
+                              : scheduled_map(x, schedule, c.steps);
+    };
+    // The scalar image of [l, 1] lies in the promise (a fine grid, geometric and linear).
+    for (int64_t k = 0; k <= 4000; ++k) {
+      const double x =
+          k <= 2000 ? c.l * std::pow(1.0 / c.l, k / 2000.0) : c.l + (1 - c.l) * (k - 2000) / 2000.0;
+      ASSERT_GE(map(x), c.lo) << c.name << " x " << x;
+      ASSERT_LE(map(x), c.hi) << c.name << " x " << x;
+    }
+    for (auto [m, n] : {std::pair<int64_t, int64_t>{12, 40}, {12, 12}}) {
+      const auto rest =
+          torch::logspace(std::log10(c.l), std::log10(0.25), m - 1, 10, torch::kDouble);
+      auto [G, s] = with_normalised_spectrum(m, n, rest, 41);
+      fogo::NSConfig config =
+          fogo::ns_config(fogo::kQuintic, c.steps, 1e-12, fogo::NSNormalization::AddEps,
+                          torch::kDouble, fogo::NSForm::Plain, 0, c.schedule);
+      const std::string where =
+          std::string(c.name) + " " + std::to_string(m) + "x" + std::to_string(n);
+      for (const auto form : {fogo::NSForm::Plain, fogo::NSForm::Gram}) {
+        config.form = form;
+        const auto sv = torch::linalg_svdvals(fogo::newton_schulz(G, config));  // descending
+        // The map is not monotone: compare the sorted images with the sorted singular values.
+        std::vector<double> want;
+        for (int64_t i = 0; i < m; ++i) want.push_back(map(s[i].item<double>()));
+        std::sort(want.rbegin(), want.rend());
+        for (int64_t i = 0; i < m; ++i)
+          EXPECT_NEAR(sv[i].item<double>(), want[i], 1e-9)
+              << where << " form " << static_cast<int>(form);
+        EXPECT_GE(sv.min().item<double>(), c.lo - 1e-9) << where;
+        EXPECT_LE(sv.max().item<double>(), c.hi + 1e-9) << where;
+      }
+      config.form = fogo::NSForm::Plain;
+      config.compute_dtype = torch::kBFloat16;
+      const auto rest16 = torch::logspace(std::log10(std::max(c.l, 2e-2)), std::log10(0.25), m - 1,
+                                          10, torch::kDouble);
+      const auto G16 = with_normalised_spectrum(m, n, rest16, 42).first;
+      const auto sv16 = torch::linalg_svdvals(fogo::newton_schulz(G16, config).to(torch::kDouble));
+      EXPECT_GE(sv16.min().item<double>(), c.lo - 0.03) << where << " bf16";
+      EXPECT_LE(sv16.max().item<double>(), c.hi + 0.03) << where << " bf16";
+    }
+  }
+}
+
+// The option on both optimizers: checked, the tuned set only for 5 iterations, the default
+// unchanged (kNSConstant: ns_coefficients every iteration, as before).
+TEST(NewtonSchulzSchedule, NamedSchedulesAreCheckedAndTheDefaultIsConstant) {
+  EXPECT_TRUE(fogo::ns_schedule(fogo::kNSConstant, 5).empty());
+  EXPECT_TRUE(fogo::NSConfig().schedule.empty());
+  EXPECT_EQ(fogo::ns_schedule(fogo::kTuned5, 5).size(), 5u);
+  EXPECT_THROW(fogo::ns_schedule(fogo::kTuned5, 4), c10::Error);
+  EXPECT_THROW(fogo::ns_schedule(3, 5), c10::Error);
+  EXPECT_THROW(fogo::ns_schedule(-1, 5), c10::Error);
+  fogo::NSConfig bad;
+  bad.schedule = {{1.0, NAN, 0.0}};
+  EXPECT_THROW(fogo::validate(bad), c10::Error);
+  // The schedule replaces the constant coefficients: iteration k runs schedule[k].
+  torch::manual_seed(34);
+  const auto G = torch::randn({6, 20}, torch::kDouble);
+  fogo::NSConfig one;
+  one.compute_dtype = torch::kDouble;
+  one.steps = 1;
+  one.schedule = {{2.0, -1.5, 0.5}};
+  fogo::NSConfig constant = one;
+  constant.schedule.clear();
+  constant.coefficients = {2.0, -1.5, 0.5};
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(G, one), fogo::newton_schulz(G, constant)));
+}
+
+// FOGOOptions::ns_schedule: a ranged option (0..2) that reaches both streams' chains; the 5-step
+// set is refused for a stream with another step count, naming the option.
+TEST(NewtonSchulzSchedule, FogoOptionReachesBothStreamsAndIsChecked) {
+  EXPECT_EQ(fogo::FOGOOptions().ns_schedule(), fogo::kNSConstant);
+  EXPECT_TRUE(fogo::ns_config(fogo::FOGOOptions(), 5).schedule.empty());
+  const auto pe = fogo::FOGOOptions().ns_schedule(fogo::kPolarExpress);
+  EXPECT_EQ(fogo::ns_config(pe, 5).schedule, fogo::ns_schedule(fogo::kPolarExpress, 5));
+  EXPECT_NO_THROW(pe.validate());
+  EXPECT_THROW(fogo::FOGOOptions().ns_schedule(3).validate(), c10::Error);
+  try {
+    fogo::FOGOOptions().ns_schedule(fogo::kTuned5).ns_steps_fast(3).validate();
+    ADD_FAILURE() << "the 5-iteration set accepted for 3 fast iterations";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_steps"), std::string::npos) << e.what();
   }
 }

@@ -33,6 +33,7 @@ namespace fogo {
   X(int64_t, ns_steps_slow,    5,     0,     99)           /* K_s */                              \
   X(int64_t, ns_steps_fast,    5,     0,     99)           /* K_f */                              \
   X(int64_t, ns_gram_restart,  3,     0,     99)           /* Gram form: re-form every k */       \
+  X(int64_t, ns_schedule,      0,     0,     2)            /* 0 fixed, 1 PolarExpress, 2 tuned */ \
   /* projection and fusion (steps 3-4) */                                                         \
   X(int64_t, proj_dim,         128,   1,     1 << 20)      /* d */                                \
   X(double,  xi,               0.25,  0.0,   1.0)                                                 \

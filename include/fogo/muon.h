@@ -30,6 +30,7 @@
 
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace fogo {
@@ -39,8 +40,35 @@ enum class MuonAdjustLR : int64_t {
   MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
 };
 
-/// lr scaled for a matrix of A rows and B columns.
+/// lr scaled for a matrix of A rows and B columns: (lr f1) f2 with (f1, f2) the factors below,
+/// so that a learning rate read on the device (muon_update) rounds as this one does.
 double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
+
+/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2,
+/// sqrt(max(A, B))).
+std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
+
+/// One parameter of Muon's update: `param` (any shape, its matrix view [A, B] = [size(0),
+/// numel / size(0)]) and its orthogonalized momentum O [A, B] (the Newton–Schulz compute dtype).
+struct MuonUpdateItem {
+  at::Tensor param, O;
+};
+
+struct MuonUpdateParams {
+  double lr = 0.0, weight_decay = 0.0;
+  MuonAdjustLR adjust_lr = MuonAdjustLR::Original;
+  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
+  /// device, read when the update runs (a replayed CUDA graph uses its current value).
+  at::Tensor device_lr = {};
+};
+
+/// Muon's update of every item, the ATen reference (fogo::ops::muon_update dispatches to a CUDA
+/// kernel computing the same bits):
+///   p *= 1 - lr wd                 (_foreach_mul_, torch.optim.Muon's op)
+///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
+/// With `device_lr` the same products in double, rounded once, in the parameter's precision
+/// (fp32 for bf16/fp16 parameters).
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   MuonOptions(double lr = 1e-3);
@@ -67,6 +95,10 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(NSForm, ns_form) = NSForm::Plain;
   /// Gram form: iterations between re-formings of the Gram matrix (0: never).
   TORCH_ARG(int64_t, ns_gram_restart) = 3;
+  /// Per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,
+  /// torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace
+  /// ns_coefficients.
+  TORCH_ARG(int64_t, ns_schedule) = kNSConstant;
   /// CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning
   /// rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly).
   TORCH_ARG(bool, cuda_graph) = false;

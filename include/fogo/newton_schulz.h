@@ -13,11 +13,16 @@
 // `_zeropower_via_newtonschulz`, so results match PyTorch bit for bit on the same device.
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace fogo {
 
@@ -31,7 +36,7 @@ enum class NSNormalization {
 enum class NSForm : int64_t {
   Plain = 0,  ///< on X [m, n] itself: torch.optim.Muon's op sequence, bit for bit
   Gram = 1,   ///< on the m x m Gram matrix, applied to X once (newton_schulz, "Gram form")
-  Auto = 2,   ///< Gram where newton_schulz_gram_is_cheaper says so for the shape, else Plain
+  Auto = 2,   ///< the faster of the two for the shape: timed on CUDA, else the cost model
 };
 
 struct NSConfig {
@@ -47,6 +52,15 @@ struct NSConfig {
   /// Gram form: the Gram matrix is formed anew from the current iterate after every
   /// `gram_restart` iterations (0: never), which bounds the rounding it accumulates.
   int64_t gram_restart = 3;
+  /// Per-iteration coefficients: iteration k uses schedule[min(k, size - 1)]; empty (the
+  /// default): `coefficients` for every iteration. ns_schedule() gives the named ones.
+  std::vector<std::array<double, 3>> schedule;
+
+  /// The (a, b, c) of iteration k.
+  const std::array<double, 3>& at(int64_t k) const {
+    if (schedule.empty()) return coefficients;
+    return schedule[std::min<size_t>(static_cast<size_t>(k), schedule.size() - 1)];
+  }
 
   static constexpr std::array<double, 3> quintic() { return {3.4445, -4.7750, 2.0315}; }
   static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
@@ -57,10 +71,33 @@ struct NSConfig {
 inline constexpr std::tuple<double, double, double> kQuintic{3.4445, -4.7750, 2.0315};
 inline constexpr std::tuple<double, double, double> kCubic{1.5, -0.5, 0.0};
 
+/// Per-iteration coefficient schedules, the optimizers' `ns_schedule` option (an integer, so that
+/// every option front end takes it as one). Each promises a range for the singular values of
+/// X_K given those of the normalised input X_0 in [l, 1] (the scalar map composed K times;
+/// tests/test_newton_schulz.cpp checks them against the SVD):
+///  - kNSConstant (0, the default): `ns_coefficients` every iteration. Muon's quintic maps
+///    [1e-2, 1] to [0.68, 1.14] in 5 iterations.
+///  - kPolarExpress (1): Amsel, Persson, Musco, Gower, "The Polar Express" (arXiv 2505.16932),
+///    Algorithm 1, degree 5, designed for l = 1e-3: the published coefficients, each divided by
+///    (1.01, 1.01^3, 1.01^5) but the last (the paper's safety factor, for inputs up to 1.01 and
+///    low-precision rounding), the last repeated beyond 8 iterations. [1e-3, 1] maps to [0.846,
+///    1.124] in 5 iterations, [0.994, 1.002] in 6 and to 1 within 1e-6 from 8 on.
+///  - kTuned5 (2): the 5-iteration set tuned by You Jiacheng and used by modded-nanogpt and
+///    Microsoft's Dion: [1e-2, 1] maps to [0.977, 1.032] (inputs down to 1e-3 reach 0.47).
+///    5 iterations exactly (ns_steps must be 5).
+inline constexpr int64_t kNSConstant = 0;
+inline constexpr int64_t kPolarExpress = 1;
+inline constexpr int64_t kTuned5 = 2;
+
+/// The per-iteration coefficients of schedule `id` for `steps` iterations (empty for
+/// kNSConstant); throws naming the option for an unknown id or a step count the schedule is not
+/// made for.
+std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps);
+
 /// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use).
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
-                   NSForm form, int64_t gram_restart);
+                   NSForm form, int64_t gram_restart, int64_t schedule = kNSConstant);
 
 /// Checks a configuration; throws c10::Error naming the offending field.
 void validate(const NSConfig& config);
@@ -80,6 +117,55 @@ void validate(const NSConfig& config);
 /// chain (tests/test_newton_schulz.cpp checks both against the SVD).
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config = {});
 
+/// Multiply-adds of one chain on a matrix with m rows and n columns on its wide orientation
+/// (m <= n), `steps` iterations: the plain form, or the Gram form with a restart every `restart`
+/// (0: none). The benchmarks' FLOP counts (2 per multiply-add) and the cost model use it.
+double newton_schulz_macs(int64_t m, int64_t n, int64_t steps, bool gram, int64_t restart);
+
+// ---------------------------------------------------------------------------------------------
+// ns_form Auto. The first time newton_schulz meets a (wide shape m x n, batch, compute dtype,
+// device, steps, restart, schedule) with form Auto, it decides Plain or Gram for it and keeps the
+// decision for the rest of the process (nowhere else: no checkpoint holds it). On a CUDA device
+// it times both forms on that input (one warm-up run each, then 3 runs between CUDA events on the
+// current stream, cudnn.benchmark-style; one host synchronisation, at first sight only) and takes
+// the faster (Plain on a tie); on the CPU, with timing off, or inside a CUDA graph capture (where
+// nothing may synchronise: that call takes the model and keeps nothing) it takes the cost model,
+// newton_schulz_gram_is_cheaper. Both forms compute the same map, so the choice moves results by
+// rounding only; for a given set of kept decisions every call is deterministic.
+
+/// One decision of ns_form Auto: the shape it is for, the form taken, and the measured times in
+/// ms (NaN when the cost model decided).
+struct NSFormChoice {
+  int64_t m = 0, n = 0;  ///< wide orientation (m <= n)
+  int64_t d = 0;         ///< Pi's columns for newton_schulz_projected_auto, else 0
+  int64_t batch = 0;     ///< matrices in the batch; 0 for a single [m, n] matrix
+  int64_t steps = 0, restart = 0, schedule = 0;
+  c10::ScalarType dtype = c10::kBFloat16;
+  std::string device;
+  bool gram = false;  ///< the Gram form (newton_schulz) or the projected route was taken
+  bool measured = false;
+  double plain_ms = 0.0, gram_ms = 0.0;
+};
+
+/// Every decision kept in this process, in the order they were made.
+std::vector<NSFormChoice> ns_form_choices();
+/// Forgets the kept decisions: the next sight of each shape decides again.
+void clear_ns_form_choices();
+/// How Auto times one form: `run` runs its chain once; returns the time of one run in ms, or NaN
+/// for "cannot time here" (the cost model decides). The default times CUDA devices with events
+/// (above) and returns NaN elsewhere; a test injects its own. Null restores the default.
+using NSFormTimer = std::function<double(const std::function<void()>& run, const c10::Device&)>;
+void set_ns_form_timer(NSFormTimer timer);
+/// Timing on (the default) or off (the cost model everywhere). Kept decisions stay.
+void set_ns_form_timing(bool enabled);
+
+/// For FOGO's fast stream: whether newton_schulz_projected(B, Pi, config) is faster than
+/// newton_schulz(B, config) followed by the projection, decided once per shape as Auto decides
+/// (timed on CUDA, newton_schulz_projected_is_cheaper elsewhere; listed by ns_form_choices with
+/// d = Pi's columns).
+bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
+                                  const NSConfig& config);
+
 /// Whether the Gram form takes fewer multiply-adds than the plain one for a matrix with m rows
 /// and n columns on its wide orientation (m <= n), `steps` iterations and `restart`.
 bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t restart);
@@ -95,6 +181,11 @@ bool newton_schulz_gram_is_cheaper(int64_t m, int64_t n, int64_t steps, int64_t 
 /// squares the condition number and bf16 loses the small singular directions.
 at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
                                    const NSConfig& config = {});
+
+/// Multiply-adds of NS(B) Pi for a wide [m, n] matrix and Pi [n, d]: newton_schulz_projected
+/// (gram) or the plain chain followed by the projection.
+double newton_schulz_projected_macs(int64_t m, int64_t n, int64_t d, int64_t steps, bool gram,
+                                    int64_t restart);
 
 /// Whether newton_schulz_projected takes fewer multiply-adds than newton_schulz followed by the
 /// projection, for a wide [m, n] matrix, Pi [n, d], `steps` iterations and a restart every

@@ -6,6 +6,7 @@
 
 #include <fogo/codebook.h>
 #include <fogo/momenta.h>
+#include <fogo/muon.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 
@@ -22,9 +23,17 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
 void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
                   const at::Tensor& ok);
 
+/// A codebook without centroids (C = 0) is left as it is, on every device.
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
+
+/// Items without elements (param, O_s and delta all empty) change nothing and get a ratio of 0
+/// (|delta| / (|O_s| + eps)), on every device, without reaching an implementation.
 
 std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
                                          const UpdateParams& p, const at::Tensor& ok = {});
+
+/// fogo::Muon's update (muon.h): the ATen reference, or on CUDA one multi-tensor kernel per
+/// (parameter, O) dtype pair computing the same roundings.
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
 
 }  // namespace fogo::ops
