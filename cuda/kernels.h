@@ -203,7 +203,7 @@ struct MuonArgs {
 };
 
 /// For every parameter of the chunk (all of `param_type`, all O of `o_type`), as the ATen route
-/// (_foreach_mul_ by the decay, then add_ with alpha) rounds it:
+/// (mul_ by the decay in fp32 opmath, then add_ with alpha) rounds it:
 ///   p1 = fl_T(p fl32(1 - lr wd)),   p = fl_T(fma(fl32(-(lr f1) f2), O, p1)),
 /// the double products rounded as the host rounds them. One launch whatever the count.
 void launch_muon_update(const MuonChunk& chunk, FloatType param_type, FloatType o_type,

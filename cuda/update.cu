@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // fogo::Muon's update, every tile of every parameter: p1 = fl_T(p decay), then
-// p = fl_T(fma(alpha, O, p1)), as _foreach_mul_ and add_(O, alpha) round it (ATen's add is
+// p = fl_T(fma(alpha, O, p1)), as mul_ and add_(O, alpha) round it (ATen's add is
 // self + alpha * other in fp32, contracted to one fma). A transposed O goes through a shared tile
 // so that O and the parameter are both read along their rows.
 template <typename T, typename TO>

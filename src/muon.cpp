@@ -23,13 +23,15 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
     case MuonAdjustLR::Original:
       return {std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B))), 1.0};
     case MuonAdjustLR::MatchRmsAdamW:
-      return {0.2, std::sqrt(static_cast<double>(std::max(A, B)))};
+      // torch.optim.Muon's order, lr * (0.2 * sqrt(max(A, B))): lr * 0.2 * sqrt(...) rounds
+      // differently, which float64 parameters show.
+      return {0.2 * std::sqrt(static_cast<double>(std::max(A, B))), 1.0};
   }
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
 
 double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
-  // lr f1 f2, left to right: lr sqrt(...) (times 1, exact) or lr 0.2 sqrt(...), as before.
+  // lr f1 f2, left to right: lr * ratio (times 1, exact), as torch.optim.Muon's _adjust_lr.
   const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B);
   return lr * f1 * f2;
 }
@@ -41,11 +43,13 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
     return std::pair{rows, param.numel() / std::max<int64_t>(rows, 1)};
   };
   if (!p.device_lr.defined()) {
-    // torch.optim.Muon's ops, per tensor the same arithmetic (one multi-tensor mul for all).
-    std::vector<at::Tensor> params;
-    for (const MuonUpdateItem& item : items) params.push_back(item.param);
-    at::_foreach_mul_(params, 1.0 - p.lr * p.weight_decay);
+    // torch.optim.Muon's ops, per tensor, as Python dispatches them: `param.mul_(float)` is
+    // mul_.Tensor with a wrapped 0-d double. C++'s mul_(double) (mul_.Scalar) and _foreach_mul_
+    // round a bf16 parameter's product differently (1-4 bf16 ulps per step, measured).
+    at::Tensor decay = at::scalar_tensor(1.0 - p.lr * p.weight_decay, at::kDouble);
+    decay.unsafeGetTensorImpl()->set_wrapped_number(true);
     for (const MuonUpdateItem& item : items) {
+      item.param.mul_(decay.to(item.param.device()));
       const auto [rows, cols] = matrix(item.param);
       item.param.add_(item.O.reshape(item.param.sizes()),
                       -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols));

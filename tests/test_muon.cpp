@@ -560,8 +560,10 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
       const double a = static_cast<double>(A), b = static_cast<double>(B);
       EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Original, A, B),
                 lr * std::sqrt(std::max(1.0, a / b)));
+      // torch.optim.Muon's _adjust_lr: lr * (0.2 * sqrt(max(A, B))), the ratio first (float64
+      // parameters see the other order's rounding).
       EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::MatchRmsAdamW, A, B),
-                lr * 0.2 * std::sqrt(std::max(a, b)));
+                lr * (0.2 * std::sqrt(std::max(a, b))));
     }
   }
   torch::manual_seed(23);

@@ -64,7 +64,7 @@ struct MuonUpdateParams {
 
 /// Muon's update of every item, the ATen reference (fogo::ops::muon_update dispatches to a CUDA
 /// kernel computing the same bits):
-///   p *= 1 - lr wd                 (_foreach_mul_, torch.optim.Muon's op)
+///   p *= 1 - lr wd                 (mul_ by a wrapped double, as torch.optim.Muon's Python does)
 ///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
 /// With `device_lr` the same products in double, rounded once, in the parameter's precision
 /// (fp32 for bf16/fp16 parameters).

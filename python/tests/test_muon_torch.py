@@ -16,16 +16,22 @@ from conftest import randn
         {"lr": 0.01, "momentum": 0.9, "ns_steps": 3, "adjust_lr_fn": "match_rms_adamw"},
     ],
 )
-def test_muon_matches_torch(gen, options):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_muon_matches_torch(gen, options, dtype):
+    # bf16 parameters too: fogo's decay used to be one _foreach_mul_, which on the CPU rounds a
+    # bf16 product differently from torch's per-parameter mul_.
     shapes = [(32, 16), (16, 48), (32, 16), (7, 5)]
-    init = [randn(gen, *s) for s in shapes]
+    if dtype == torch.bfloat16 and options.get("nesterov") is False:
+        torch_bf16_momentum_bug(gen, options)
+        return
+    init = [randn(gen, *s).to(dtype) for s in shapes]
     ours = [p.clone().requires_grad_(True) for p in init]
     theirs = [p.clone().requires_grad_(True) for p in init]
     a = fogo.Muon(ours, **options)
     b = torch.optim.Muon(theirs, **options)
     for step in range(6):
         for p, q, s in zip(ours, theirs, shapes):
-            g = randn(gen, *s)
+            g = randn(gen, *s).to(dtype)
             p.grad, q.grad = g.clone(), g.clone()
         a.step()
         b.step()
@@ -37,6 +43,23 @@ def test_muon_matches_torch(gen, options):
     assert sorted(sa) == sorted(sb)
     for k in sa:
         assert torch.equal(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"])
+
+
+def torch_bf16_momentum_bug(gen, options):
+    """torch.optim.Muon (2.11) with bf16 parameters and nesterov=False divides its own momentum
+    buffer by its norm in place: `grad.bfloat16()` returns the buffer itself and Newton-Schulz's
+    `div_` normalises it. fogo does not copy that: its buffer stays the momentum recursion."""
+    p = randn(gen, 16, 24).to(torch.bfloat16)
+    ours, theirs = p.clone().requires_grad_(True), p.clone().requires_grad_(True)
+    a, b = fogo.Muon([ours], **options), torch.optim.Muon([theirs], **options)
+    g = randn(gen, 16, 24).to(torch.bfloat16)
+    ours.grad, theirs.grad = g.clone(), g.clone()
+    a.step()
+    b.step()
+    expected = torch.zeros_like(g).lerp_(g, 1 - options.get("momentum", 0.95))
+    assert torch.equal(a.state[ours]["momentum_buffer"], expected)
+    assert not torch.equal(b.state[theirs]["momentum_buffer"], expected)  # the bug, as of 2.11
+    assert abs(b.state[theirs]["momentum_buffer"].float().norm().item() - 1) < 0.01
 
 
 def test_muon_defaults_match_torch():

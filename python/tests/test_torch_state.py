@@ -216,12 +216,7 @@ def test_muon_casts_loaded_state_to_the_parameters_dtype(gen, dtype):
     train(b, theirs, grads)
     for p, q in zip(ours, theirs):
         assert p.dtype == dtype and torch.isfinite(p).all()
-        if dtype == torch.float64:
-            assert torch.equal(p, q)  # bit for bit with torch.optim.Muon, as in fp32
-        else:
-            # fogo.Muon's bf16 step rounds differently from torch.optim.Muon's (a few bf16 ulps,
-            # with or without a load): compare with tolerance.
-            torch.testing.assert_close(p, q, rtol=0.05, atol=0.05)
+        assert torch.equal(p, q)  # bit for bit with torch.optim.Muon, as in fp32
 
 
 def test_torch_muon_checkpoint_continues_in_fogo_and_back(gen):
