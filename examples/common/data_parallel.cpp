@@ -222,8 +222,9 @@ std::string tensor_text(const torch::Tensor& t) {
 
 void DataParallel::check_same_settings(const RunSignature& settings) const {
   if (!impl_) return;
-  const std::string mine = settings.to_text();
-  const auto main_text = tensor_text(*impl_->from_main(text_tensor(mine), torch::kUInt8));
+  std::optional<torch::Tensor> mine;  // rank 0's text goes to every rank (another length too)
+  if (main()) mine = text_tensor(settings.to_text());
+  const auto main_text = tensor_text(*impl_->from_main(mine, torch::kUInt8));
   const RunSignature main_settings = RunSignature::from_text(settings.program(), main_text);
   std::string list;
   for (const auto& [flag, value] : settings.entries()) {

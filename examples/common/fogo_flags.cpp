@@ -2,10 +2,12 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
 #include "cli.h"
+#include "runtime.h"
 
 namespace fogo::trainer {
 namespace {
@@ -155,6 +157,16 @@ void apply_fogo_flags(FOGOOptions& o, const std::string& ablation,
     if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
     throw Cli::error("fogo", what);
   }
+  // FOGO's proximal lift solves a d x d system in float64 (d = proj_dim), three such matrices
+  // at once: a d the machine cannot hold ended in an allocator's message.
+  const double d = static_cast<double>(o.proj_dim()), lift = 3.0 * 8.0 * d * d;
+  const double ram = physical_memory_bytes();
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "proj_dim=%lld: FOGO's proximal lift solves a d x d system in float64 (3 x 8 "
+                "d^2 bytes = %.1f GB), more than this machine's %.1f GB of memory",
+                static_cast<long long>(o.proj_dim()), lift / 1e9, ram / 1e9);
+  Cli::require(ram <= 0 || lift <= ram, "fogo", text);
 }
 
 void add_fogo_flags(Cli& cli, std::vector<std::string>* assignments, std::string* ablation) {

@@ -61,6 +61,11 @@ void set_threads(int64_t threads) {
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 }
 
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0.0;
+}
+
 void stop_when_orphaned(std::chrono::milliseconds interval) {
   static std::atomic<bool> started{false};
   if (started.exchange(true)) return;

@@ -59,6 +59,10 @@ void exit_with_torchrun_agent();
 /// within `interval` of its parent process ending. Idempotent (one watchdog per process).
 void stop_when_orphaned(std::chrono::milliseconds interval = std::chrono::milliseconds(500));
 
+/// This machine's physical memory in bytes (0 when unknown): the bound of the flags whose size
+/// only the machine limits, checked before an allocator's message would say it less clearly.
+double physical_memory_bytes();
+
 /// The torch build, device and thread count in one line, for logs and result files.
 std::string describe_runtime(const torch::Device& device);
 

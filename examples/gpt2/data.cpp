@@ -8,13 +8,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "common/cli.h"
 
@@ -65,6 +69,74 @@ std::string to_string(DataFormat format) {
   return "?";
 }
 
+namespace {
+
+// SIGBUS on a mapped data file: the file shrank (truncated, rewritten in place) after it was
+// mapped, and a read touched a page past its new end. Without a handler the process dies with no
+// word; with it, the message names the file. Each mapping has a slot holding its address range
+// and its message, made when mapped: the handler only compares and writes (async-signal-safe).
+struct MappingSlot {
+  std::atomic<uintptr_t> begin{0}, end{0};
+  char message[512] = {};
+  size_t length = 0;
+};
+constexpr size_t kSlots = 256;
+MappingSlot g_slots[kSlots];
+struct sigaction g_previous {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (auto& slot : g_slots) {
+    const uintptr_t begin = slot.begin.load();
+    if (begin != 0 && addr >= begin && addr < slot.end.load()) {
+      [[maybe_unused]] const ssize_t w = ::write(2, slot.message, slot.length);
+      ::_exit(1);
+    }
+  }
+  // Not a data file's: what would have happened without this handler.
+  if ((g_previous.sa_flags & SA_SIGINFO) && g_previous.sa_sigaction) {
+    g_previous.sa_sigaction(sig, info, context);
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    g_previous.sa_handler(sig);
+  } else {
+    ::signal(SIGBUS, SIG_DFL);  // the faulting access repeats and ends the process
+  }
+}
+
+void watch_mapping(const void* data, int64_t size, const std::string& path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous);
+  });
+  static std::mutex mutex;
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (auto& slot : g_slots) {
+    if (slot.begin.load() != 0) continue;
+    const std::string text = "error: data file " + path + " changed size while training read it (" +
+                             std::to_string(size) +
+                             " bytes when opened; truncated or rewritten since?); stopping (exit "
+                             "status 1)\n";
+    slot.length = std::min(text.size(), sizeof slot.message);
+    std::memcpy(slot.message, text.data(), slot.length);
+    slot.end = reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(size);
+    slot.begin = reinterpret_cast<uintptr_t>(data);
+    return;
+  }
+  // More mapped files than slots: this one dies without a message, as before.
+}
+
+void unwatch_mapping(const void* data) {
+  for (auto& slot : g_slots) {
+    if (slot.begin.load() == reinterpret_cast<uintptr_t>(data)) slot.begin = 0;
+  }
+}
+
+}  // namespace
+
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   TORCH_CHECK(fd >= 0, "cannot open data file ", path_, ": ", std::strerror(errno));
@@ -86,10 +158,13 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   // Training reads windows at random offsets; read-ahead would only waste page cache.
   ::madvise(map, static_cast<size_t>(size_), MADV_RANDOM);
   data_ = static_cast<const uint8_t*>(map);
+  watch_mapping(data_, size_, path_);
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+  if (!data_) return;
+  unwatch_mapping(data_);
+  ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
 }
 
 void TokenStream::add(std::shared_ptr<const MappedFile> file, int64_t offset, int64_t count,

@@ -96,13 +96,15 @@ class DataParallel : public test::CorpusTest {
             "--dist-timeout=60"};
   }
 
-  /// `gpt2 train` on `nprocs` ranks with `extra` variables per rank.
+  /// `gpt2 train` on `nprocs` ranks with `extra` variables and `rank_args` flags per rank.
   fogo::testing::RankRun launch(const TrainConfig& c, int nprocs,
-                                std::function<fogo::testing::Env(int)> extra = {}) const {
+                                std::function<fogo::testing::Env(int)> extra = {},
+                                std::function<std::vector<std::string>(int)> rank_args = {}) const {
     const fs::path logs = fs::path(c.out_dir + "_logs");
     fs::create_directories(logs);
     return fogo::testing::launch_ranks({.exe = fogo::trainer::testing::gpt2_binary(),
                                         .args = flags(c),
+                                        .rank_args = std::move(rank_args),
                                         .nprocs = nprocs,
                                         .extra = std::move(extra),
                                         .log_dir = logs,
@@ -284,6 +286,24 @@ TEST_F(DataParallel, BadLaunchesAreClearErrors) {
   EXPECT_NE(run.ranks[1].log.find("RANK=1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"),
             std::string::npos)
       << run.logs();
+
+  // Ranks launched with another --data-seed and --eval-every (before: the first trained to the
+  // end with exit 0, the second aborted inside gloo): every rank stops at start-up with the
+  // usage status, rank 1 naming both flags with both values, and nothing is written.
+  TrainConfig flags_differ = config("adamw", 4, "flags_differ");
+  const auto differ = launch(flags_differ, 2, {}, [](int r) {
+    return r == 1 ? std::vector<std::string>{"--data-seed=7", "--eval-every=2"}
+                  : std::vector<std::string>{};
+  });
+  EXPECT_FALSE(differ.killed) << differ.logs();
+  for (const auto& rank : differ.ranks) EXPECT_EQ(rank.code, 2) << differ.logs();
+  EXPECT_NE(differ.ranks[1].log.find("rank 1 was launched with other flags than rank 0: "
+                                     "--data-seed 7 (rank 0: "),
+            std::string::npos)
+      << differ.logs();
+  EXPECT_NE(differ.ranks[1].log.find("--eval-every 2 (rank 0: 3)"), std::string::npos)
+      << differ.logs();
+  EXPECT_FALSE(fs::exists(fs::path(flags_differ.out_dir) / "metrics.jsonl"));
 
   // A checkpoint of 2 ranks x 4 resumed with another global batch (1 x 4): refused, naming
   // --batch-size with the global batch sizes.

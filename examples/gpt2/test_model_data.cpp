@@ -321,5 +321,26 @@ TEST(Data, ClearErrorsForPathsAndShortSplits) {
                {"--val-fraction"});
 }
 
+// A data file truncated while training reads it (mmap): the read past its new end raised SIGBUS
+// and the process died without a word. Now it exits with status 1 naming the file.
+TEST(DataFileDeathTest, TruncatedWhileReadNamesTheFile) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir("truncated");
+  const std::string path = (dir.path() / "shard.txt").string();
+  std::ofstream(path) << std::string(3 * 4096, 'a');
+  EXPECT_EXIT(
+      {
+        auto file = std::make_shared<const MappedFile>(path);
+        TokenStream stream;
+        stream.add(file, 0, file->size(), 1);
+        std::vector<int64_t> window(17);
+        stream.copy_window(0, 17, 256, window.data());  // readable while whole
+        std::filesystem::resize_file(path, 0);
+        stream.copy_window(stream.num_windows(17) - 1, 17, 256, window.data());
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1), "data file .*shard.txt changed size while training read it");
+}
+
 }  // namespace
 }  // namespace gpt2

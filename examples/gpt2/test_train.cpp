@@ -242,6 +242,43 @@ TEST_F(Training, CheckpointsAtEveryEvaluationAndKeepsTheBest) {
   EXPECT_EQ(step_of(fs::path(c.out_dir) / fogo::trainer::kCheckpointFile), 3);
 }
 
+// A rerun into a folder holding a run overwrote it silently (metrics truncated, checkpoint.pt
+// replaced, the old best.pt left beside the new run); two jobs on one --out mixed their files.
+TEST_F(Training, AFolderHoldingARunIsNeitherOverwrittenNorShared) {
+  TrainConfig c = config("adamw", "used");
+  c.max_steps = 4;
+  c.eval_every = 2;
+  train(c, log_);
+  const fs::path out(c.out_dir);
+  const auto read = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string metrics = read(out / "metrics.jsonl");
+  ASSERT_TRUE(fs::exists(out / fogo::trainer::kBestCheckpointFile));
+  test::expect_error([&] { train(c, log_); },
+                     {"--out: ",
+                      "holds a previous run (checkpoint.pt, best.pt, metrics.jsonl, "
+                      "metrics.csv)",
+                      "--resume", "--overwrite"});
+  EXPECT_EQ(read(out / "metrics.jsonl"), metrics);
+  EXPECT_EQ(step_of(out / fogo::trainer::kCheckpointFile), 4);
+  // While one run holds the folder, a second (even a --resume of it) is refused.
+  {
+    TrainConfig again = c;
+    again.resume = true;
+    Trainer running(again, log_);
+    test::expect_error([&] { train(again, log_); }, {"--out: ", "is in use by another run"});
+  }
+  // --overwrite replaces the run whole: a run that keeps no best.pt leaves none of the old one.
+  c.overwrite = true;
+  c.stop_at_step = 1;
+  train(c, log_);
+  EXPECT_FALSE(fs::exists(out / fogo::trainer::kBestCheckpointFile));
+  EXPECT_EQ(step_of(out / fogo::trainer::kCheckpointFile), 1);
+  EXPECT_NE(read(out / "metrics.jsonl"), metrics);
+}
+
 TEST_F(Training, ResumeRejectsADifferentRun) {
   TrainConfig c = config("adamw", "run");
   c.max_steps = 4;
@@ -375,6 +412,18 @@ TEST_F(Training, BadSettingsNameTheFlag) {
   c = config("adamw", "bad");
   c.n_head = 3;
   expect_flag(c, "--n-embd");
+  // Sizes only the data and the machine bound: before, std::bad_alloc, or what looked like a hang.
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> absurd = {
+      {[](TrainConfig& t) { t.batch_size = 1000000000000; },
+       "--batch-size: 1000000000000 sequences of 32 tokens need"},
+      {[](TrainConfig& t) { t.eval_sequences = 1000000000; },
+       "--eval-sequences: 1000000000 is more than the validation split's"},
+      {[](TrainConfig& t) { t.threads = 1000000; }, "--threads: must be in [0, "}};
+  for (const auto& [set, flag] : absurd) {
+    c = config("adamw", "bad");
+    set(c);
+    expect_flag(c, flag);
+  }
   // A divergent run stops with an error instead of logging NaN.
   c = config("adamw", "bad");
   c.optimizer.lr = 1e30;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "common/checkpoint.h"
@@ -21,6 +22,7 @@
 #include "common/optimizers.h"
 #include "common/progress.h"
 #include "common/report.h"
+#include "common/run_dir.h"
 #include "common/runtime.h"
 #include "common/signature.h"
 
@@ -112,6 +114,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
            "steps between checkpoints (0: at every evaluation); always at the end, and best.pt "
            "at each new lowest validation loss");
   cli.flag("resume", &c.resume, "continue from <out>/checkpoint.pt when it exists");
+  cli.flag("overwrite", &c.overwrite,
+           "replace the run already in --out (without it, or --resume, a folder holding a run's "
+           "files is refused)");
   cli.flag("stop-at-step", &c.stop_at_step, "stop after this step, checkpointed (0: never)");
   cli.flag("peak-tflops", &c.peak_tflops, "device peak for MFU (-1: 989 on CUDA, none on CPU)");
 
@@ -308,6 +313,27 @@ int64_t warmup_steps(const TrainConfig& cfg, int64_t steps) {
   return warmup;
 }
 
+// The flags whose sensible size only the data and the machine bound: refused naming the cause,
+// rather than met by an allocator's message (std::bad_alloc) or by what looks like a hang.
+void check_sizes(const TrainConfig& cfg, const GPTConfig& mc, const Corpus& corpus) {
+  const double ram = tr::physical_memory_bytes();
+  // A micro-batch's logits in float32, their gradient and the softmax: three of them at least.
+  const double logits = 3.0 * 4.0 * static_cast<double>(cfg.batch_size) *
+                        static_cast<double>(mc.block_size) * static_cast<double>(mc.vocab_size);
+  tr::Cli::require(ram <= 0 || logits <= ram, "batch-size",
+                   std::to_string(cfg.batch_size) + " sequences of " +
+                       std::to_string(mc.block_size) + " tokens need " +
+                       format_double(logits / 1e9, 1) +
+                       " GB for their logits alone, more than this machine's " +
+                       format_double(ram / 1e9, 1) + " GB of memory");
+  const int64_t windows = corpus.val.num_windows(mc.block_size + 1);
+  const int64_t most = std::max<int64_t>(windows, 1024);
+  tr::Cli::require(cfg.eval_sequences <= most, "eval-sequences",
+                   std::to_string(cfg.eval_sequences) + " is more than the validation split's " +
+                       std::to_string(windows) + " distinct windows (and than 1024): every " +
+                       "evaluation would take that many forward passes, repeating windows");
+}
+
 }  // namespace
 
 // One run, in the parts of its loop: set-up (the constructor), one training step, evaluation,
@@ -370,7 +396,12 @@ class Trainer::Impl {
   int64_t interval_count_ = 0;
   std::vector<tr::MetricsWriter> metrics_;
   std::unique_ptr<tr::Progress> progress_;
+  std::optional<tr::RunDirectory> run_dir_;  ///< rank 0: --out, claimed for this run
 };
+
+// The files of a run in its --out.
+const std::vector<std::string> kRunFiles = {tr::kCheckpointFile, tr::kBestCheckpointFile,
+                                            "metrics.jsonl", "metrics.csv"};
 
 Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
     : cfg_(cfg),
@@ -403,6 +434,16 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
   result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
   result_.rank = dp_.rank();
   result_.world_size = dp_.world_size();
+  check_sizes(cfg, mc_, corpus_);
+  // Every rank must run the same job: the signature, and the flags that steer the ranks'
+  // collectives (a rank resuming alone, stopping earlier, sharding differently would hang them).
+  tr::RunSignature launch = signature_;
+  launch.add("resume", cfg.resume)
+      .add("overwrite", cfg.overwrite)
+      .add("stop-at-step", cfg.stop_at_step)
+      .add("shard-step", cfg.data_parallel.shard_step);
+  dp_.check_same_settings(launch);
+  dp_.on_main([&] { run_dir_.emplace(cfg.out_dir, kRunFiles, cfg.resume, cfg.overwrite); });
   if (dp_.distributed()) {
     result_.device += ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)";
     dp_.broadcast_module(*model_);

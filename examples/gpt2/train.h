@@ -53,6 +53,7 @@ struct TrainConfig {
   std::string out_dir = "runs/gpt2";
   int64_t ckpt_every = 0;    ///< steps between checkpoints (0: at every evaluation)
   bool resume = false;       ///< continue from out_dir/checkpoint.pt when it exists
+  bool overwrite = false;    ///< replace a previous run's files in out_dir (else refused)
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step: simulates a crash
 
   std::string device = "auto";

@@ -135,6 +135,9 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("ckpt-every", &c.ckpt_every,
            "checkpoint every N steps (0: at the end of every epoch); always at the end");
   cli.flag("resume", &c.resume, "continue each run from its checkpoint when there is one");
+  cli.flag("overwrite", &c.overwrite,
+           "replace runs already in --out (without it, or --resume, a run folder holding a run's "
+           "files is refused)");
   cli.flag("stop-at-step", &c.stop_at_step,
            "stop each run after this step, with a checkpoint (0 = run to the end)");
   cli.renamed("stop-after", "stop-at-step");

@@ -82,6 +82,7 @@ struct Config {
   int64_t eval_every = 0;  ///< steps; 0 = at the end of every epoch (class-imbalanced) or task
   int64_t ckpt_every = 0;  ///< steps; 0 = at the end of every epoch
   bool resume = false;
+  bool overwrite = false;    ///< replace a previous run's files in its folder (else refused)
   int64_t stop_at_step = 0;  ///< stop (with a checkpoint) after this step; 0 = never
   std::string device = "auto";
   int64_t threads = 0;

@@ -390,6 +390,19 @@ TEST(Resume, RefusesOtherSettings) {
     EXPECT_NE(std::string(e.what()).find("--ns-dtype was bf16, now fp32"), std::string::npos)
         << e.what();
   }
+  // Without --resume the run's folder is not overwritten silently; --overwrite replaces it.
+  c.ns_dtype = "bf16";
+  c.resume = false;
+  try {
+    train_run(resolve(c, "adam", 0), data, log);
+    FAIL() << "a rerun overwrote the run";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--out: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds a previous run (checkpoint.pt"), std::string::npos)
+        << e.what();
+  }
+  c.overwrite = true;
+  EXPECT_NO_THROW(train_run(resolve(c, "adam", 0), data, log));
 }
 
 // The binary's command line: a refused one exits with status 2 and one error line naming the

@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "common/optimizers.h"
 #include "common/progress.h"
+#include "common/run_dir.h"
 #include "common/runtime.h"
 #include "common/signature.h"
 #include "optimizers.h"
@@ -157,6 +158,13 @@ class Run {
     trainer::make_deterministic(c.seed);  // the model's initial weights come from this seed
     plan_ = make_plan(c, data, device_);
     build_model_and_optimizer();
+    check_ranks_agree();
+    dp_.on_main([&] {
+      claim_.emplace(dir_,
+                     std::vector<std::string>{trainer::kCheckpointFile, "train.jsonl", "train.csv",
+                                              "eval.jsonl", "eval.csv", "result.jsonl"},
+                     c_.resume, c_.overwrite);
+    });
     if (dp_.distributed()) join_ranks();
     schedule_steps();
     lay_out_result();
@@ -180,6 +188,19 @@ class Run {
     if (c_.replay != "none") {
       buffer_ = std::make_unique<ReplayBuffer>(c_.buffer_size, plan_.num_classes);
     }
+  }
+
+  // Every rank must run the same job: the signature, and the flags that steer the ranks'
+  // collectives or their data (a rank resuming alone, stopping earlier, reading another folder).
+  void check_ranks_agree() const {
+    trainer::RunSignature launch = signature();
+    launch.add("data-dir", c_.data_dir)
+        .add("resume", c_.resume)
+        .add("overwrite", c_.overwrite)
+        .add("stop-at-step", c_.stop_at_step)
+        .add("shard-step", c_.data_parallel.shard_step);
+    if (!c_.sync_bn) launch.add("sync-bn", false);  // the signature lists it when on
+    dp_.check_same_settings(launch);
   }
 
   // Data-parallel (under torchrun): every rank starts from rank 0's model, gradients are
@@ -733,6 +754,7 @@ class Run {
   AccuracyMatrix R_;
   RunResult result_;
   std::optional<trainer::MetricsWriter> train_log_, eval_log_;
+  std::optional<trainer::RunDirectory> claim_;  ///< rank 0: the run's folder, claimed
 };
 
 }  // namespace
