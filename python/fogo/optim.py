@@ -635,3 +635,7 @@ class Muon(_CppOptimizer):
 for _cls in (FOGO, Muon):
     _cls.__init__.__signature__ = _signature(_cls._Cpp)  # type: ignore[attr-defined]
     _cls.__doc__ = _cls.__doc__.format(options=_options_doc(_cls._Cpp))
+_sig = Muon.__init__.__signature__  # type: ignore[attr-defined]
+Muon.__init__.__signature__ = _sig.replace(parameters=[  # type: ignore[attr-defined]
+    *_sig.parameters.values(),
+    inspect.Parameter("dtensor", inspect.Parameter.KEYWORD_ONLY, default="owner")])
