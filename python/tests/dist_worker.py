@@ -105,7 +105,7 @@ def fsdp(tmp, kind):
     from torch.distributed.tensor import DTensor
 
     cls = {"fsdp_muon": fogo.Muon, "fsdp_muon_gather": fogo.Muon, "fsdp_fogo": fogo.FOGO,
-           "fsdp_hybrid": fogo.FOGO}[kind]
+           "fsdp_hybrid": fogo.FOGO, "fsdp_hybrid_muon": fogo.Muon}[kind]
     options = {"lr": 0.02, "ns_dtype": torch.float32}
     if kind == "fsdp_muon":  # owner-computes (the default); weight decay and Nesterov on
         options.update(weight_decay=0.1)
@@ -113,12 +113,12 @@ def fsdp(tmp, kind):
         options.update(dtensor="gather")
     if cls is fogo.FOGO:
         options.update(codebook_size=6, proj_dim=8, reseed_every=3)
-    if kind == "fsdp_hybrid":  # biases to AdamW, sharded too
+    if kind.startswith("fsdp_hybrid"):  # biases to AdamW, sharded too
         make = lambda model: fogo.Hybrid(model, cls, options, {"lr": 1e-2})  # noqa: E731
     else:
         make = lambda model: cls(model.parameters(), **options)  # noqa: E731
     torch.manual_seed(0)
-    reference = Chain(bias=kind == "fsdp_hybrid")
+    reference = Chain(bias=kind.startswith("fsdp_hybrid"))
     sharded = copy.deepcopy(reference)
     for layer in sharded.layers:
         fully_shard(layer)
@@ -128,9 +128,10 @@ def fsdp(tmp, kind):
     if cls is fogo.Muon:
         # Owner-computes keeps each momentum sharded as its parameter (a DTensor); the
         # all-gather scheme full-size and replicated.
-        for p in sharded.parameters():
-            buf = opt.state[p]["momentum_buffer"]
-            if kind == "fsdp_muon":
+        muon = opt.matrix if kind == "fsdp_hybrid_muon" else opt
+        for p in (p for g in muon.param_groups for p in g["params"]):
+            buf = muon.state[p]["momentum_buffer"]
+            if kind != "fsdp_muon_gather":
                 assert isinstance(buf, DTensor) and buf.placements == p.placements, type(buf)
                 assert buf.to_local().shape == p.to_local().shape
             else:

@@ -29,11 +29,12 @@ def torchrun(case, tmp_path, nproc=2):
 
 def test_zero_resumes_and_fsdp2_equals_the_unsharded_run(tmp_path):
     # One launch for the cases (dist_worker.py: zero, fsdp_muon (owner-computes),
-    # fsdp_muon_gather, fsdp_fogo, fsdp_hybrid, fsdp_muon_dcp, fsdp_muon_nonfinite), and
+    # fsdp_muon_gather, fsdp_fogo, fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_dcp,
+    # fsdp_muon_nonfinite), and
     # fsdp_dcp's and fsdp_muon_dcp's checkpoints, loaded here on one process, unsharded: bit for
     # bit what the two ranks held (the state does not depend on the sharding).
-    out = torchrun("zero,fsdp_muon,fsdp_muon_gather,fsdp_fogo,fsdp_hybrid,fsdp_dcp,fsdp_muon_dcp,"
-                   "fsdp_muon_nonfinite", tmp_path)
+    out = torchrun("zero,fsdp_muon,fsdp_muon_gather,fsdp_fogo,fsdp_hybrid,fsdp_hybrid_muon,"
+                   "fsdp_dcp,fsdp_muon_dcp,fsdp_muon_nonfinite", tmp_path)
     print(out)
     load_muon_checkpoint_unsharded(tmp_path)
     model, opt, expected = load_unsharded(tmp_path, fogo.FOGO, "FSDP_DCP_OPTIONS", "dcp",
