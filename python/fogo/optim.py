@@ -19,7 +19,7 @@ import torch
 from . import _C, _memory
 
 try:  # DTensor parameters (FSDP2's fully_shard, tensor parallelism)
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 except ImportError:  # torch without torch.distributed
     DTensor = None
 
@@ -95,6 +95,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         self._cpp = self._Cpp(defaults)
         self._shadows: dict[int, torch.Tensor] = {}  # id(DTensor parameter) -> full shadow
         self._written: dict[int, torch.Tensor] = {}  # ... -> the local shard the shadow holds
+        self._locals: dict[int, torch.Tensor] = {}  # id(owner-computed parameter) -> its shard
         super().__init__(params, defaults)
 
     @classmethod
@@ -122,6 +123,19 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _snapshot_memory(self) -> None:
         """Group-level state into the param groups (FOGO's memory), before they are saved."""
 
+    def _owner_computes(self, p: torch.Tensor) -> bool:
+        """Whether DTensor parameter ``p`` is stepped by owner-computes (fogo.Muon) instead of
+        the all-gather scheme."""
+        return False
+
+    def _owner_step(self) -> None:
+        """The owner-computed parameters' step, after the C++ step."""
+
+    def _owner_check(self) -> bool:
+        """Before anything changes: the owner-computed gradients' NaN/Inf policy (raises, or
+        False to skip the step)."""
+        return True
+
     # -- param groups -------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -144,7 +158,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         # Every parameter's state exists from the start: every rank of a distributed run holds
         # the same keys before the first step, and DCP never steps to "initialise" it.
         for p in group["params"]:
-            self.state[p] = self._fresh_state(self._cpp_param(p))
+            self.state[p] = self._new_state(p)
         self._adopt()
 
     # -- sharded (DTensor) parameters ---------------------------------------------------------
@@ -158,19 +172,62 @@ class _CppOptimizer(torch.optim.Optimizer):
     # every rank. docs/python.md counts the communication.
 
     def _bind(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The tensors the C++ optimizer holds for ``params``: a full shadow for a DTensor."""
+        """The tensors the C++ optimizer holds for ``params``: a full shadow for a DTensor; for
+        an owner-computed one its local shard, which never has a gradient (the C++ step skips
+        it; it stands in the groups and the checkpoint layout)."""
         for p in params:
-            if DTensor is not None and isinstance(p, DTensor) and id(p) not in self._shadows:
+            if DTensor is None or not isinstance(p, DTensor):
+                continue
+            if self._owner_computes(p):
+                self._locals[id(p)] = p.to_local().detach()
+            elif id(p) not in self._shadows:
                 with torch.no_grad():
                     self._shadows[id(p)] = p.full_tensor().detach().clone()
                     self._written[id(p)] = p.to_local().detach().clone()
         return [self._cpp_param(p) for p in params]
 
     def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
-        return self._shadows.get(id(p), p)
+        return self._shadows.get(id(p), self._locals.get(id(p), p))
+
+    def _new_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        if id(p) in self._locals:  # sharded like the parameter
+            return {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
+                                          shape=p.shape, stride=p.stride())
+                    for k, v in self._fresh_state(self._locals[id(p)]).items()}
+        return self._fresh_state(self._cpp_param(p))
+
+    def _cpp_state(self, p: torch.Tensor, st: dict[str, Any]) -> dict[str, Any]:
+        """A parameter's opt.state as the C++ optimizer holds it: owner-computed ones' local
+        shards."""
+        if id(p) not in self._locals:
+            return st
+        return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in st.items()}
+
+    def _from_cpp_state(self, p: torch.Tensor, st: dict[str, Any]) -> dict[str, Any]:
+        if id(p) not in self._locals:
+            return st
+        return {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
+                                      shape=p.shape, stride=p.stride())
+                if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+
+    def _local_value(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """A loaded state tensor of owner-computed parameter ``p`` as its local shard: a DTensor
+        laid out as the parameter, or a full tensor (an unsharded checkpoint) sliced."""
+        if id(p) not in self._locals:
+            return value
+        if isinstance(value, DTensor):
+            value = value.full_tensor() if value.placements != p.placements else value
+            if isinstance(value, DTensor):
+                return value.to_local()
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: a state tensor of shape "
+                f"{tuple(value.shape)} for a parameter of shape {tuple(p.shape)}")
+        return distribute_tensor(value.to(p.device), p.device_mesh, p.placements,
+                                 src_data_rank=None).to_local()
 
     def _cpp_groups(self) -> list[dict[str, Any]]:
-        if not self._shadows:
+        if not self._shadows and not self._locals:
             return self.param_groups
         return [{**g, "params": [self._cpp_param(p) for p in g["params"]]}
                 for g in self.param_groups]
@@ -222,8 +279,8 @@ class _CppOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 st = self.state.get(p)
                 if not isinstance(st, dict) or any(k not in st for k in self._fresh_keys):
-                    st = self.state[p] = {**self._fresh_state(self._cpp_param(p)), **(st or {})}
-                row.append(st)
+                    st = self.state[p] = {**self._new_state(p), **(st or {})}
+                row.append(self._cpp_state(p, st))
             rows.append(row)
         self._cpp.adopt_states(rows)
 
@@ -233,7 +290,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         for group, row in zip(self.param_groups, self._cpp.param_states()):
             for p, st in zip(group["params"], row):
                 if st is not None:
-                    self.state[p] = st
+                    self.state[p] = self._from_cpp_state(p, st)
         self._adopt()
 
     # -- stepping -----------------------------------------------------------------------------
@@ -243,11 +300,15 @@ class _CppOptimizer(torch.optim.Optimizer):
         """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
         loss = evaluate_closure(closure)
         self._sync()
+        if self._locals and not self._owner_check():
+            return loss
         if self._shadows:
             self._gather()
         self._cpp.step()
         if self._shadows:
             self._scatter()
+        if self._locals:
+            self._owner_step()
         return loss
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -290,9 +351,11 @@ class _CppOptimizer(torch.optim.Optimizer):
             if key not in where:
                 raise ValueError(f"{name}.load_state_dict: state for unknown parameter {key!r}")
             g, i = where[key]
-            p = self._cpp_param(self.param_groups[g]["params"][i])
+            param = self.param_groups[g]["params"][i]
+            p = self._cpp_param(param)
             state[(g, i)] = {
-                k: self._cast_state(p, v) if isinstance(v, torch.Tensor) else v
+                k: self._cast_state(p, self._local_value(param, v))
+                if isinstance(v, torch.Tensor) else v
                 for k, v in value.items()
             }
         memory = self._group_memory(saved_groups, state_dict)
@@ -315,7 +378,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.param_groups):
             for i, p in enumerate(group["params"]):
                 if self.state.get(p):
-                    state[(g, i)] = self.state[p]
+                    state[(g, i)] = self._cpp_state(p, self.state[p])
         memory = self._group_memory(self.param_groups, {})
         self._cpp.load_state_dict(self.param_groups, state, memory)
         self._expose()
@@ -331,7 +394,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         # copied state.
         super().__setstate__(state)
         self._cpp = self._Cpp(self.defaults)
-        self._shadows, self._written = {}, {}
+        self._shadows, self._written, self._locals = {}, {}, {}
         for group in self.param_groups:
             self._cpp.add_param_group(self._bind(group["params"]), group)
         self._restore()
@@ -437,14 +500,121 @@ class Muon(_CppOptimizer):
     groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
     ``nonfinite`` is "raise", "skip", "unchecked" (torch.optim.Muon's behaviour) or "mask", as
     for :class:`FOGO`.
+
+    ``dtensor`` (not a group option) chooses the scheme for DTensor parameters sharded by rows
+    over a 1-D mesh of more than one rank (FSDP2's ``fully_shard``): "owner" (the default:
+    owner-computes, sharded momenta) or "gather" (every rank computes, as fogo.FOGO);
+    docs/python.md, "FSDP2 and DTensor parameters".
     """
 
     _Cpp = _C.Muon
     _aliases = {"adjust_lr": "adjust_lr_fn"}  # fogo 0.1's name
     _fresh_keys = ("momentum_buffer",)
+    _schemes = ("owner", "gather")
 
-    def __init__(self, params: Iterable[Any], lr: Optional[float] = None, **options: Any):
+    def __init__(self, params: Iterable[Any], lr: Optional[float] = None, *,
+                 dtensor: str = "owner", **options: Any):
+        if dtensor not in self._schemes:
+            raise ValueError(f"Muon: option 'dtensor' must be one of {self._schemes}, "
+                             f"got {dtensor!r}")
+        self._dtensor = dtensor  # read by add_param_group, in super().__init__
         super().__init__(params, lr, **options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_dtensor": self._dtensor}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._dtensor = state.pop("_dtensor", "owner")
+        super().__setstate__(state)
+
+    # -- owner-computes for DTensor parameters ------------------------------------------------
+    #
+    # Each row-sharded matrix has one owner rank (greedy by Newton-Schulz cost, costliest first
+    # to the least-loaded rank, as fogo::dist::assign_owners; the same on every rank). A step:
+    # every rank updates its shard of the momentum (elementwise: the C++ step's ops, so the same
+    # numbers as on the full matrix), the owner gathers the momentum-updated (Nesterov) matrix,
+    # orthogonalizes it with the C++ Newton-Schulz, and scatters it back; every rank applies the
+    # update to its own shard. The momentum is a DTensor laid out as its parameter.
+
+    def _owner_computes(self, p: torch.Tensor) -> bool:
+        return (self._dtensor == "owner" and p.device_mesh.ndim == 1
+                and p.device_mesh.size() > 1 and tuple(p.placements) == (Shard(0),))
+
+    def _owned(self) -> list[tuple[dict[str, Any], int, torch.Tensor, int]]:
+        """(group, index, parameter, owner's rank in the mesh) of every owner-computed
+        parameter, in group order (every rank issues the collectives in this order)."""
+        items = [(group, i, p) for group in self.param_groups
+                 for i, p in enumerate(group["params"]) if id(p) in self._locals]
+        costs = []
+        for _, _, p in items:
+            rows = p.shape[0]
+            cols = p.numel() // max(rows, 1)
+            costs.append(float(rows) * cols * min(rows, cols))
+        owners = [0] * len(items)
+        load: dict[Any, list[float]] = {}
+        for k in sorted(range(len(items)), key=lambda k: -costs[k]):  # stable: ties in order
+            mesh = items[k][2].device_mesh
+            ranks = load.setdefault(mesh, [0.0] * mesh.size())
+            owners[k] = min(range(len(ranks)), key=ranks.__getitem__)
+            ranks[owners[k]] += costs[k]
+        return [(g, i, p, r) for (g, i, p), r in zip(items, owners)]
+
+    def _owner_check(self) -> bool:
+        checked = [(g, i, p) for g, i, p, _ in self._owned()
+                   if p.grad is not None and g["nonfinite"] != "unchecked"]
+        if not checked:
+            return True
+        # One flag per parameter, all-reduced: every rank knows which (if any) is not finite.
+        bad = torch.stack([~torch.isfinite(p.grad.to_local()).all() for _, _, p in checked])
+        bad = bad.to(torch.int32)
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX,
+                                     group=checked[0][2].device_mesh.get_group())
+        for (g, i, p), flag in zip(checked, bad.tolist()):
+            if not flag:
+                continue
+            if g["nonfinite"] == "raise":
+                index = self.param_groups.index(g)
+                raise ValueError(
+                    f"Muon: the gradient of parameter {i} of param group {index} (shape "
+                    f"{tuple(p.shape)}, a DTensor) has non-finite values (NaN/Inf) on some rank; "
+                    f"nothing was changed (option 'nonfinite')")
+            return False  # "skip" and "mask" (the latter with a host synchronisation here)
+        return True
+
+    def _owner_step(self) -> None:
+        dist = torch.distributed
+        for group, _, p, owner in self._owned():
+            if p.grad is None:
+                continue
+            grad, buf, local = p.grad.to_local(), self.state[p]["momentum_buffer"].to_local(), \
+                p.to_local()
+            momentum = group["momentum"]
+            buf.lerp_(grad, 1.0 - momentum)
+            update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+            mesh_group = p.device_mesh.get_group()
+            world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+            src = dist.get_global_rank(mesh_group, owner)
+            # Shard(0) lays rows out as torch.chunk does: ceil(rows / world) a rank, the last
+            # ones shorter or empty. Shards travel padded to that size.
+            chunk = -(-p.shape[0] // world)
+            padded = update.new_zeros((chunk,) + tuple(p.shape[1:]))
+            padded[: update.shape[0]].copy_(update)
+            pieces = [torch.empty_like(padded) for _ in range(world)] if rank == owner else None
+            dist.gather(padded, pieces, dst=src, group=mesh_group)
+            ortho_pieces = None
+            if rank == owner:
+                full = torch.cat(pieces)[: p.shape[0]]
+                ortho = _C.muon_orthogonalize(full, group).reshape(p.shape)
+                ortho_pieces = [padded.new_zeros(padded.shape, dtype=ortho.dtype)
+                                for _ in range(world)]
+                for r, piece in enumerate(ortho.split(chunk)):
+                    ortho_pieces[r][: piece.shape[0]].copy_(piece)
+            mine = padded.new_empty(padded.shape, dtype=group["ns_dtype"])
+            dist.scatter(mine, ortho_pieces, src=src, group=mesh_group)
+            lr = group["lr"]
+            adjusted_lr = _C.muon_adjusted_lr(group, p.shape[0], p.numel() // max(p.shape[0], 1))
+            local.mul_(1.0 - lr * group["weight_decay"])
+            local.add_(mine[: local.shape[0]], alpha=-adjusted_lr)
 
     def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
@@ -465,3 +635,7 @@ class Muon(_CppOptimizer):
 for _cls in (FOGO, Muon):
     _cls.__init__.__signature__ = _signature(_cls._Cpp)  # type: ignore[attr-defined]
     _cls.__doc__ = _cls.__doc__.format(options=_options_doc(_cls._Cpp))
+_sig = Muon.__init__.__signature__  # type: ignore[attr-defined]
+Muon.__init__.__signature__ = _sig.replace(parameters=[  # type: ignore[attr-defined]
+    *_sig.parameters.values(),
+    inspect.Parameter("dtensor", inspect.Parameter.KEYWORD_ONLY, default="owner")])

@@ -19,6 +19,7 @@
 #include <torch/extension.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <array>
 #include <sstream>
 #include <string>
@@ -709,6 +710,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("presets") = presets;
 
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
+  // Owner-computes for sharded (DTensor) parameters (fogo/optim.py): the owner rank of a matrix
+  // orthogonalizes the whole momentum-updated matrix as Muon::step does (the same NSConfig, the
+  // same matrix view [rows, numel / rows], the same cast into the compute dtype); every rank
+  // takes the adjusted learning rate for the shape; the elementwise parts run on the shards.
+  m.def(
+      "muon_orthogonalize",
+      [](const at::Tensor& update, const py::dict& group) {
+        const fogo::MuonOptions o = Bound<MuonTraits>::options_from(group);
+        o.validate();
+        TORCH_CHECK(update.dim() >= 2,
+                    "fogo._C.muon_orthogonalize: 'update' must have >= 2 dimensions, got ",
+                    update.sizes());
+        const fogo::NSConfig ns = fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(),
+                                                  fogo::NSNormalization::ClampMin, o.ns_dtype(),
+                                                  o.ns_form(), o.ns_gram_restart());
+        const int64_t rows = update.size(0), cols = update.numel() / std::max<int64_t>(rows, 1);
+        at::Tensor x = at::empty({rows, cols}, update.options().dtype(ns.compute_dtype));
+        x.view(update.sizes()).copy_(update);
+        const at::Tensor ortho = fogo::newton_schulz(x, ns);
+        // The other ranks receive it into tensors of ns_dtype.
+        TORCH_CHECK(ortho.scalar_type() == o.ns_dtype(),
+                    "fogo._C.muon_orthogonalize: the result's dtype is not ns_dtype");
+        return ortho;
+      },
+      py::arg("update"), py::arg("group"));
+  m.def(
+      "muon_adjusted_lr",
+      [](const py::dict& group, int64_t rows, int64_t cols) {
+        const fogo::MuonOptions o = Bound<MuonTraits>::options_from(group);
+        return fogo::muon_adjusted_lr(o.lr(), o.adjust_lr(), rows, cols);
+      },
+      py::arg("group"), py::arg("rows"), py::arg("cols"));
   m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
   m.def("options_markdown", &fogo::options_markdown);
   m.def("cuda_kernels", [] {

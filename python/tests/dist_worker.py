@@ -7,9 +7,12 @@ a mismatch, so torchrun's exit status is the verdict.
 Several cases run in one launch (one process group): starting two ranks costs more than a case.
 """
 
+import contextlib
 import copy
 import os
 import sys
+
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -17,6 +20,9 @@ import torch.distributed as dist
 import fogo
 
 torch.set_num_threads(1)
+# Divisible by 2 and 3: FSDP2 averages the ranks' mean losses, the mean over the batch only when
+# every rank has as many rows.
+BATCH = 12
 SHAPES = [(16, 24), (24, 24), (33, 16), (8, 24)]  # 33 rows: an uneven FSDP2 shard
 
 
@@ -98,24 +104,41 @@ def fsdp(tmp, kind):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    cls = {"fsdp_muon": fogo.Muon, "fsdp_fogo": fogo.FOGO, "fsdp_hybrid": fogo.FOGO}[kind]
+    cls = {"fsdp_muon": fogo.Muon, "fsdp_muon_gather": fogo.Muon, "fsdp_fogo": fogo.FOGO,
+           "fsdp_hybrid": fogo.FOGO, "fsdp_hybrid_muon": fogo.Muon}[kind]
     options = {"lr": 0.02, "ns_dtype": torch.float32}
+    if kind == "fsdp_muon":  # owner-computes (the default); weight decay and Nesterov on
+        options.update(weight_decay=0.1)
+    if kind == "fsdp_muon_gather":
+        options.update(dtensor="gather")
     if cls is fogo.FOGO:
         options.update(codebook_size=6, proj_dim=8, reseed_every=3)
-    if kind == "fsdp_hybrid":  # biases to AdamW, sharded too
+    if kind.startswith("fsdp_hybrid"):  # biases to AdamW, sharded too
         make = lambda model: fogo.Hybrid(model, cls, options, {"lr": 1e-2})  # noqa: E731
     else:
         make = lambda model: cls(model.parameters(), **options)  # noqa: E731
     torch.manual_seed(0)
-    reference = Chain(bias=kind == "fsdp_hybrid")
+    reference = Chain(bias=kind.startswith("fsdp_hybrid"))
     sharded = copy.deepcopy(reference)
     for layer in sharded.layers:
         fully_shard(layer)
     fully_shard(sharded)
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
     ref_opt, opt = make(reference), make(sharded)
+    if cls is fogo.Muon:
+        # Owner-computes keeps each momentum sharded as its parameter (a DTensor); the
+        # all-gather scheme full-size and replicated.
+        muon = opt.matrix if kind == "fsdp_hybrid_muon" else opt
+        for p in (p for g in muon.param_groups for p in g["params"]):
+            buf = muon.state[p]["momentum_buffer"]
+            if kind != "fsdp_muon_gather":
+                assert isinstance(buf, DTensor) and buf.placements == p.placements, type(buf)
+                assert buf.to_local().shape == p.to_local().shape
+            else:
+                assert not isinstance(buf, DTensor) and buf.shape == p.shape
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    counter = CommCounter() if kind == "fsdp_muon" else contextlib.nullcontext()
     for t in range(6):
         if t == 3:  # parameters changed between steps by other code: the step must see it
             with torch.no_grad():
@@ -123,17 +146,20 @@ def fsdp(tmp, kind):
                     p.mul_(0.5)
                     q.mul_(0.5)
         gen = torch.Generator().manual_seed(200 + t)
-        x, y = torch.randn(8, 24, generator=gen), torch.randn(8, 16, generator=gen)
+        x, y = torch.randn(BATCH, 24, generator=gen), torch.randn(BATCH, 16, generator=gen)
         torch.nn.functional.mse_loss(reference(x), y).backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        rows = slice(rank * 8 // world, (rank + 1) * 8 // world)  # this rank's half of the batch
+        rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's share
         torch.nn.functional.mse_loss(sharded(x[rows]), y[rows]).backward()
-        opt.step()
+        with counter:
+            opt.step()
         opt.zero_grad()
         for k, (p, q) in enumerate(zip(reference.parameters(), sharded.parameters())):
             torch.testing.assert_close(q.full_tensor(), p.detach(), rtol=2e-5, atol=2e-6,
                                        msg=lambda m: f"step {t}, parameter {k}: {m}")
+    if kind == "fsdp_muon":
+        check_owner_traffic(counter, sharded, steps=6)
     if cls is fogo.FOGO:
         mem = (opt.matrix if kind == "fsdp_hybrid" else opt).memory(0)["centroids"]
         everyone = [torch.empty_like(mem) for _ in range(world)]
@@ -141,12 +167,78 @@ def fsdp(tmp, kind):
         assert all(torch.equal(m, mem) for m in everyone), "codebooks differ across ranks"
 
 
+class CommCounter:
+    """Counts the bytes this rank sends and receives in the collectives an optimizer step calls
+    (torch.distributed.gather / scatter / all_reduce, wrapped while inside ``with``)."""
+
+    def __init__(self):
+        self.sent = self.received = 0
+        self.calls = defaultdict(int)
+
+    def __enter__(self):
+        self.saved = {name: getattr(dist, name) for name in ("gather", "scatter", "all_reduce")}
+        me = dist.get_rank()
+
+        def gather(tensor, gather_list=None, dst=0, group=None, **kw):
+            self.calls["gather"] += 1
+            if me == dst:
+                self.received += sum(t.nbytes for t in gather_list) - tensor.nbytes
+            else:
+                self.sent += tensor.nbytes
+            return self.saved["gather"](tensor, gather_list, dst=dst, group=group, **kw)
+
+        def scatter(tensor, scatter_list=None, src=0, group=None, **kw):
+            self.calls["scatter"] += 1
+            if me == src:
+                self.sent += sum(t.nbytes for t in scatter_list) - tensor.nbytes
+            else:
+                self.received += tensor.nbytes
+            return self.saved["scatter"](tensor, scatter_list, src=src, group=group, **kw)
+
+        def all_reduce(tensor, *args, **kw):
+            self.calls["all_reduce"] += 1
+            self.sent += tensor.nbytes  # a payload's size: what a ring moves each way, ~2x
+            self.received += tensor.nbytes
+            return self.saved["all_reduce"](tensor, *args, **kw)
+
+        dist.gather, dist.scatter, dist.all_reduce = gather, scatter, all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        for name, f in self.saved.items():
+            setattr(dist, name, f)
+
+
+def check_owner_traffic(counter, model, steps):
+    """Owner-computes' traffic, measured, against its count: per matrix and step, each rank not
+    owning it sends its (padded) shard and receives its orthogonalized shard, the owner the
+    reverse; plus one all-reduce of a 4-byte NaN/Inf flag per matrix. Rank 0 prints it."""
+    world = dist.get_world_size()
+    shard_bytes = [-(-p.shape[0] // world) * (p.numel() // p.shape[0]) * 4
+                   for p in model.parameters()]
+    every = torch.tensor([counter.sent, counter.received], dtype=torch.int64)
+    totals = [torch.empty_like(every) for _ in range(world)]
+    dist.all_gather(totals, every)
+    sent = sum(int(t[0]) for t in totals)
+    flags = 4 * len(shard_bytes) * steps * world
+    expected = steps * sum(2 * (world - 1) * b for b in shard_bytes) + flags
+    assert sent == expected, (sent, expected)
+    assert counter.calls["gather"] == counter.calls["scatter"] == steps * len(shard_bytes)
+    assert counter.calls["all_reduce"] == steps, counter.calls
+    if dist.get_rank() == 0:
+        n = sum(p.numel() for p in model.parameters())
+        print(f"owner-computes traffic: world {world}, {n} matrix elements (fp32), per step "
+              f"all ranks sent {sent // steps} bytes (per rank "
+              f"{[int(t[0]) // steps for t in totals]} sent, "
+              f"{[int(t[1]) // steps for t in totals]} received)", flush=True)
+
+
 FSDP_DCP_OPTIONS = {"lr": 0.02, "codebook_size": 6, "proj_dim": 8, "freeze_per_task": 2}
 
 
 def fsdp_batch(t):
     gen = torch.Generator().manual_seed(300 + t)
-    return torch.randn(8, 24, generator=gen), torch.randn(8, 16, generator=gen)
+    return torch.randn(BATCH, 24, generator=gen), torch.randn(BATCH, 16, generator=gen)
 
 
 def fsdp_dcp(tmp):
@@ -168,7 +260,7 @@ def fsdp_dcp(tmp):
         if t == 2:
             opt.task_boundary()
         x, y = fsdp_batch(t)
-        rows = slice(rank * 8 // world, (rank + 1) * 8 // world)
+        rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
         torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
         opt.step()
         opt.zero_grad()
@@ -178,6 +270,99 @@ def fsdp_dcp(tmp):
                 "optim": copy.deepcopy(opt.state_dict())}
     if rank == 0:
         torch.save(expected, os.path.join(tmp, "expected.pt"))
+
+
+MUON_DCP_OPTIONS = {"lr": 0.02, "ns_dtype": torch.float32, "weight_decay": 0.1}
+
+
+def sharded_chain():
+    from torch.distributed.fsdp import fully_shard
+
+    model = Chain()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def fsdp_muon_dcp(tmp):
+    """An FSDP2 run of fogo.Muon (owner-computes, sharded momenta) saved with DCP: loaded here
+    into a fresh sharded model and optimizer (the same state, and the next step equal to the
+    uninterrupted run's), and by test_distributed.py on one process, unsharded."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.tensor import DTensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+
+    def train(model, opt, t):
+        x, y = fsdp_batch(t)
+        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+
+    torch.manual_seed(0)
+    model = sharded_chain()
+    opt = fogo.Muon(model.parameters(), **MUON_DCP_OPTIONS)
+    for t in range(3):
+        train(model, opt, t)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "dcp_muon"))
+    full = {k: {n: v.full_tensor() for n, v in st.items()}
+            for k, st in opt.state_dict()["state"].items()}
+    params = [p.full_tensor() for p in model.parameters()]  # collectives: on every rank
+    if rank == 0:
+        torch.save({"params": params, "state": full}, os.path.join(tmp, "expected_muon.pt"))
+
+    torch.manual_seed(1)  # other weights: the load must replace them
+    model2 = sharded_chain()
+    opt2 = fogo.Muon(model2.parameters(), **MUON_DCP_OPTIONS)
+    msd2, osd2 = get_state_dict(model2, opt2)
+    target = {"model": msd2, "optim": osd2}
+    dcp.load(target, checkpoint_id=os.path.join(tmp, "dcp_muon"))
+    set_state_dict(model2, opt2, model_state_dict=target["model"],
+                   optim_state_dict=target["optim"])
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor())
+        a, b = opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"]
+        assert isinstance(b, DTensor) and b.placements == q.placements
+        assert torch.equal(a.full_tensor(), b.full_tensor())
+    train(model, opt, 3)
+    train(model2, opt2, 3)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor()), "the resumed step differs"
+
+
+def fsdp_muon_nonfinite(tmp):
+    """A NaN in one rank's gradient rows of an owner-computed matrix: "raise" raises on every
+    rank naming the parameter, "skip" skips; either way nothing changes (parameters, momenta)."""
+    torch.manual_seed(0)
+    model = sharded_chain()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    for policy in ("raise", "skip"):
+        opt = fogo.Muon(model.parameters(), lr=0.02, nonfinite=policy)
+        x, y = fsdp_batch(0)
+        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        params = list(model.parameters())
+        if rank == world - 1:
+            params[1].grad.to_local()[0, 0] = float("nan")
+        before = [p.to_local().clone() for p in params]
+        bufs = [opt.state[p]["momentum_buffer"].to_local().clone() for p in params]
+        if policy == "raise":
+            try:
+                opt.step()
+            except ValueError as e:
+                assert "parameter 1 of param group 0" in str(e), str(e)
+            else:
+                raise AssertionError("a NaN gradient did not raise")
+        else:
+            opt.step()
+        for p, b, m in zip(params, before, bufs):
+            assert torch.equal(p.to_local(), b), f"{policy}: a parameter changed"
+            assert torch.equal(opt.state[p]["momentum_buffer"].to_local(), m)
+        opt.zero_grad()
 
 
 def main():
@@ -190,6 +375,10 @@ def main():
                     zero(tmp)
                 elif case == "fsdp_dcp":
                     fsdp_dcp(tmp)
+                elif case == "fsdp_muon_dcp":
+                    fsdp_muon_dcp(tmp)
+                elif case == "fsdp_muon_nonfinite":
+                    fsdp_muon_nonfinite(tmp)
                 else:
                     fsdp(tmp, case)
             except Exception as e:
