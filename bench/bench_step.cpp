@@ -118,6 +118,13 @@ void BM_Step_FOGOAuto(benchmark::State& state) {
     return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).ns_form(fogo::NSForm::Auto));
   });
 }
+// fusion_only (presets::fusion_only): both streams through Newton–Schulz and their slerp in
+// parameter space, no projection, codebook or filter: the price of FOGO without its memory.
+void BM_Step_FOGOFusionOnly(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo::presets::fusion_only(fogo_preset(set, dt)));
+  });
+}
 void BM_Step_Muon(benchmark::State& state) {
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
     return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
@@ -341,6 +348,7 @@ BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOFusionOnly)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
