@@ -197,6 +197,13 @@ void BM_Step_FOGOGram(benchmark::State& state) {
     return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).ns_form(fogo::NSForm::Gram));
   });
 }
+// fusion_only (presets::fusion_only): both streams through Newton–Schulz and their slerp in
+// parameter space, no projection, codebook or filter: the price of FOGO without its memory.
+void BM_Step_FOGOFusionOnly(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo::presets::fusion_only(fogo_preset(set, dt)));
+  });
+}
 void BM_Step_Muon(benchmark::State& state) {
   optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
     return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt));
@@ -483,6 +490,7 @@ BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->Us
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOFusionOnly)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -307,7 +307,7 @@ std::vector<Work> working_set(
            grads[k].to(at::kFloat),
            {},
            nullptr};
-    w.proj = &projection(w.n);
+    if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
     work.push_back(std::move(w));
   }
   return work;
@@ -395,6 +395,48 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
     for (size_t i = begin; i < end; ++i) {
       items.push_back(
           {work[i].param, work[i].Os, delta[static_cast<int64_t>(i - begin)], work[i].transposed});
+    }
+  }
+  return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
+                               ok);
+}
+
+// fusion_only: steps 2 and 4 in parameter space, then step 9; nothing is projected, remembered
+// or filtered. Per run, both streams through Newton–Schulz (one batched chain when K_s == K_f,
+// as orthogonalize()), the rows of the working orientation fused by slerp_fuse (fp32, or fp64
+// with fp64 Newton–Schulz):
+// Ohat_i = |Os_i| Slerp(Os_i, Of_i; xi), and the RMS update of Ohat, given to apply_rms_update
+// as O_s plus delta = Ohat - O_s (so its telemetry ratio is |delta| / |O_s|, as full FOGO's).
+// Full FOGO with its memory switched off (gamma_hi = gamma_st = gamma_lt = 0) fuses the same
+// streams in the projected space and lifts the difference back: the same direction where Pi
+// Pi^T ~ d I, not the same computation (it rounds differently even at xi = 0).
+std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
+                                        const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
+                                        const at::Tensor& device_lr, const at::Tensor& ok) {
+  std::vector<RmsUpdateItem> items;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [begin, end] = runs[r];
+    const int64_t P = static_cast<int64_t>(end - begin);
+    const int64_t m = work[begin].m, n = work[begin].n;
+    at::Tensor Os, Of;
+    if (o.ns_steps_slow() == o.ns_steps_fast()) {
+      const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
+      Os = O.slice(0, 0, P);
+      Of = O.slice(0, P);
+    } else {
+      Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
+      Of = newton_schulz(inputs[r].slice(0, P), ns_config(o, o.ns_steps_fast()));
+    }
+    // In fp32, or fp64 with ns_dtype(kDouble) (as the update's norms: update.cpp).
+    const at::ScalarType type = at::promote_types(Os.scalar_type(), at::kFloat);
+    const at::Tensor Os_wide = Os.to(type);
+    const at::Tensor fused =
+        slerp_fuse(Os_wide.reshape({-1, n}), Of.to(type).reshape({-1, n}), o.xi(), o.eps())
+            .view({P, m, n});
+    const at::Tensor delta = (fused - Os_wide).to(at::kFloat);  // apply_rms_update: fp32 delta
+    for (int64_t k = 0; k < P; ++k) {
+      const Work& w = work[begin + static_cast<size_t>(k)];
+      items.push_back({w.param, Os[k], delta[k], w.transposed});
     }
   }
   return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
@@ -502,9 +544,12 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
   const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
   GroupMemory& mem = impl_->groups[g];
   const at::Tensor& ok = in.ok;
-  const auto projection = [&](int64_t n) -> const Projection& {
-    return impl_->projection(o, n, in.params.front().device());
-  };
+  std::function<const Projection&(int64_t)> projection;  // fusion_only: none
+  if (!o.fusion_only()) {
+    projection = [&](int64_t n) -> const Projection& {
+      return impl_->projection(o, n, in.params.front().device());
+    };
+  }
   std::vector<Work> work = working_set(in.params, in.grads, state_, projection);
   if (work.empty()) return;
   // Mask (past the group's first step, so the memory exists): what the step may have to undo.
@@ -514,7 +559,11 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
   const StepShard& shard = impl_->shard;
   Share mine = share_of(work, runs, shard);  // all parameters unless sharded
   const std::vector<at::Tensor> inputs = ns_inputs(mine.work, mine.runs, o);
-  update_momenta(work, mine, inputs, o, ok);                       // 1
+  update_momenta(work, mine, inputs, o, ok);  // 1
+  if (o.fusion_only()) {  // 2, 4, 9; the group's memory is never built (initialized stays false)
+    share_updates(work, mine, fuse_and_update(mine.work, mine.runs, inputs, o, in.lr, ok), shard);
+    return;
+  }
   auto [Ps, Pf] = orthogonalize(mine.work, mine.runs, inputs, o);  // 2, 3
   if (mine.sharded) std::tie(Ps, Pf) = share_projections(work, mine, Ps, Pf, o, shard);
   const bool first = !mem.initialized;

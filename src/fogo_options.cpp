@@ -211,6 +211,8 @@ FOGOOptions lora() {
       .lambda_prox(0.8);
 }
 
+FOGOOptions fusion_only(FOGOOptions base) { return base.fusion_only(true); }
+
 }  // namespace presets
 
 }  // namespace fogo

@@ -1051,3 +1051,178 @@ TEST(FOGO, Bf16GramRoutesWithRestartUpdateAsThePlainChain) {
   }
   EXPECT_LT(worst, 0.05);
 }
+
+// --- fusion_only (issue 28): the slow-fast fusion without the memory, at its own cost.
+
+namespace {
+
+// Float64 reference of fusion-only FOGO's step for one parameter (ALGORITHM.md steps 1, 2, 4
+// and 9, with step 4 in parameter space): torch ops in double, written from the equations.
+torch::Tensor ref_ns(torch::Tensor X, int64_t steps) {
+  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  X = X / (X.norm() + 1e-8);
+  for (int64_t k = 0; k < steps; ++k) {
+    const auto A = X.mm(X.t());
+    X = a * X + (b * A + c * A.mm(A)).mm(X);
+  }
+  return X;
+}
+torch::Tensor ref_slerp_rows(const torch::Tensor& S, const torch::Tensor& F, double xi) {
+  const double eps = 1e-8;
+  auto out = torch::empty_like(S);
+  for (int64_t i = 0; i < S.size(0); ++i) {
+    const auto ns = S[i].norm().item<double>();
+    const auto ps = S[i] / (ns + eps), pf = F[i] / (F[i].norm().item<double>() + eps);
+    const double dot = (pf * ps).sum().item<double>();
+    const double theta = std::acos(std::clamp(dot, -1.0 + eps, 1.0 - eps));
+    const auto w = pf - dot * ps;
+    const auto v = w / (w.norm().item<double>() + eps);
+    out[i] = ns * (std::cos(xi * theta) * ps + std::sin(xi * theta) * v);
+  }
+  return out;
+}
+struct RefParam {
+  torch::Tensor theta, Bs, Bf;  // double, 2-D view [rows, cols]
+};
+void ref_fusion_step(RefParam& r, const torch::Tensor& G, const fogo::FOGOOptions& o) {
+  r.Bs = o.mu_s() * r.Bs + G;
+  r.Bf = o.mu_f() * r.Bf + G;
+  const bool tall = r.Bs.size(0) > r.Bs.size(1);
+  const auto wide = [&](const torch::Tensor& x) { return tall ? x.t() : x; };
+  const auto Os = ref_ns(wide(r.Bs), o.ns_steps_slow());
+  const auto Of = ref_ns(wide(r.Bf), o.ns_steps_fast());
+  const auto Ohat = ref_slerp_rows(Os, Of, o.xi());
+  const double m = Ohat.size(0), n = Ohat.size(1);
+  const double gamma = o.sigma() * std::sqrt(m * n) / (Ohat.norm().item<double>() + 1e-8);
+  r.theta = (1 - o.lr() * o.weight_decay()) * r.theta - o.lr() * gamma * wide(Ohat);
+}
+
+}  // namespace
+
+TEST(FOGOFusionOnly, MatchesAFloat64ReferenceOfTheFusedUpdate) {
+  // Wide, tall (worked on transposed), 4-D (viewed 2-D) and two of one shape (one batched chain),
+  // with equal and with different chain lengths (one chain for both streams, or two).
+  for (const int64_t fast_steps : {5, 3}) {
+    torch::manual_seed(5);
+    const std::vector<std::vector<int64_t>> shapes{{6, 10}, {12, 5}, {6, 10}, {4, 2, 3, 3}};
+    std::vector<torch::Tensor> params;
+    std::vector<RefParam> ref;
+    for (const auto& shape : shapes) {
+      const auto init = torch::randn(shape, torch::kDouble);
+      params.push_back(init.clone().requires_grad_(true));
+      const auto flat = init.reshape({shape[0], -1});
+      ref.push_back({flat.clone(), torch::zeros_like(flat), torch::zeros_like(flat)});
+    }
+    const auto o = fogo::presets::fusion_only(fogo::FOGOOptions(0.05))
+                       .ns_dtype(torch::kDouble)
+                       .mu_s(0.9)
+                       .mu_f(0.3)
+                       .xi(0.4)
+                       .sigma(0.2)
+                       .weight_decay(0.1)
+                       .ns_steps_fast(fast_steps);
+    ASSERT_TRUE(o.fusion_only());
+    fogo::FOGO opt(params, o);
+    double fusion_effect = 0;  // how far the fused update is from the slow stream's alone
+    for (int step = 0; step < 3; ++step) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        const auto G = torch::randn(params[k].sizes(), torch::kDouble);
+        params[k].mutable_grad() = G;
+        // FOGO keeps its momenta in fp32: the reference's gradients are rounded as its are.
+        ref_fusion_step(ref[k], G.to(torch::kFloat).to(torch::kDouble).reshape({shapes[k][0], -1}),
+                        o);
+      }
+      opt.step();
+      for (size_t k = 0; k < params.size(); ++k) {
+        const auto actual = params[k].detach().reshape({shapes[k][0], -1});
+        // fp32 momenta and delta (FOGO's state) against fp64: a few 1e-9 at updates of 1e-2.
+        EXPECT_LT(max_abs(actual - ref[k].theta), 2e-8) << "param " << k << " step " << step;
+        // Without the fusion (xi = 0) the reference moves measurably elsewhere.
+        RefParam slow_only = ref[k];
+        slow_only.theta = actual.clone();
+        auto o0 = o;
+        o0.xi(0);
+        RefParam with_fusion = slow_only;
+        ref_fusion_step(slow_only, torch::zeros_like(actual), o0);
+        ref_fusion_step(with_fusion, torch::zeros_like(actual), o);
+        fusion_effect = std::max(fusion_effect, max_abs(slow_only.theta - with_fusion.theta));
+      }
+    }
+    EXPECT_GT(fusion_effect, 1e-4);  // >> the tolerance above: the test can tell the fusion
+    // Nothing of the memory was built: no codebook, and telemetry counts steps only.
+    EXPECT_FALSE(opt.memory(0).centroids.defined());
+    EXPECT_EQ(opt.telemetry()[0].step, 3);
+    EXPECT_EQ(opt.telemetry()[0].live_centroids, 0);
+  }
+}
+
+TEST(FOGOFusionOnly, AgreesWithMemoryOffFogoAtXiZeroToRoundingNotBitForBit) {
+  // At xi = 0 both are slow-stream Muon with RMS scaling: fusion_only computes Ohat = |Os_i|
+  // Os_i / (|Os_i| + eps) row by row; full FOGO with its memory switched off still projects,
+  // forms dz = z - Ps (zero up to the same eps terms and rounding) and lifts it back. The same
+  // math to rounding, not the same operations, so not bit for bit: compared to 1e-6 relative.
+  // (At xi > 0 they differ by design: full FOGO fuses in the d-dimensional projection and lifts
+  // the difference back through the proximal operator; fusion_only fuses in parameter space.)
+  torch::manual_seed(11);
+  const auto init = torch::randn({16, 40});
+  auto a = init.clone().requires_grad_(true), b = init.clone().requires_grad_(true);
+  fogo::FOGO fusion({a}, fogo::presets::fusion_only(memory_disabled(0.05)).ns_dtype(torch::kFloat));
+  fogo::FOGO full({b}, memory_disabled(0.05).ns_dtype(torch::kFloat).proj_dim(64));
+  for (int step = 0; step < 4; ++step) {
+    const auto G = torch::randn({16, 40});
+    a.mutable_grad() = G.clone();
+    b.mutable_grad() = G.clone();
+    fusion.step();
+    full.step();
+    const double moved = (b.detach() - init).norm().item<double>();
+    EXPECT_LT((a.detach() - b.detach()).norm().item<double>(), 1e-6 * moved) << step;
+  }
+  EXPECT_TRUE(full.memory(0).centroids.defined());
+  EXPECT_FALSE(fusion.memory(0).centroids.defined());
+}
+
+TEST(FOGOFusionOnly, TaskBoundariesCheckpointsAndTheOptionRoundTrip) {
+  torch::manual_seed(3);
+  const auto init = torch::randn({8, 12});
+  const auto grads = torch::randn({4, 8, 12});
+  const auto o = fogo::presets::fusion_only(fogo::FOGOOptions(0.02)).ns_dtype(torch::kFloat);
+  // Uninterrupted, with a task boundary after step 2 (momenta reset; no memory to consolidate).
+  auto p = init.clone().requires_grad_(true);
+  fogo::FOGO opt({p}, o);
+  std::stringstream saved;
+  for (int step = 0; step < 4; ++step) {
+    p.mutable_grad() = grads[step].clone();
+    opt.step();
+    if (step == 1) {
+      opt.task_boundary();
+      torch::save(opt, saved);
+    }
+  }
+  EXPECT_EQ(opt.memory(0).frozen.defined() ? opt.memory(0).frozen.size(0) : 0, 0);
+  // Resumed from the checkpoint after the boundary: the same parameters, bit for bit.
+  auto q = init.clone().requires_grad_(true);
+  fogo::FOGO fresh({q}, fogo::FOGOOptions(0.02));  // the options come from the checkpoint
+  {
+    auto replay = init.clone().requires_grad_(true);
+    fogo::FOGO first({replay}, o);
+    for (int step = 0; step < 2; ++step) {
+      replay.mutable_grad() = grads[step].clone();
+      first.step();
+    }
+    torch::NoGradGuard guard;
+    q.copy_(replay);
+  }
+  torch::load(fresh, saved);
+  EXPECT_TRUE(
+      static_cast<const fogo::FOGOOptions&>(fresh.param_groups()[0].options()).fusion_only());
+  for (int step = 2; step < 4; ++step) {
+    q.mutable_grad() = grads[step].clone();
+    fresh.step();
+  }
+  EXPECT_TRUE(torch::equal(p.detach(), q.detach()));
+  // The option is in the generated table (docs/algorithm.md) and compared by operator==.
+  EXPECT_NE(fogo::options_markdown().find("| `fusion_only` | `false` | bool |"), std::string::npos);
+  EXPECT_FALSE(o == fogo::FOGOOptions(0.02).ns_dtype(torch::kFloat));
+  EXPECT_TRUE(fogo::presets::fusion_only().fusion_only());
+  EXPECT_TRUE(fogo::presets::fusion_only().fusion_only(false) == fogo::presets::gpt2());
+}

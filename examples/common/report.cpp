@@ -1,6 +1,9 @@
 #include "common/report.h"
 
+#include <ATen/Version.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -151,9 +154,13 @@ WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b) 
   return w;
 }
 
-std::string plain_verdict(const std::string& metric,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
-                          bool higher_is_better, int digits) {
+namespace {
+
+// plain_verdict's text; with `family`, the leader-vs-runner-up test is judged by its row there.
+std::string verdict(const std::string& metric,
+                    const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+                    bool higher_is_better, int digits, const std::vector<WelchRow>* family,
+                    const std::string& family_metric) {
   if (groups.empty()) return "Nothing to compare: no runs.";
   struct Ranked {
     std::string name;
@@ -201,16 +208,179 @@ std::string plain_verdict(const std::string& metric,
         << (min_n < 2 ? "fewer than 2 seeds" : "no spread in either") << "): run more seeds.";
     return out.str();
   }
-  char p[32];
-  std::snprintf(p, sizeof p, w.p < 1e-3 ? "%.1e" : "%.2f", w.p);
-  if (w.p < 0.05) {
-    out << " is larger than the seed spread (Welch's t-test p = " << p << ")";
+  const auto p_text = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.2f", v);
+    return std::string(buf);
+  };
+  const WelchRow* row = nullptr;
+  if (family) {
+    for (const WelchRow& r : *family) {
+      if (r.metric == family_metric &&
+          ((r.a == a.name && r.b == b.name) || (r.a == b.name && r.b == a.name))) {
+        row = &r;
+      }
+    }
+  }
+  if (!row) {
+    if (w.p < 0.05) {
+      out << " is larger than the seed spread (Welch's t-test p = " << p_text(w.p) << ")";
+      if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
+      out << ".";
+    } else {
+      out << " is within the seed spread (Welch's t-test p = " << p_text(w.p)
+          << "): these seeds do not separate them.";
+    }
+    return out.str();
+  }
+  const std::string ps = "Welch's t-test p = " + p_text(w.p) + "; Holm-adjusted over the " +
+                         std::to_string(family->size()) +
+                         " tests of the table p = " + p_text(row->holm_p);
+  if (row->holm_p < 0.05) {
+    out << " is larger than the seed spread (" << ps << ")";
     if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
     out << ".";
   } else {
-    out << " is within the seed spread (Welch's t-test p = " << p
-        << "): these seeds do not separate them.";
+    out << " is not separated by these seeds (" << ps << "). They detect a difference of about "
+        << fixed(row->detectable)
+        << " or more (5% level, 80% power): a smaller one is neither shown nor ruled out.";
   }
+  return out.str();
+}
+
+}  // namespace
+
+std::string plain_verdict(const std::string& metric,
+                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+                          bool higher_is_better, int digits) {
+  return verdict(metric, groups, higher_is_better, digits, nullptr, "");
+}
+
+std::string plain_verdict(const std::string& metric,
+                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+                          const std::vector<WelchRow>& family, const std::string& family_metric,
+                          bool higher_is_better, int digits) {
+  return verdict(metric, groups, higher_is_better, digits, &family, family_metric);
+}
+
+std::vector<double> holm_adjust(const std::vector<double>& p) {
+  std::vector<size_t> order;
+  for (size_t k = 0; k < p.size(); ++k) {
+    if (std::isfinite(p[k])) order.push_back(k);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return p[x] < p[y]; });
+  std::vector<double> adjusted(p.size(), std::numeric_limits<double>::quiet_NaN());
+  const double m = static_cast<double>(order.size());
+  double running = 0;  // step-down: an adjusted p never falls below an earlier one
+  for (size_t j = 0; j < order.size(); ++j) {
+    running = std::max(running, std::min(1.0, (m - static_cast<double>(j)) * p[order[j]]));
+    adjusted[order[j]] = running;
+  }
+  return adjusted;
+}
+
+double student_t_quantile(double q, double df) {
+  if (!(q > 0 && q < 1) || !(df > 0) || !std::isfinite(df)) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (q == 0.5) return 0;
+  if (q < 0.5) return -student_t_quantile(1 - q, df);
+  // P(T > t) = p2(t) / 2 falls monotonically in t > 0: bisect for p2(t) = 2 (1 - q).
+  const double target = 2 * (1 - q);
+  double lo = 0, hi = 1;
+  while (student_t_two_sided_p(hi, df) > target && hi < 1e12) hi *= 2;
+  for (int k = 0; k < 200 && hi - lo > 1e-13 * hi; ++k) {
+    const double mid = (lo + hi) / 2;
+    (student_t_two_sided_p(mid, df) > target ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+double detectable_difference(const std::vector<double>& a, const std::vector<double>& b,
+                             double alpha, double power) {
+  const WelchT w = welch_t_test(a, b);
+  if (!std::isfinite(w.df)) return std::numeric_limits<double>::quiet_NaN();
+  const MeanSd x = mean_sd(a), y = mean_sd(b);
+  const double se =
+      std::sqrt(x.sd * x.sd / static_cast<double>(x.n) + y.sd * y.sd / static_cast<double>(y.n));
+  return (student_t_quantile(1 - alpha / 2, w.df) + student_t_quantile(power, w.df)) * se;
+}
+
+std::vector<WelchRow> welch_family(const std::vector<MetricGroups>& metrics) {
+  std::vector<WelchRow> rows;
+  for (const MetricGroups& m : metrics) {
+    for (size_t i = 0; i < m.groups.size(); ++i) {
+      for (size_t j = i + 1; j < m.groups.size(); ++j) {
+        const auto &a = m.groups[i], &b = m.groups[j];
+        WelchRow r;
+        r.metric = m.metric;
+        r.a = a.first;
+        r.b = b.first;
+        r.difference = mean_sd(a.second).mean - mean_sd(b.second).mean;
+        r.welch = welch_t_test(a.second, b.second);
+        r.detectable = detectable_difference(a.second, b.second);
+        rows.push_back(r);
+      }
+    }
+  }
+  std::vector<double> p;
+  for (const WelchRow& r : rows) p.push_back(r.welch.p);
+  const std::vector<double> holm = holm_adjust(p);
+  for (size_t k = 0; k < rows.size(); ++k) rows[k].holm_p = holm[k];
+  return rows;
+}
+
+Table welch_family_table(const std::vector<WelchRow>& rows, int digits) {
+  const auto fixed = [](double v, int precision) -> std::string {
+    if (!std::isfinite(v)) return "n/a";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", precision, v);
+    return buf;
+  };
+  const auto p_cell = [](double v) -> std::string {
+    if (!std::isfinite(v)) return "n/a";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.3f", v);
+    return buf;
+  };
+  Table t({"metric", "A", "B", "mean A - B", "t", "df", "p", "Holm p",
+           "detectable |A - B| (5%, 80% power)"});
+  for (const WelchRow& r : rows) {
+    t.add_row({r.metric, r.a, r.b, fixed(r.difference, digits), fixed(r.welch.t, 2),
+               fixed(r.welch.df, 1), p_cell(r.welch.p), p_cell(r.holm_p),
+               fixed(r.detectable, digits)});
+  }
+  return t;
+}
+
+std::string machine_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, flags;
+  int cpus = 0;
+  const auto value = [](const std::string& l) {
+    const size_t colon = l.find(':');
+    if (colon == std::string::npos) return std::string();
+    const size_t start = l.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string() : l.substr(start);
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("processor", 0) == 0) ++cpus;
+    if (model.empty() && line.rfind("model name", 0) == 0) model = value(line);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + value(line) + " ";
+  }
+  std::ostringstream out;
+  out << (model.empty() ? "unknown CPU" : model);
+  if (cpus > 0) out << " (" << cpus << " CPUs)";
+  // The widest x86 vector extension the kernel reports (other architectures: none named).
+  for (const char* isa : {"avx512f", "avx2", "avx", "sse4_2"}) {
+    if (flags.find(std::string(" ") + isa + " ") != std::string::npos) {
+      std::string name = isa;
+      for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      out << ", " << name;
+      break;
+    }
+  }
+  out << "; torch CPU kernels: " << at::get_cpu_capability();
   return out.str();
 }
 

@@ -53,6 +53,54 @@ inline const std::vector<std::string>& welch_header() {
 std::string plain_verdict(const std::string& metric,
                           const std::vector<std::pair<std::string, std::vector<double>>>& groups,
                           bool higher_is_better = true, int digits = 2);
+class Table;
+
+/// Holm's step-down adjustment of a family of p-values (issue 28: every table is one family), in
+/// the order given: with the m finite p sorted, p_(k) becomes max_{j <= k} min(1, (m - j + 1)
+/// p_(j)). A NaN p (an undefined test) stays NaN and does not count in m. Rejecting where the
+/// adjusted p < alpha keeps the chance of any false "separated" in the family at <= alpha.
+std::vector<double> holm_adjust(const std::vector<double>& p);
+/// The q-quantile of Student's t with `df` (> 0) degrees of freedom, 0 < q < 1 (NaN otherwise).
+double student_t_quantile(double q, double df);
+/// The smallest |mean(a) - mean(b)| a two-sided Welch test at level `alpha` detects with
+/// probability `power`, for samples of these sizes and sample sds: (t_{1-alpha/2} + t_{power})
+/// sqrt(s_a^2/n_a + s_b^2/n_b), t quantiles at the Welch–Satterthwaite df. With 3 seeds a side
+/// that is about 3-4.5 sample sds. NaN where Welch's test is undefined.
+double detectable_difference(const std::vector<double>& a, const std::vector<double>& b,
+                             double alpha = 0.05, double power = 0.8);
+
+/// One test of a family: groups `a` and `b` compared on `metric` (the label), Welch's t, the
+/// Holm-adjusted p over the family and the detectable difference (5%, 80% power).
+struct WelchRow {
+  std::string metric, a, b;
+  double difference = 0;  ///< mean(a) - mean(b)
+  WelchT welch;
+  double holm_p = 0, detectable = 0;
+};
+/// A metric and one (name, values per seed) group per optimizer, in display order.
+struct MetricGroups {
+  std::string metric;
+  std::vector<std::pair<std::string, std::vector<double>>> groups;
+};
+/// Every pair of groups (in the order given) on every metric, as one family: Holm over all of it.
+std::vector<WelchRow> welch_family(const std::vector<MetricGroups>& metrics);
+/// The family's table: metric, A, B, mean A - B, t, df, p, Holm p (over its rows), and the
+/// smallest |A - B| the seeds detect at 5% with 80% power, so that a null is not read as "equal".
+Table welch_family_table(const std::vector<WelchRow>& rows, int digits = 2);
+
+/// The machine a number was measured on, for every table (issue 28: the runs are deterministic
+/// per machine, not across machines): the CPU model and count and the widest vector ISA from
+/// /proc/cpuinfo, and the kernels torch dispatches to (ATen's CPU capability), e.g.
+/// "AMD EPYC 7B13 (2 CPUs), AVX2; torch CPU kernels: AVX2".
+std::string machine_description();
+
+/// plain_verdict judged within a family (a table of tests): the leader-vs-runner-up test is
+/// looked up in `family` on `family_metric`, the decision is made on its Holm-adjusted p, and a
+/// lead that is not separated is given with the smallest difference the seeds could detect.
+std::string plain_verdict(const std::string& metric,
+                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+                          const std::vector<WelchRow>& family, const std::string& family_metric,
+                          bool higher_is_better = true, int digits = 2);
 /// P(|T| >= |t|) for Student's t with `df` (> 0, not necessarily whole) degrees of freedom:
 /// the regularized incomplete beta I_{df/(df+t^2)}(df/2, 1/2).
 double student_t_two_sided_p(double t, double df);

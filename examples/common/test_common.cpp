@@ -735,6 +735,101 @@ TEST(Report, PlainVerdictRanksAndJudgesTheLeadBySeedSpread) {
   EXPECT_NE(plain_verdict("acc", {{"a", {1, 2}}}).find("nothing to compare"), std::string::npos);
 }
 
+// --- Verdicts that survive multiplicity (issue 28): Holm within a table, the detectable effect.
+
+TEST(ReportFamily, HolmAdjustsStepDownInTheGivenOrder) {
+  // Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (monotone).
+  const auto adj = holm_adjust({0.01, 0.04, 0.03, 0.005});
+  ASSERT_EQ(adj.size(), 4u);
+  EXPECT_DOUBLE_EQ(adj[0], 0.03);
+  EXPECT_DOUBLE_EQ(adj[1], 0.06);
+  EXPECT_DOUBLE_EQ(adj[2], 0.06);
+  EXPECT_DOUBLE_EQ(adj[3], 0.02);
+  // A NaN (undefined test) stays NaN and does not count; adjusted p are capped at 1.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto with_nan = holm_adjust({0.01, nan, 0.04});
+  EXPECT_DOUBLE_EQ(with_nan[0], 0.02);
+  EXPECT_TRUE(std::isnan(with_nan[1]));
+  EXPECT_DOUBLE_EQ(with_nan[2], 0.04);
+  EXPECT_EQ(holm_adjust({0.5, 0.6}), (std::vector<double>{1.0, 1.0}));
+  EXPECT_TRUE(holm_adjust({}).empty());
+}
+
+TEST(ReportFamily, TQuantileAndDetectableDifference) {
+  // Student's t quantiles (tables; scipy.stats.t.ppf).
+  EXPECT_NEAR(student_t_quantile(0.975, 2), 4.302652729911275, 1e-9);
+  EXPECT_NEAR(student_t_quantile(0.975, 4), 2.7764451051977987, 1e-9);
+  EXPECT_NEAR(student_t_quantile(0.8, 4), 0.9409645772351809, 1e-9);  // closed form, df 4
+  EXPECT_NEAR(student_t_quantile(0.025, 4), -2.7764451051977987, 1e-9);
+  EXPECT_NEAR(student_t_quantile(0.975, 3.5), 2.94009, 1e-4);  // fractional df (quadrature)
+  EXPECT_EQ(student_t_quantile(0.5, 7), 0.0);
+  EXPECT_TRUE(std::isnan(student_t_quantile(1.0, 4)));
+  EXPECT_TRUE(std::isnan(student_t_quantile(0.9, 0)));
+  // Equal sds 1, n = 3 a side: df 4, se sqrt(2/3): (2.776 + 0.941) sqrt(2/3) = 3.035 sds.
+  EXPECT_NEAR(detectable_difference({1, 2, 3}, {11, 12, 13}), 3.0349, 1e-3);
+  // Scale-equivariant and location-free: the detectable difference is about the spread only.
+  EXPECT_NEAR(detectable_difference({10, 20, 30}, {0, 10, 20}), 30.349, 1e-2);
+  EXPECT_TRUE(std::isnan(detectable_difference({1}, {2, 3})));
+  EXPECT_TRUE(std::isnan(detectable_difference({1, 1}, {2, 2})));
+  // An observed difference that large is separated at 5% (it exceeds the threshold by t_0.8).
+  const double d = detectable_difference({0, 1, 2}, {0, 1, 2});
+  std::vector<double> shifted{d, 1 + d, 2 + d};
+  EXPECT_LT(welch_t_test(shifted, {0, 1, 2}).p, 0.05);
+}
+
+TEST(ReportFamily, TableAndVerdictUseTheHolmAdjustedP) {
+  // Two metrics, three groups: six tests. Alone, acc's a-vs-b p = 0.010 would pass; over the
+  // family it does not, and the verdict says so with the detectable difference.
+  const std::vector<MetricGroups> metrics{
+      {"acc", {{"a", {4, 5, 6, 7}}, {"b", {1, 2, 3}}, {"c", {0, 0.5, 1}}}},
+      {"rare", {{"a", {1, 2, 3}}, {"b", {1.5, 2, 3}}, {"c", {1, 2, 3.5}}}}};
+  const auto rows = welch_family(metrics);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[0].metric, "acc");
+  EXPECT_EQ(rows[0].a, "a");
+  EXPECT_EQ(rows[0].b, "b");
+  EXPECT_NEAR(rows[0].welch.p, 0.010076943347997983, 1e-6);
+  EXPECT_DOUBLE_EQ(rows[0].difference, 3.5);
+  std::vector<double> p;
+  for (const auto& r : rows) p.push_back(r.welch.p);
+  const auto holm = holm_adjust(p);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    EXPECT_DOUBLE_EQ(rows[k].holm_p, holm[k]);
+    EXPECT_GE(rows[k].holm_p, rows[k].welch.p);
+  }
+  EXPECT_GT(rows[0].holm_p, 0.05);
+  const std::string table = welch_family_table(rows).to_markdown();
+  EXPECT_NE(table.find("| metric | A | B | mean A - B | t | df | p | Holm p |"), std::string::npos)
+      << table;
+  const std::string v = plain_verdict("acc (%)", metrics[0].groups, rows, "acc");
+  EXPECT_NE(v.find("a's lead over b (3.50) is not separated by these seeds (Welch's t-test p = "
+                   "0.01; Holm-adjusted over the 6 tests of the table p = "),
+            std::string::npos)
+      << v;
+  char detectable[32];
+  std::snprintf(detectable, sizeof detectable, "%.2f", rows[0].detectable);
+  EXPECT_NE(v.find(std::string("They detect a difference of about ") + detectable + " or more"),
+            std::string::npos)
+      << v;
+  // A family of one: Holm is the raw p, and a clear lead stays separated.
+  const auto one = welch_family({metrics[0]});
+  EXPECT_NE(plain_verdict("acc (%)", {{"a", {4, 5, 6, 7}}, {"b", {1, 2, 3}}},
+                          welch_family({{"acc", {{"a", {4, 5, 6, 7}}, {"b", {1, 2, 3}}}}}), "acc")
+                .find("is larger than the seed spread (Welch's t-test p = 0.01; Holm-adjusted "
+                      "over the 1 tests of the table p = 0.01)"),
+            std::string::npos);
+  EXPECT_EQ(one.size(), 3u);
+}
+
+TEST(ReportFamily, MachineNamesTheCpuAndTorchKernels) {
+  const std::string m = machine_description();
+  EXPECT_NE(m.find("; torch CPU kernels: "), std::string::npos) << m;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo";
+  EXPECT_EQ(m.find("unknown CPU"), std::string::npos) << m;
+  EXPECT_NE(m.find(" CPUs)"), std::string::npos) << m;
+}
+
 #ifdef FOGO_WITH_DISTRIBUTED
 // The collectives a trainer uses, on three ranks of this binary (tests/rank_launcher.h): each
 // rank runs the test below under FOGO_DP_RANK_TEST=1 and checks against what one process knows.

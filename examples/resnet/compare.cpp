@@ -1,8 +1,10 @@
 // run_comparison(): every optimizer x seed of a config, then the mean ± sd table and the plots.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -58,8 +60,10 @@ trainer::Series series_of(const std::string& name, const std::vector<const RunRe
 struct Summary {
   std::string heading;
   trainer::Table table;
-  bool incomplete = false;  ///< some run stopped early (--stop-at-step)
-  std::string verdict;      ///< plain sentences on the first metric (acc or AP)
+  bool incomplete = false;               ///< some run stopped early (--stop-at-step)
+  std::string verdict;                   ///< plain sentences on the headline metric (acc or AP)
+  std::vector<trainer::WelchRow> tests;  ///< every metric, every pair: one Holm family
+  std::string machine;                   ///< machine_description()
 };
 
 // The results of each optimizer, in run order.
@@ -70,13 +74,32 @@ std::map<std::string, std::vector<const RunResult*>> by_optimizer(
   return by_opt;
 }
 
+// Every summary metric with one group of per-seed values per optimizer (config's order).
+std::vector<trainer::MetricGroups> metric_groups(const Config& config,
+                                                 const std::vector<RunResult>& results) {
+  const auto& names = results.front().summary_names;
+  auto by_opt = by_optimizer(results);
+  std::vector<trainer::MetricGroups> metrics;
+  for (size_t k = 0; k < names.size(); ++k) {
+    metrics.push_back({names[k], {}});
+    for (const auto& opt : config.optimizers) {
+      if (by_opt[opt].empty()) continue;
+      metrics.back().groups.push_back({opt, {}});
+      for (const auto* r : by_opt[opt])
+        metrics.back().groups.back().second.push_back(r->summary[k]);
+    }
+  }
+  return metrics;
+}
+
 Summary summarize(const Config& config, const std::string& data_name,
                   const std::vector<RunResult>& results) {
   const auto& names = results.front().summary_names;
   std::vector<std::string> header{"optimizer", "seeds"};
   for (const auto& n : names) header.push_back(label(n));
   header.push_back("train time (s)");
-  Summary s{{}, trainer::Table(header), false, {}};
+  header.push_back("wall time per run (s)");
+  Summary s{{}, trainer::Table(header), false, {}, {}, trainer::machine_description()};
   auto by_opt = by_optimizer(results);
   for (const auto& opt : config.optimizers) {
     const auto& rs = by_opt[opt];
@@ -87,30 +110,48 @@ Summary summarize(const Config& config, const std::string& data_name,
       for (const auto* r : rs) v.push_back(r->summary[k]);
       row.push_back(trainer::format_mean_sd(trainer::mean_sd(v), 2));
     }
-    std::vector<double> secs;
+    std::vector<double> secs, walls;
     for (const auto* r : rs) {
       secs.push_back(r->seconds);
+      walls.push_back(r->wall_seconds);
       s.incomplete = s.incomplete || !r->completed();
     }
     row.push_back(trainer::format_mean_sd(trainer::mean_sd(secs), 0));
+    row.push_back(trainer::format_mean_sd(trainer::mean_sd(walls), 0));
     s.table.add_row(row);
   }
-  // The headline metric (acc or AP, higher is better) in plain words, with the seed spread.
-  std::vector<std::pair<std::string, std::vector<double>>> groups;
-  for (const auto& opt : config.optimizers) {
-    if (by_opt[opt].empty()) continue;
-    groups.push_back({opt, {}});
-    for (const auto* r : by_opt[opt]) groups.back().second.push_back(r->summary.front());
+  // The verdict judges the headline metric's leader and runner-up within the table's family.
+  std::vector<trainer::MetricGroups> metrics = metric_groups(config, results);
+  s.tests = trainer::welch_family(metrics);
+  const std::string& scenario = results.front().config.scenario;
+  const std::string headline = headline_metric(scenario);
+  const auto at = std::find(names.begin(), names.end(), headline);
+  if (at == names.end()) {
+    throw std::logic_error("the " + scenario + " summary lacks its headline metric " + headline);
   }
-  s.verdict = trainer::plain_verdict(label(names.front()), groups);
+  s.verdict = "Headline metric of " + scenario + " (named before the runs): " + headline + ".\n" +
+              trainer::plain_verdict(label(headline), metrics[at - names.begin()].groups, s.tests,
+                                     headline);
   const Config& first = results.front().config;
   std::ostringstream what;
   what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
        << *first.epochs << " epoch(s)" << (first.scenario == "class-imbalanced" ? "" : " per task")
        << ", batch " << first.batch_size << ", seeds";
   for (const int64_t seed : config.seeds) what << " " << seed;
+  double wall = 0;
+  for (const auto& r : results) wall += r.wall_seconds;
+  what << "\nmachine: " << s.machine << "; " << results.size() << " runs, " << std::fixed
+       << std::setprecision(0) << wall << " s of wall time in all";
   s.heading = what.str();
   return s;
+}
+
+// What the table of tests is, in one sentence (above it in summary.md and the printout).
+std::string tests_note(const Summary& summary) {
+  return "Welch's t-test between every two optimizers on every metric (" +
+         std::to_string(summary.tests.size()) +
+         " tests, one family: Holm p adjusts over all of them); the last column is the smallest "
+         "difference these seeds detect at the 5% level with 80% power.";
 }
 
 // <out>/summary.md (the table) and <out>/runs.<fmt> (one record per run).
@@ -121,6 +162,8 @@ void write_summary(const Config& config, const Summary& summary,
     std::ofstream md(config.out + "/summary.md");
     md << summary.heading << "\n\n"
        << summary.table.to_markdown() << "\n"
+       << tests_note(summary) << "\n\n"
+       << trainer::welch_family_table(summary.tests).to_markdown() << "\n"
        << summary.verdict << "\n";
     if (!md) throw std::runtime_error("--out: cannot write " + config.out + "/summary.md");
   }
@@ -130,6 +173,7 @@ void write_summary(const Config& config, const Summary& summary,
     trainer::Record rec;
     rec.set("optimizer", r.config.optimizer).set("seed", r.config.seed).set("steps", r.steps);
     rec.set("completed", r.completed()).set("train_seconds", r.seconds);
+    rec.set("wall_seconds", r.wall_seconds);
     for (size_t k = 0; k < names.size(); ++k) rec.set(names[k], r.summary[k]);
     all.write(rec);
   }
@@ -177,6 +221,23 @@ void plot_curves(const Config& config, const std::vector<RunResult>& results, st
 
 }  // namespace
 
+std::vector<trainer::WelchRow> comparison_tests(const Config& config,
+                                                const std::vector<RunResult>& results) {
+  if (results.empty()) return {};
+  return trainer::welch_family(metric_groups(config, results));
+}
+
+RunResult timed_train_run(const Config& config, const DataSplit& data, std::ostream& log) {
+  const auto start = std::chrono::steady_clock::now();
+  RunResult r = train_run(config, data, log);
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::string headline_metric(const std::string& scenario) {
+  return scenario == "class-imbalanced" ? "acc" : "AP";
+}
+
 std::vector<Config> plan_runs(const Config& config) {
   if (config.optimizers.empty()) throw trainer::Cli::error("optimizers", "none given");
   if (config.seeds.empty()) throw trainer::Cli::error("seeds", "none given");
@@ -194,7 +255,9 @@ void report_comparison(const Config& config, const std::string& data_name,
   out << "\n"
       << summary.heading << (summary.incomplete ? " (some runs stopped early: --stop-at-step)" : "")
       << "\n"
-      << summary.table.to_text();
+      << summary.table.to_text() << "\n"
+      << tests_note(summary) << "\n"
+      << trainer::welch_family_table(summary.tests).to_text();
   write_summary(config, summary, results);
   if (config.plots) plot_curves(config, results, out);
   out << "summary: " << config.out << "/summary.md, " << config.out << "/runs."
@@ -209,7 +272,7 @@ std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
       << " train, " << data.test.size() << " test images)\n";
   std::vector<RunResult> results;
-  for (const auto& run : runs) results.push_back(train_run(run, data, out));
+  for (const auto& run : runs) results.push_back(timed_train_run(run, data, out));
   if (trainer::DataParallel::process().main()) report_comparison(config, data.name, results, out);
   return results;
 }

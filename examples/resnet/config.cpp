@@ -78,10 +78,17 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("val-fraction", &c.val_fraction,
            "fraction of each class's training images held out "
            "for --eval-split val and --lr-sweep");
-  cli.flag("lr-sweep", &c.lr_sweep,
-           "learning-rate sweep: factors of each optimizer's default --lr (e.g. 0.25,0.5,1,2,4); "
-           "each grid point runs on the first seed and is scored on the validation split, the "
-           "best lr is re-run on every seed (>= 3) on the test set; sweep.md, sweep.png");
+  cli.flag(
+      "lr-sweep", &c.lr_sweep,
+      "learning-rate sweep: factors of each optimizer's default --lr (e.g. 0.25,0.5,1,2,4); "
+      "each grid point runs on the first --sweep-seeds seeds and is scored on the validation "
+      "split, the best lr is re-run on every seed (>= 3) on the test set; sweep.md, sweep.png");
+  cli.flag("sweep-seeds", &c.sweep_seeds,
+           "--lr-sweep: score each grid point by its mean validation score over the first N "
+           "seeds of --seeds (1..number of seeds)");
+  cli.flag("sweep-extend", &c.sweep_extend,
+           "--lr-sweep: while an optimizer's best point is at an edge of its grid, add a point "
+           "beyond it (the grid's step at that edge), at most this many per optimizer (0 = never)");
   cli.flag("augment", &c.augment, "random crop and horizontal flip of training batches");
   cli.flag("crop-pad", &c.crop_pad, "padding of the random crop (cifar10 4, fashion-mnist 2)");
 

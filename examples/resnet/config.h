@@ -46,6 +46,12 @@ struct Config {
   double val_fraction = 0.1;
   /// --lr-sweep: factors of each optimizer's default --lr (empty: no sweep; see sweep.cpp).
   std::vector<double> lr_sweep;
+  /// --sweep-seeds: each grid point is scored by the mean validation score over the first N
+  /// seeds of --seeds (one seed's argmax is partly noise).
+  int64_t sweep_seeds = 2;
+  /// --sweep-extend: at most this many points added per optimizer beyond the grid's edge while
+  /// the best point is at that edge (0: the grid as given).
+  int64_t sweep_extend = 4;
 
   // Model.
   int64_t width = 64;

@@ -160,9 +160,12 @@ TEST_F(ResNetDataParallel, LrSweepChoosesOneLrOnEveryRank) {
   // Rank 0 alone evaluates; its scores choose the lr on every rank. Ranks that chose otherwise
   // would train apart, and the lockstep check at every evaluation would stop the run.
   const std::string out = dir_ + "/sweep";
-  const auto run = launch(
-      flags(out, 8, {"--optimizers=adam,muon", "--lr-sweep=0.5,2", "--seeds=0,1,2", "--epochs=1"}),
-      2, out + "_logs");
+  const auto run =
+      launch(flags(out, 8,
+                   {"--optimizers=adam,muon", "--lr-sweep=0.5,2", "--seeds=0,1,2", "--epochs=1",
+                    // One grid extension at most: the ranks must agree on extending too.
+                    "--sweep-seeds=1", "--sweep-extend=1"}),
+             2, out + "_logs");
   ASSERT_TRUE(run.all_succeeded()) << run.logs();
   EXPECT_EQ(run.ranks[1].log, "") << run.logs();
   EXPECT_TRUE(fs::exists(fs::path(out) / "summary.md")) << run.logs();

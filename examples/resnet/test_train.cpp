@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 
@@ -256,6 +257,146 @@ TEST(Sweep, OptimizerLrGivesEachOptimizerItsOwnRateAndCentresTheGrid) {
   }
 }
 
+// --- The sweep protocol (issue 28): multi-seed scores, grids extended past an edge. A fake
+// scorer stands in for training, so these run in milliseconds.
+
+namespace {
+
+struct FakeScorer {
+  std::function<double(double lr, int64_t seed)> value;
+  std::vector<std::pair<double, int64_t>> calls;  // (lr, seed) of every scored run
+  SweepScorer scorer() {
+    return [this](const Config& run) {
+      EXPECT_EQ(run.eval_split, "val");  // never the test set
+      calls.emplace_back(*run.lr, run.seed);
+      return value(*run.lr, run.seed);
+    };
+  }
+};
+
+Config sweep_config(const std::vector<double>& factors) {
+  Config c = small("class-imbalanced", temp_dir());
+  c.optimizers = {"adam"};  // default lr 1e-3
+  c.seeds = {0, 1, 2};
+  c.lr_sweep = factors;
+  return c;
+}
+
+std::vector<SweepPoint> adam_grid(const Config& c) { return plan_sweep(c); }
+
+std::vector<double> lrs_of(const std::vector<SweepPoint>& points) {
+  std::vector<double> lrs;
+  for (const auto& p : points) lrs.push_back(*p.config.lr);
+  return lrs;
+}
+
+}  // namespace
+
+TEST(SweepProtocol, ScoresEachPointByItsMeanOverTheSweepSeeds) {
+  Config c = sweep_config({2, 0.5, 1});  // unsorted on purpose: the grid comes back ascending
+  c.sweep_seeds = 2;
+  c.sweep_extend = 0;
+  FakeScorer fake;
+  // A peak at lr 1e-3 on seed 0 and at 2e-3 on seed 1: one seed alone would pick either.
+  fake.value = [](double lr, int64_t seed) {
+    const double peak = seed == 0 ? 1e-3 : 2e-3;
+    return 50.0 - 10.0 * std::pow(std::log2(lr / peak), 2) + 3.0 * static_cast<double>(seed);
+  };
+  bool edge = true;
+  const auto points = sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge);
+  EXPECT_EQ(lrs_of(points), (std::vector<double>{0.5e-3, 1e-3, 2e-3}));
+  // Every point on seeds 0 and 1 (the first two of --seeds), never on seed 2.
+  ASSERT_EQ(fake.calls.size(), 6u);
+  for (size_t k = 0; k < fake.calls.size(); ++k) EXPECT_EQ(fake.calls[k].second, int64_t(k % 2));
+  for (const auto& p : points) {
+    ASSERT_EQ(p.seed_scores.size(), 2u);
+    EXPECT_EQ(p.seed_scores[0], fake.value(*p.config.lr, 0));
+    EXPECT_EQ(p.seed_scores[1], fake.value(*p.config.lr, 1));
+    EXPECT_DOUBLE_EQ(p.score, (p.seed_scores[0] + p.seed_scores[1]) / 2);
+  }
+  // Means: 26.5, 46.5, 46.5: 1e-3 and 2e-3 tie, and the smaller lr wins the tie.
+  EXPECT_DOUBLE_EQ(points[1].score, points[2].score);
+  EXPECT_EQ(choose_lr(points, "adam"), 1e-3);
+  EXPECT_FALSE(edge);
+  // A seed whose run gave no score makes the point's score NaN, and it cannot be chosen.
+  fake.value = [](double lr, int64_t seed) {
+    return seed == 1 && lr > 1.5e-3 ? std::nan("") : 100.0 * lr;
+  };
+  const auto failed = sweep_optimizer(c, adam_grid(c), fake.scorer());
+  EXPECT_TRUE(std::isnan(failed[2].score));
+  EXPECT_EQ(choose_lr(failed, "adam"), 1e-3);
+}
+
+TEST(SweepProtocol, ExtendsTheGridWhileTheBestPointIsAtAnEdge) {
+  Config c = sweep_config({0.5, 1, 2});
+  c.sweep_seeds = 1;
+  c.sweep_extend = 4;
+  FakeScorer fake;
+  // A single peak at 8e-3, beyond the grid's top (2e-3): two x2 steps reach it, a third
+  // brackets it, and the extension stops with the best point inside.
+  fake.value = [](double lr, int64_t) { return -std::pow(std::log2(lr / 8e-3), 2); };
+  bool edge = true;
+  auto points = sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge);
+  EXPECT_EQ(lrs_of(points), (std::vector<double>{0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3}));
+  EXPECT_EQ(choose_lr(points, "adam"), 8e-3);
+  EXPECT_FALSE(edge);
+  EXPECT_EQ(fake.calls.size(), 6u);
+  for (const auto& p : points) {
+    EXPECT_EQ(p.config.optimizer, "adam");
+    EXPECT_EQ(p.config.eval_split, "val");
+    EXPECT_NE(p.config.out.find("/sweep/lr"), std::string::npos) << p.config.out;
+  }
+  // Downwards, with the grid's own step at that edge (x3 here).
+  c.lr_sweep = {1, 3, 9};
+  fake.calls.clear();
+  fake.value = [](double lr, int64_t) { return -std::pow(std::log(lr / 1.2e-4), 2); };
+  points = sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge);
+  ASSERT_EQ(points.size(), 6u);
+  EXPECT_NEAR(*points[0].config.lr, 1e-3 / 27, 1e-15);
+  EXPECT_NEAR(choose_lr(points, "adam"), 1e-3 / 9, 1e-15);
+  EXPECT_FALSE(edge);
+  // A budget too small to reach the peak: the best point stays at the edge, and says so.
+  c.lr_sweep = {0.5, 1, 2};
+  c.sweep_extend = 2;
+  fake.value = [](double lr, int64_t) { return lr; };  // always better higher
+  points = sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge);
+  EXPECT_EQ(lrs_of(points), (std::vector<double>{0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3}));
+  EXPECT_TRUE(edge);
+  // A diverging lr (NaN) bounds the grid: the best point is then inside it.
+  c.sweep_extend = 4;
+  fake.value = [](double lr, int64_t) { return lr > 3e-3 ? std::nan("") : lr; };
+  points = sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge);
+  EXPECT_EQ(lrs_of(points), (std::vector<double>{0.5e-3, 1e-3, 2e-3, 4e-3}));
+  EXPECT_EQ(choose_lr(points, "adam"), 2e-3);
+  EXPECT_FALSE(edge);
+  // --sweep-extend 0: the grid as given.
+  c.sweep_extend = 0;
+  fake.value = [](double lr, int64_t) { return lr; };
+  EXPECT_EQ(sweep_optimizer(c, adam_grid(c), fake.scorer(), &edge).size(), 3u);
+  EXPECT_TRUE(edge);
+}
+
+TEST(SweepProtocol, RejectsSweepSeedsAndExtendOutOfRange) {
+  const auto error_of = [](const Config& bad) {
+    try {
+      plan_sweep(bad);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Config c = sweep_config({0.5, 1, 2});
+  for (const int64_t bad : {0, 4}) {
+    c.sweep_seeds = bad;
+    EXPECT_NE(error_of(c).find("--sweep-seeds"), std::string::npos) << bad;
+  }
+  c.sweep_seeds = 3;
+  c.sweep_extend = -1;
+  EXPECT_NE(error_of(c).find("--sweep-extend"), std::string::npos);
+  c.sweep_extend = 0;
+  EXPECT_EQ(error_of(c), "");
+}
+
 TEST(Compare, ReportEndsWithAPlainVerdictOnTheHeadlineMetric) {
   Config c = small("class-imbalanced", temp_dir());
   c.optimizers = {"fogo", "adam"};
@@ -281,6 +422,55 @@ TEST(Compare, ReportEndsWithAPlainVerdictOnTheHeadlineMetric) {
   EXPECT_EQ(text.back(), '\n');
   EXPECT_EQ(text.find('\n', text.rfind(verdict)), text.size() - 1) << text;  // the last line
   EXPECT_NE(read_file(c.out + "/summary.md").find(verdict), std::string::npos);
+}
+
+TEST(CompareFamily, SummaryCarriesHolmTheDetectableEffectTheMachineAndWallTime) {
+  // Three optimizers, two metrics: six tests. fogo's lead on acc has p ~ 0.03 alone, which
+  // Holm over the six does not keep: the printed verdict must say "not separated" and give the
+  // difference these seeds could detect.
+  Config c = small("class-imbalanced", temp_dir());
+  c.optimizers = {"fogo", "muon", "adam"};
+  c.seeds = {0, 1, 2};
+  std::vector<RunResult> results;
+  const double acc[3][3] = {{70, 72, 74}, {65, 67.5, 69}, {50, 60, 55}};
+  for (size_t o = 0; o < 3; ++o) {
+    for (int64_t seed = 0; seed < 3; ++seed) {
+      RunResult r;
+      r.config = resolve(c, c.optimizers[o], seed);
+      r.summary_names = {"acc", "rare_acc"};
+      r.summary = {acc[o][seed], 10.0 + static_cast<double>(seed + o)};
+      r.wall_seconds = 10.0 + static_cast<double>(o);
+      results.push_back(r);
+    }
+  }
+  const auto tests = comparison_tests(c, results);
+  ASSERT_EQ(tests.size(), 6u);
+  EXPECT_LT(tests[0].welch.p, 0.05);  // fogo vs muon on acc, alone
+  EXPECT_GE(tests[0].holm_p, 0.05);   // within the table's family
+  std::ostringstream out;
+  report_comparison(c, "synthetic", results, out);
+  const std::string text = out.str();
+  const std::string md = read_file(c.out + "/summary.md");
+  for (const std::string& s : {text, md}) {
+    EXPECT_NE(s.find("machine: "), std::string::npos) << s;
+    EXPECT_NE(s.find("torch CPU kernels"), std::string::npos) << s;
+    EXPECT_NE(s.find("wall time per run (s)"), std::string::npos) << s;
+    EXPECT_NE(s.find("Holm p"), std::string::npos) << s;
+    EXPECT_NE(s.find("detectable |A - B|"), std::string::npos) << s;
+    EXPECT_NE(s.find("Headline metric of class-imbalanced (named before the runs): acc."),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.find("fogo's lead over muon (4.83) is not separated by these seeds"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.find("They detect a difference of about "), std::string::npos) << s;
+  }
+  EXPECT_NE(md.find("| fogo | 3 | 72.00 ± 2.00 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 10 ± 0 |"), std::string::npos) << md;  // fogo's wall time per run
+  EXPECT_NE(md.find("9 runs, 99 s of wall time in all"), std::string::npos) << md;
+  EXPECT_EQ(headline_metric("class-imbalanced"), "acc");
+  EXPECT_EQ(headline_metric("domain-il"), "AP");
+  EXPECT_EQ(headline_metric("class-il"), "AP");
 }
 
 TEST(Autocast, Bf16IsRefusedOffCuda) {

@@ -12,11 +12,13 @@
 // bit for bit on the same device and thread count.
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "common/report.h"
 #include "config.h"
 #include "continual.h"
 #include "data.h"
@@ -36,6 +38,9 @@ struct RunResult {
   AccuracyMatrix R;  ///< continual scenarios: R[i][j] in percent (NaN until measured)
   int64_t steps = 0, total_steps = 0;
   double seconds = 0;  ///< training wall time over all sessions of the run
+  /// Wall time of the train_run call that produced this result (training and evaluations;
+  /// set by timed_train_run, 0 otherwise).
+  double wall_seconds = 0;
   bool completed() const { return steps == total_steps; }
 };
 
@@ -43,6 +48,18 @@ struct RunResult {
 /// from resolve(). `data` is the whole dataset on the CPU; the run selects from it and moves what
 /// it uses to its device.
 RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log);
+
+/// Welch's t-test between every two optimizers of `results` on every summary metric: one family,
+/// Holm-adjusted over all of it (summary.md's and sweep.md's table of tests).
+std::vector<trainer::WelchRow> comparison_tests(const Config& config,
+                                                const std::vector<RunResult>& results);
+
+/// train_run, with the call's wall time in RunResult::wall_seconds.
+RunResult timed_train_run(const Config& config, const DataSplit& data, std::ostream& log);
+
+/// The headline metric of a scenario, named before any run (issue 28): the one the printed
+/// verdict judges. class-imbalanced: acc; class-il, domain-il: AP.
+std::string headline_metric(const std::string& scenario);
 
 /// The test images a run evaluates on (--test-per-class of every class): one fixed choice,
 /// the same for every seed and optimizer, so that runs of a comparison share one test set.
@@ -74,22 +91,36 @@ void report_comparison(const Config& config, const std::string& data_name,
                        const std::vector<RunResult>& results, std::ostream& out);
 
 /// One grid point of --lr-sweep: its resolved config (eval-split val, the first seed, lr = factor
-/// x the optimizer's default) and its score, the run's first summary metric (class-imbalanced
-/// acc, continual AP) on the validation split.
+/// x the optimizer's default) and its score: the mean over the first --sweep-seeds seeds of the
+/// run's first summary metric (class-imbalanced acc, continual AP) on the validation split, NaN
+/// when a seed's run gave none (a failed run must not look good).
 struct SweepPoint {
   Config config;
   double score = 0;
+  std::vector<double> seed_scores;  ///< one per sweep seed, in --seeds order
 };
 struct SweepOutcome {
   std::string metric;                    ///< the score's name
-  std::vector<SweepPoint> points;        ///< optimizer-major, in grid order
+  std::vector<SweepPoint> points;        ///< optimizer-major, each optimizer's in ascending lr
   std::map<std::string, double> chosen;  ///< optimizer -> its lr with the best score
-  std::vector<RunResult> finals;         ///< the chosen lr on every seed, on the test set
+  /// optimizer -> its best point is still at an edge of its grid after --sweep-extend points
+  std::map<std::string, bool> at_edge;
+  std::vector<RunResult> finals;  ///< the chosen lr on every seed, on the test set
 };
-/// The grid runs of `config` (checked: >= 3 seeds, factors > 0), scores unset.
+/// The grid runs of `config` (checked: >= 3 seeds, factors > 0, --sweep-seeds and
+/// --sweep-extend in range), optimizer-major, each optimizer's in ascending lr, scores unset.
 std::vector<SweepPoint> plan_sweep(const Config& config);
 /// The lr of `optimizer`'s best-scoring point (ties: the smaller lr).
 double choose_lr(const std::vector<SweepPoint>& points, const std::string& optimizer);
+/// The validation score of one run (a config of plan_sweep's points with the seed set).
+using SweepScorer = std::function<double(const Config& run)>;
+/// One optimizer's sweep: scores `grid` (its points of plan_sweep, ascending lr) on the first
+/// --sweep-seeds seeds, then, while the best point is the lowest or highest lr and fewer than
+/// --sweep-extend points were added, adds and scores the next lr beyond that edge (the ratio of
+/// the two lrs at that edge; x2 for a one-point grid). Returns the scored points in ascending
+/// lr; `at_edge` says whether the best one is still at an edge.
+std::vector<SweepPoint> sweep_optimizer(const Config& config, std::vector<SweepPoint> grid,
+                                        const SweepScorer& score, bool* at_edge = nullptr);
 /// --lr-sweep: the grid on the validation split, then the chosen lrs on every seed on the test
 /// set; writes the comparison's usual outputs (of the final runs) and sweep.md (the grid, the
 /// chosen lrs and Welch's t-test between every two optimizers), sweep.png (score by lr).

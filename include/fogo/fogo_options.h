@@ -70,7 +70,9 @@ namespace fogo {
   X(bool,           spectral_scaling,         true)      /* gamma_lt by the trace bound */        \
   X(bool,           reinit_codebook_on_task,  false)                                             \
   /* CUDA parameters: capture steady-state steps in a CUDA graph, replay them (FOGO::step) */     \
-  X(bool,           cuda_graph,               false)
+  X(bool,           cuda_graph,               false)                                            \
+  /* true: steps 1, 2, 4 (in parameter space) and 9 only: no Pi, codebook, filters or lift */    \
+  X(bool,           fusion_only,              false)
 
 /// Enumerations, serialized as integers: X(type, name, default).
 #define FOGO_ENUM_OPTIONS(X)                                                                      \
@@ -123,6 +125,11 @@ FOGOOptions class_il_head_fc();
 FOGOOptions class_il_classifier();
 FOGOOptions gpt2();
 FOGOOptions lora();
+/// `base` as a fusion-only FOGO (option fusion_only): the slow and fast streams, each through
+/// Newton–Schulz, fused row by row by slerp in parameter space, RMS-scaled; no projection,
+/// codebook, short- or long-term filter or lift is built or run. For the question "does the
+/// memory earn its cost" (docs/results.md): the memory-free part of FOGO at its own cost.
+FOGOOptions fusion_only(FOGOOptions base = gpt2());
 }  // namespace presets
 
 }  // namespace fogo
