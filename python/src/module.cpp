@@ -343,6 +343,16 @@ bool is_libtorch_key(const std::string& key) {
   return key == "pytorch_version" || key == "state" || key == "param_groups" || key == "training";
 }
 
+// A file's checksum (fogo/checksum, muon/checksum) describes an archive on a disk; a state dict
+// is live Python objects (its tensors are the optimizer's own), so it carries none, and its
+// archive is marked as built in memory when it is loaded (detail::kInMemoryArchive).
+bool is_file_only_key(const std::string& key) {
+  const std::string suffix = "/checksum";
+  return key == fogo::detail::kInMemoryArchive ||
+         (key.size() >= suffix.size() &&
+          key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The bound optimizer
 
@@ -423,7 +433,8 @@ class Bound {
     opt_.save(out);
     torch::serialize::InputArchive in = reopen(out);
     for (const std::string& key : in.keys())
-      if (!is_libtorch_key(key)) extra[py::str(key)] = archive_value_to_py(in, key);
+      if (!is_libtorch_key(key) && !is_file_only_key(key))
+        extra[py::str(key)] = archive_value_to_py(in, key);
     return extra;
   }
 
@@ -510,7 +521,11 @@ class Bound {
       groups_archive.write("param_groups/" + std::to_string(g), a);
     }
     out.write("param_groups", groups_archive);
-    for (const auto item : extra) py_to_archive(out, item.first.cast<std::string>(), item.second);
+    for (const auto item : extra) {
+      const auto key = item.first.cast<std::string>();
+      if (!is_file_only_key(key)) py_to_archive(out, key, item.second);
+    }
+    out.write(fogo::detail::kInMemoryArchive, c10::IValue(true));
     torch::serialize::InputArchive in = reopen(out);
     opt_.load(in);
   }

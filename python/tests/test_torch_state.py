@@ -260,3 +260,25 @@ def test_parameter_errors_are_value_errors():
     with pytest.raises(ValueError):
         opt.add_param_group({"params": [torch.zeros(3, requires_grad=True)]})
     assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize("cls", [fogo.Muon, fogo.FOGO])
+def test_state_dicts_carry_no_file_checksum_and_load_without_warning(gen, cls, capfd):
+    # A file's checksum describes bytes on a disk; a state dict is live objects. Loading one
+    # taken before more steps (its tensors are the optimizer's own, as torch's) must neither be
+    # refused as corrupted nor warn about a missing checksum.
+    import warnings
+
+    params = model(gen)
+    opt = cls(params, lr=0.02)
+    train(opt, params, grads_for(gen, 2))
+    sd = copy.deepcopy(opt.state_dict())
+    flat = repr(sd)
+    assert "checksum" not in flat and "in_memory" not in flat
+    train(opt, params, grads_for(gen, 1))
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.load_state_dict(sd)
+    assert "checksum" not in capfd.readouterr().err  # the C++ side warns on stderr
+    train(opt, params, grads_for(gen, 1))

@@ -143,7 +143,10 @@ class Checksum {
 
 /// Writes `sum` under `key`; verify_checksum compares it with the sum of what was loaded. An
 /// archive without the key (written by a fogo older than checksums) is accepted with a warning;
-/// a mismatch throws naming `optimizer` and saying the checkpoint is corrupted.
+/// a mismatch throws naming `optimizer` and saying the checkpoint is corrupted. An archive built
+/// in memory from a state dict (the Python package's load_state_dict) says so with
+/// kInMemoryArchive = true: it was never on a disk, carries no checksum and loads without one.
+inline constexpr const char* kInMemoryArchive = "fogo/in_memory";
 void write_checksum(torch::serialize::OutputArchive& archive, const char* key, uint64_t sum);
 void verify_checksum(torch::serialize::InputArchive& archive, const char* optimizer,
                      const char* key, uint64_t sum);
