@@ -179,6 +179,7 @@ using Plain = std::decay_t<T>;
   X(nonfinite)                  \
   X(ns_form)                    \
   X(ns_gram_restart)            \
+  X(ns_schedule)                \
   X(cuda_graph)
 
 struct FOGOTraits {
