@@ -186,6 +186,7 @@ using Plain = std::decay_t<T>;
   X(nonfinite)                  \
   X(ns_form)                    \
   X(ns_gram_restart)            \
+  X(ns_schedule)                \
   X(cuda_graph)
 
 // A parameter's state tensor `key` from a Python dict, with a message naming what is missing.
