@@ -70,15 +70,10 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
   }
 }
 
-namespace {
-
-// torch.optim.Muon's Newton–Schulz: X0 = U / max(|U|_F, eps).
 NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
                          o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Options and state

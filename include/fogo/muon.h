@@ -114,6 +114,10 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   friend bool operator==(const MuonOptions& a, const MuonOptions& b);
 };
 
+/// torch.optim.Muon's Newton–Schulz of `o` (X0 = U / max(|U|_F, eps)): what Muon's step runs,
+/// for code that orthogonalizes outside it (the Python package's sharded FSDP2 step).
+NSConfig ns_config(const MuonOptions& o);
+
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);
 

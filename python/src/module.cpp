@@ -738,9 +738,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         TORCH_CHECK(update.dim() >= 2,
                     "fogo._C.muon_orthogonalize: 'update' must have >= 2 dimensions, got ",
                     update.sizes());
-        const fogo::NSConfig ns = fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(),
-                                                  fogo::NSNormalization::ClampMin, o.ns_dtype(),
-                                                  o.ns_form(), o.ns_gram_restart());
+        const fogo::NSConfig ns = fogo::ns_config(o);  // the step's own, never a copy
         const int64_t rows = update.size(0), cols = update.numel() / std::max<int64_t>(rows, 1);
         at::Tensor x = at::empty({rows, cols}, update.options().dtype(ns.compute_dtype));
         x.view(update.sizes()).copy_(update);
