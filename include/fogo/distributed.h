@@ -28,11 +28,6 @@
 // dist/gradients.h (GradientAverager), dist/lockstep.h (broadcasts, lockstep checks),
 // dist/sharding.h (ShardedOptimizer, shard_step).
 
-#ifndef FOGO_WITH_DISTRIBUTED
-#error \
-    "fogo was built without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing)"
-#endif
-
 #include "fogo/dist/gradients.h"
 #include "fogo/dist/lockstep.h"
 #include "fogo/dist/process_group.h"

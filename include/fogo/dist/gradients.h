@@ -1,11 +1,6 @@
 #pragma once
 // fogo::dist's gradient averaging over a process group. Part of fogo/distributed.h.
 
-#ifndef FOGO_WITH_DISTRIBUTED
-#error \
-    "fogo was built without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing)"
-#endif
-
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>

@@ -2,11 +2,6 @@
 // fogo::dist's broadcasts and lockstep checks: every rank starting from, and staying at, the
 // same values. Part of fogo/distributed.h.
 
-#ifndef FOGO_WITH_DISTRIBUTED
-#error \
-    "fogo was built without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing)"
-#endif
-
 #include <torch/nn/module.h>
 #include <torch/types.h>
 

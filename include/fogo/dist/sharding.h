@@ -2,11 +2,6 @@
 // fogo::dist's sharded optimizer steps: each parameter's expensive work on one owner rank.
 // Part of fogo/distributed.h.
 
-#ifndef FOGO_WITH_DISTRIBUTED
-#error \
-    "fogo was built without distributed support (FOGO_WITH_DISTRIBUTED=OFF or gloo's headers missing)"
-#endif
-
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
