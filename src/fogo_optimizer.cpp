@@ -164,9 +164,17 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
         at::mm_out(out, rows.to(at::kFloat), proj.Pi);
       }
     };
+    const at::Tensor Bf = inputs[r].slice(0, P);
+    const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
+    // The fast stream through the Gram route with its projection, or the plain chain then the
+    // projection: with ns_form Auto decided as Auto decides (timed on the GPU at the first sight
+    // of the shape, the cost model on the CPU: the same answer as below there), with Gram by the
+    // cost model.
     const bool gram =
-        gram_allowed && newton_schulz_projected_is_cheaper(m, n, o.proj_dim(), o.ns_steps_fast(),
-                                                           o.ns_gram_restart());
+        gram_allowed && (o.ns_form() == NSForm::Auto
+                             ? newton_schulz_projected_auto(Bf, proj.Pi, ns_fast)
+                             : newton_schulz_projected_is_cheaper(
+                                   m, n, o.proj_dim(), o.ns_steps_fast(), o.ns_gram_restart()));
     at::Tensor Os;
     if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
       const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
@@ -176,8 +184,6 @@ std::pair<at::Tensor, at::Tensor> orthogonalize(std::vector<Work>& work, const S
     } else {
       Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
       project(Os, Ps_rows);
-      const at::Tensor Bf = inputs[r].slice(0, P);
-      const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
       if (gram) {
         Pf_rows.copy_(newton_schulz_projected(Bf, proj.Pi, ns_fast).reshape({-1, o.proj_dim()}));
       } else {

@@ -1226,3 +1226,52 @@ TEST(FOGOFusionOnly, TaskBoundariesCheckpointsAndTheOptionRoundTrip) {
   EXPECT_TRUE(fogo::presets::fusion_only().fusion_only());
   EXPECT_TRUE(fogo::presets::fusion_only().fusion_only(false) == fogo::presets::gpt2());
 }
+
+// ns_form Auto decides FOGO's fast-stream route (Gram chain with its projection, or the plain
+// chain then the projection) as it decides every form: by the timer where one answers (the GPU's
+// events; injected here), the cost model elsewhere. With the plain candidates timed faster every
+// decision is Plain and the step is ns_form Plain's bit for bit; with the Gram ones faster the
+// projected route is taken (listed with Pi's d) and the step moves by rounding only.
+TEST(FOGO, AutoDecidesTheFastStreamsRouteByTheTimer) {
+  ASSERT_TRUE(fogo::newton_schulz_projected_is_cheaper(8, 48, 16, 5, 3));  // the model: Gram
+  const auto options = [](fogo::NSForm form) {
+    return fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8).ns_form(form).ns_gram_restart(3);
+  };
+  const auto run = [&](fogo::NSForm form) {
+    torch::manual_seed(26);
+    auto w = torch::randn({8, 48}).requires_grad_(true);
+    fogo::FOGO opt({w}, options(form));
+    for (int step = 0; step < 3; ++step) {
+      w.mutable_grad() = torch::randn({8, 48});
+      opt.step();
+    }
+    return w.detach().clone();
+  };
+  const auto plain = run(fogo::NSForm::Plain);
+  for (const bool gram_faster : {false, true}) {
+    fogo::clear_ns_form_choices();
+    // Each decision times its plain candidate first, then its Gram one.
+    int64_t calls = 0;
+    fogo::set_ns_form_timer([&](const std::function<void()>& f, const c10::Device&) {
+      f();
+      const bool gram_call = calls++ % 2 == 1;
+      return gram_call == gram_faster ? 1.0 : 2.0;
+    });
+    const auto got = run(fogo::NSForm::Auto);
+    fogo::set_ns_form_timer(nullptr);
+    bool projected_decided = false;
+    for (const auto& c : fogo::ns_form_choices()) {
+      EXPECT_TRUE(c.measured);
+      EXPECT_EQ(c.gram, gram_faster);
+      projected_decided = projected_decided || c.d == 16;
+    }
+    fogo::clear_ns_form_choices();
+    EXPECT_TRUE(projected_decided) << "the fast stream's route was not decided by Auto";
+    if (gram_faster) {
+      EXPECT_FALSE(torch::equal(got, plain));
+      EXPECT_LT(((got - plain).norm() / plain.norm()).item<double>(), 0.01);
+    } else {
+      EXPECT_TRUE(torch::equal(got, plain));
+    }
+  }
+}
