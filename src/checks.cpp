@@ -295,6 +295,15 @@ uint64_t Checksum::value() const {
   return tail.h_;
 }
 
+void check_state_shape(const char* optimizer, size_t g, size_t i, const at::Tensor& p,
+                       const at::Tensor& state, const char* what) {
+  if (!state.defined()) return;
+  TORCH_CHECK(state.sizes() == p.sizes(), optimizer, ": ", describe_param(g, i, p), " has shape ",
+              p.sizes(), " but its ", what, " from earlier steps has shape ", state.sizes(),
+              ": the parameter was resized; give the optimizer its new parameters (a new "
+              "optimizer, or a load of a checkpoint for them). Nothing was changed");
+}
+
 void write_checksum(torch::serialize::OutputArchive& archive, const char* key, uint64_t sum) {
   archive.write(key, c10::IValue(static_cast<int64_t>(sum)));
 }
@@ -304,8 +313,7 @@ void verify_checksum(torch::serialize::InputArchive& archive, const char* optimi
   c10::IValue stored;
   if (!archive.try_read(key, stored)) {
     c10::IValue in_memory;
-    if (archive.try_read(kInMemoryArchive, in_memory) && in_memory.isBool() &&
-        in_memory.toBool()) {
+    if (archive.try_read(kInMemoryArchive, in_memory) && in_memory.isBool() && in_memory.toBool()) {
       return;  // a state dict's archive, built in memory: nothing was on a disk to check
     }
     TORCH_WARN(optimizer,

@@ -631,6 +631,11 @@ torch::Tensor FOGO::step(LossClosure closure) {
       [&](size_t g, size_t i, const at::Tensor& p) {
         check_matrix(g, i, p, param_groups_[g].params()[0],
                      static_cast<const FOGOOptions&>(param_groups_[g].options()));
+        if (const auto it = state_.find(p.unsafeGetTensorImpl()); it != state_.end()) {
+          const auto& st = static_cast<const FOGOParamState&>(*it->second);
+          detail::check_state_shape("FOGO", g, i, p, st.slow_momentum(), "slow_momentum");
+          detail::check_state_shape("FOGO", g, i, p, st.fast_momentum(), "fast_momentum");
+        }
       });
   const auto& [params, grads, where] = items;
   const auto policy = [&](size_t g) {

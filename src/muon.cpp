@@ -239,6 +239,11 @@ torch::Tensor Muon::step(LossClosure closure) {
       [&](size_t g) { static_cast<const MuonOptions&>(param_groups_[g].options()).validate(); },
       [&](size_t g, size_t i, const at::Tensor& p) {
         check_param_shape(g, i, p, static_cast<const MuonOptions&>(param_groups_[g].options()));
+        if (const auto it = state_.find(p.unsafeGetTensorImpl()); it != state_.end()) {
+          detail::check_state_shape(
+              "Muon", g, i, p, static_cast<const MuonParamState&>(*it->second).momentum_buffer(),
+              "momentum_buffer");
+        }
       });
   const auto policy = [&](size_t g) {
     return static_cast<const MuonOptions&>(param_groups_[g].options()).nonfinite();

@@ -822,3 +822,48 @@ INSTANTIATE_TEST_SUITE_P(Adversarial, AdversarialInput, ::testing::ValuesIn(all_
                          });
 
 }  // namespace
+
+// A parameter resized between steps (model surgery: its data replaced by a tensor of another
+// shape, the same tensor object) is refused naming it and both shapes, before either optimizer
+// changes anything; it used to fail half-way in ATen, after Muon had moved parameters and
+// momenta.
+TEST(Adversarial, ParameterResizedBetweenStepsIsRefusedBeforeAnythingChanges) {
+  torch::manual_seed(41);
+  const auto check = [](torch::optim::Optimizer& opt, torch::Tensor& other, torch::Tensor& p,
+                        const char* optimizer, const char* state) {
+    for (auto* t : {&other, &p}) t->mutable_grad() = torch::randn(t->sizes());
+    opt.step();
+    {
+      torch::NoGradGuard no_grad;
+      p.set_data(torch::randn({10, 12}));
+    }
+    p.mutable_grad() = torch::randn({10, 12});
+    other.mutable_grad() = torch::randn(other.sizes());
+    const auto p0 = p.detach().clone(), other0 = other.detach().clone();
+    try {
+      opt.step();
+      ADD_FAILURE() << optimizer << ": no error";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("has shape [10, 12] but its " + std::string(state) +
+                         " from earlier steps has shape [8, 12]"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("was resized"), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(torch::equal(p.detach(), p0)) << optimizer;
+    EXPECT_TRUE(torch::equal(other.detach(), other0)) << optimizer << ": another parameter moved";
+  };
+  {
+    auto other = torch::randn({6, 12}).requires_grad_(true);
+    auto p = torch::randn({8, 12}).requires_grad_(true);
+    fogo::Muon opt({other, p}, fogo::MuonOptions(0.02));
+    check(opt, other, p, "Muon", "momentum_buffer");
+  }
+  {
+    auto other = torch::randn({6, 12}).requires_grad_(true);
+    auto p = torch::randn({8, 12}).requires_grad_(true);
+    fogo::FOGO opt({other, p}, fogo::FOGOOptions(0.01).proj_dim(8).codebook_size(4));
+    check(opt, other, p, "FOGO", "slow_momentum");
+  }
+}

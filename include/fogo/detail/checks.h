@@ -141,6 +141,12 @@ class Checksum {
   size_t npending_ = 0;
 };
 
+/// The state `what` made for parameter `p` (group g, index i) at an earlier step still has its
+/// shape: a parameter resized since (model surgery, a reallocation) is refused naming it and
+/// both shapes, before anything changes (the step would otherwise fail half-way in ATen).
+void check_state_shape(const char* optimizer, size_t g, size_t i, const at::Tensor& p,
+                       const at::Tensor& state, const char* what);
+
 /// Writes `sum` under `key`; verify_checksum compares it with the sum of what was loaded. An
 /// archive without the key (written by a fogo older than checksums) is accepted with a warning;
 /// a mismatch throws naming `optimizer` and saying the checkpoint is corrupted. An archive built
