@@ -384,8 +384,16 @@ def main():
             except Exception as e:
                 raise AssertionError(f"case {case} on rank {dist.get_rank()}: {e}") from e
             dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Every case passed on every rank (the barriers). Leave without tearing gloo down: its
+    # teardown at exit aborted a rank now and then ("terminate called without an active
+    # exception", SIGABRT, seen in about 1 of 10 launches on a loaded machine) after every check
+    # had passed, failing the test for nothing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
