@@ -39,9 +39,19 @@ enum class NSForm : int64_t {
   Auto = 2,   ///< the faster of the two for the shape: timed on CUDA, else the cost model
 };
 
+/// The coefficient sets by name, for the optimizers' ns_coefficients option:
+/// `FOGOOptions().ns_coefficients(fogo::kCubic)` runs the spec's cubic iteration. The numbers are
+/// written here only; NSConfig's defaults and quintic()/cubic() are made from them.
+inline constexpr std::tuple<double, double, double> kQuintic{3.4445, -4.7750, 2.0315};
+inline constexpr std::tuple<double, double, double> kCubic{1.5, -0.5, 0.0};
+
+constexpr std::array<double, 3> coefficient_array(const std::tuple<double, double, double>& t) {
+  return {std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+}
+
 struct NSConfig {
   /// (a, b, c) of X <- a X + (b A + c A^2) X. Muon's quintic by default.
-  std::array<double, 3> coefficients{3.4445, -4.7750, 2.0315};
+  std::array<double, 3> coefficients = coefficient_array(kQuintic);
   /// Number of iterations K; 0 <= steps < 100.
   int64_t steps = 5;
   double eps = 1e-7;
@@ -62,14 +72,9 @@ struct NSConfig {
     return schedule[std::min<size_t>(static_cast<size_t>(k), schedule.size() - 1)];
   }
 
-  static constexpr std::array<double, 3> quintic() { return {3.4445, -4.7750, 2.0315}; }
-  static constexpr std::array<double, 3> cubic() { return {1.5, -0.5, 0.0}; }
+  static constexpr std::array<double, 3> quintic() { return coefficient_array(kQuintic); }
+  static constexpr std::array<double, 3> cubic() { return coefficient_array(kCubic); }
 };
-
-/// The coefficient sets by name, for the optimizers' ns_coefficients option:
-/// `FOGOOptions().ns_coefficients(fogo::kCubic)` runs the spec's cubic iteration.
-inline constexpr std::tuple<double, double, double> kQuintic{3.4445, -4.7750, 2.0315};
-inline constexpr std::tuple<double, double, double> kCubic{1.5, -0.5, 0.0};
 
 /// Per-iteration coefficient schedules, the optimizers' `ns_schedule` option (an integer, so that
 /// every option front end takes it as one). Each promises a range for the singular values of
