@@ -61,7 +61,7 @@ struct RankLaunch {
   std::vector<std::string> args;  ///< its arguments (argv[1...]), the same on every rank
   /// Arguments appended on rank r after `args` (flags one rank was launched with differently).
   std::function<std::vector<std::string>(int)> rank_args;
-  int nprocs = 2;                 ///< ranks to start; WORLD_SIZE = nprocs unless `extra` says
+  int nprocs = 2;  ///< ranks to start; WORLD_SIZE = nprocs unless `extra` says
   /// Variables set on rank r on top of the inherited environment and the torchrun ones.
   std::function<Env(int)> extra;
   std::filesystem::path log_dir;  ///< rank<r>.log go there (it must exist)
