@@ -129,14 +129,8 @@ double max_grad_norm(const at::Tensor& grad) {
 }  // namespace
 
 namespace {
-thread_local bool grads_already_checked = false;
-thread_local int64_t reads = 0;
+thread_local int64_t reads = 0;  // first_unusable_grad's read-backs on this thread, for tests
 }  // namespace
-
-GradsAlreadyChecked::GradsAlreadyChecked() : previous_(grads_already_checked) {
-  grads_already_checked = true;
-}
-GradsAlreadyChecked::~GradsAlreadyChecked() { grads_already_checked = previous_; }
 
 void check_graph_device(const char* optimizer, size_t group, size_t index,
                         const at::Tensor& param) {
@@ -155,7 +149,7 @@ void check_graph_device(const char* optimizer, size_t group, size_t index,
 int64_t unusable_grad_reads() { return reads; }
 
 int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
-  if (grads.empty() || grads_already_checked) return -1;
+  if (grads.empty()) return -1;
   ++reads;
   std::vector<at::Tensor> flags;
   flags.reserve(grads.size());
@@ -169,16 +163,8 @@ int64_t first_unusable_grad(const std::vector<at::Tensor>& grads) {
   return -1;
 }
 
-namespace {
-thread_local at::Tensor step_mask;
-}  // namespace
-
-StepMask::StepMask(at::Tensor ok) : previous_(std::move(step_mask)) { step_mask = std::move(ok); }
-StepMask::~StepMask() { step_mask = std::move(previous_); }
-
 at::Tensor grads_usable(const std::vector<at::Tensor>& grads) {
-  if (grads.empty() || grads_already_checked) return {};
-  if (step_mask.defined()) return step_mask.to(grads.front().device());
+  if (grads.empty()) return {};
   // One stacked test per device, in first-seen order, combined on the first device.
   std::vector<std::pair<at::Device, std::vector<at::Tensor>>> by_device;
   for (const auto& g : grads) {
@@ -206,6 +192,23 @@ int64_t first_unusable_item(const GradItems& items, const std::function<bool(siz
   }
   const int64_t bad = first_unusable_grad(grads);
   return bad < 0 ? -1 : static_cast<int64_t>(item[bad]);
+}
+
+MaskScope::MaskScope(at::Tensor ok, std::vector<at::Tensor> tensors)
+    : ok_(std::move(ok)), tensors_(std::move(tensors)) {
+  if (!ok_.defined()) return;
+  for (const at::Tensor& t : tensors_) before_.push_back(t.defined() ? t.clone() : t);
+}
+
+void MaskScope::restore(const std::vector<at::Tensor>& now) const {
+  if (!ok_.defined()) return;
+  TORCH_INTERNAL_ASSERT(now.size() == before_.size(), "MaskScope::restore: ", now.size(),
+                        " tensors for ", before_.size(), " copies");
+  for (size_t k = 0; k < now.size(); ++k) {
+    if (!before_[k].defined()) continue;
+    at::Tensor t = now[k];
+    t.copy_(at::where(ok_.to(t.device()), t, before_[k]));
+  }
 }
 
 void throw_unusable_grad(const char* optimizer, size_t group, size_t index,

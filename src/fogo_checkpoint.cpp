@@ -69,14 +69,9 @@ void FOGO::save(torch::serialize::OutputArchive& archive) const {
       a.write(name, or_empty(t), /*is_buffer=*/true);
       sum.add(or_empty(t));
     };
-    tensor("centroids", mem.book.centroids);
-    tensor("S", mem.book.S);
-    tensor("N", mem.book.N);
-    tensor("start", mem.start);
-    tensor("frozen", mem.frozen);
-    tensor("frozen_nu", mem.frozen_nu);
-    tensor("rbar", mem.rbar);
-    tensor("stats", mem.stats);
+    mem.visit([&](const char* name, const at::Tensor& t, unsigned use) {
+      if (use & GroupMemory::kSaved) tensor(name, t);
+    });
     tensor("generator", mem.gen.get_state());
     a.write("consolidated", c10::IValue(mem.consolidated));
     sum.add(static_cast<int64_t>(mem.consolidated));
@@ -127,14 +122,9 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
             detail::check_finite_state("FOGO", "group " + std::to_string(g) + "'s " + name, t);
             return t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
           };
-          mem.book.centroids = tensor("centroids");
-          mem.book.S = tensor("S");
-          mem.book.N = tensor("N");
-          mem.start = tensor("start");
-          mem.frozen = tensor("frozen");
-          mem.frozen_nu = tensor("frozen_nu");
-          mem.rbar = tensor("rbar");
-          mem.stats = tensor("stats");
+          mem.visit([&](const char* name, at::Tensor& t, unsigned use) {
+            if (use & GroupMemory::kSaved) t = tensor(name);
+          });
           at::Tensor gen_state;
           a.read("generator", gen_state, true);
           sum.add(gen_state);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fogo/codebook.h"
+#include "fogo/detail/checks.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/projection.h"
 #include "graphed_step.h"
@@ -52,6 +53,36 @@ struct GroupMemory {
   at::Generator gen;  ///< CPU generator: initialisation, re-seeding, candidate sampling
   /// consolidate() ran since the last step: freezing again would add the same centroids.
   bool consolidated = false;
+
+  /// What uses each tensor of the memory: a checkpoint (kSaved, by its name; the order is the
+  /// archive's and its checksum's), a step (kStep: the CUDA graph's layout holds every tensor a
+  /// step reads or writes), Mask's restore (kMasked: what a step changes).
+  enum Use : unsigned { kSaved = 1, kStep = 2, kMasked = 4 };
+  /// f(name, tensor, uses) for every tensor field, in one order: the one list of the memory's
+  /// tensors (a field added here reaches the checkpoint, the graph and Mask).
+  template <class F>
+  void visit(F&& f) {
+    visit_fields(*this, f);
+  }
+  template <class F>
+  void visit(F&& f) const {
+    visit_fields(*this, f);
+  }
+
+ private:
+  template <class Self, class F>
+  static void visit_fields(Self& m, F& f) {
+    f("centroids", m.book.centroids, kSaved | kStep | kMasked);
+    f("S", m.book.S, kSaved | kStep | kMasked);
+    f("N", m.book.N, kSaved | kStep | kMasked);
+    f("start", m.start, kSaved);
+    f("frozen", m.frozen, kSaved | kStep);
+    f("frozen_nu", m.frozen_nu, kSaved | kStep);
+    f("rbar", m.rbar, kSaved | kStep | kMasked);
+    f("stats", m.stats, kSaved | kStep | kMasked);
+    f("skipped", m.skipped, kStep);
+    f("stepped_since_consolidate", m.stepped_since_consolidate, kStep);
+  }
 };
 
 // Pi [n, d] and the lift matrix K (projection.h), and their bf16 forms for a bf16 step's

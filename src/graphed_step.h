@@ -81,4 +81,26 @@ class GroupGraph {
   int64_t epoch_ = 0;
 };
 
+/// One param group's step `work` of an optimizer with options type Options: from the group's
+/// CUDA graph when `graphed` (captured again when the layout changed: the options other than lr,
+/// or any of `touched()`, the tensors the work reads or writes besides the static inputs), else
+/// eagerly with `eager` (lr undefined: the work reads the options' lr). A capture that fails has
+/// run nothing and runs the work eagerly, now and (graph.step.failed()) from then on.
+template <class Options>
+void run_group(GroupGraph<Options>& graph, bool graphed, const Options& o,
+               const std::function<std::vector<at::Tensor>()>& touched,
+               const GraphedStep::Inputs& eager, const c10::Device& device,
+               const std::function<void(const GraphedStep::Inputs&)>& work, const char* optimizer,
+               size_t group) {
+  if (graphed) {
+    std::vector<int64_t> layout = graph.layout(o);
+    for (const at::Tensor& t : touched()) GraphedStep::describe(layout, t);
+    if (graph.step.run(std::move(layout), eager.grads, eager.tensors, o.get_lr(), device, work,
+                       std::string(optimizer) + ": param group " + std::to_string(group))) {
+      return;
+    }
+  }
+  work(eager);
+}
+
 }  // namespace fogo::detail

@@ -12,6 +12,7 @@
 
 #include "fogo/detail/checks.h"
 #include "fogo/fogo_optimizer.h"
+#include "fogo/matrix_optimizer.h"
 #include "fogo/muon.h"
 
 namespace fogo {
@@ -77,18 +78,14 @@ enum class NonFiniteCheck { None, Raise, Mask, Skip };
 
 // What the matrix side does with NaN/Inf gradients, by its groups' NonFinitePolicy (FOGO's or
 // Muon's): Skip in any group skips; else Mask in any group masks; else Raise in any group raises
-// (Unchecked groups ask for nothing); a hybrid without a matrix side behaves as LibTorch's AdamW
-// (no check).
+// (Unchecked groups ask for nothing); a hybrid without a fogo matrix side behaves as LibTorch's
+// AdamW (no check).
 NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
   NonFiniteCheck check = NonFiniteCheck::None;
-  if (!matrix) return check;
-  for (const auto& group : matrix->param_groups()) {
-    NonFinitePolicy policy = NonFinitePolicy::Unchecked;
-    if (const auto* f = dynamic_cast<const FOGOOptions*>(&group.options())) {
-      policy = f->nonfinite();
-    } else if (const auto* m = dynamic_cast<const MuonOptions*>(&group.options())) {
-      policy = m->nonfinite();
-    }
+  const auto* fogo_side = dynamic_cast<const MatrixOptimizer*>(matrix);
+  if (!fogo_side) return check;
+  for (size_t g = 0; g < fogo_side->param_groups().size(); ++g) {
+    const NonFinitePolicy policy = fogo_side->nonfinite(g);
     if (policy == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
     if (policy == NonFinitePolicy::Mask) check = NonFiniteCheck::Mask;
     if (policy == NonFinitePolicy::Raise && check == NonFiniteCheck::None) {
@@ -98,30 +95,32 @@ NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
   return check;
 }
 
-// Mask: the rest side's tensors a step changes (each stepped parameter and its AdamW moments),
-// with copies from before the step; put back where the step's flag is false. Empty (nullopt)
-// when the rest side cannot be masked: not LibTorch's AdamW, or a parameter without state yet
-// (its first step: then the step is checked on the host, as Skip).
-using Saved = std::vector<std::pair<at::Tensor, at::Tensor>>;
-std::optional<Saved> save_rest_side(torch::optim::Optimizer* rest,
-                                    const std::vector<at::Tensor>& params) {
-  Saved saved;
-  if (params.empty()) return saved;
+// Mask: the rest side's tensors a step changes (each stepped parameter and its AdamW moments).
+// None (nullopt) when the rest side cannot be masked: not LibTorch's AdamW, or a parameter
+// without state yet (its first step: then the step is checked on the host, as Skip).
+std::optional<std::vector<at::Tensor>> rest_side_tensors(torch::optim::Optimizer* rest,
+                                                         const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> tensors;
+  if (params.empty()) return tensors;
   if (!dynamic_cast<torch::optim::AdamW*>(rest)) return std::nullopt;
   for (const auto& p : params) {
     const auto it = rest->state().find(p.unsafeGetTensorImpl());
     if (it == rest->state().end()) return std::nullopt;
     const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
     for (const auto& t : {p, st.exp_avg(), st.exp_avg_sq(), st.max_exp_avg_sq()}) {
-      if (t.defined()) saved.emplace_back(t, t.clone());
+      if (t.defined()) tensors.push_back(t);
     }
   }
-  return saved;
+  return tensors;
 }
 
-void keep_unless(const Saved& saved, const at::Tensor& ok) {
-  for (const auto& [tensor, before] : saved) {
-    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
+// One side's step with what the hybrid decided for the whole step: fogo's optimizers take it
+// explicitly; another optimizer steps as it would alone.
+void step_side(torch::optim::Optimizer& side, const StepContext& context) {
+  if (auto* fogo_side = dynamic_cast<MatrixOptimizer*>(&side)) {
+    fogo_side->step_with(context);
+  } else {
+    side.step();
   }
 }
 
@@ -317,16 +316,17 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
   const NonFiniteCheck check = nonfinite_check(matrix_.get());
   if (check == NonFiniteCheck::Mask) {
     // One flag on the device for the whole step (nothing read back): the matrix side masks by it
-    // (FOGO's Mask groups; detail::StepMask), the rest side is put back where it is false.
+    // (its Mask groups), the rest side is put back where it is false.
     std::vector<at::Tensor> rest_params;
     for (size_t k = 0; k < items.params.size(); ++k) {
       if (route_[items.where[k].first].first == Side::Rest) rest_params.push_back(items.params[k]);
     }
-    if (const auto saved = save_rest_side(rest_.get(), rest_params)) {
-      const at::Tensor ok = detail::grads_usable(items.grads);
-      const detail::StepMask mask(ok);
-      for (auto* side : sides()) side->step();
-      if (ok.defined()) keep_unless(*saved, ok);
+    if (const auto rest = rest_side_tensors(rest_.get(), rest_params)) {
+      StepContext masked;
+      masked.ok = detail::grads_usable(items.grads);
+      const detail::MaskScope keep(masked.ok, *rest);
+      for (auto* side : sides()) step_side(*side, masked);
+      keep.restore();
       return loss;
     }
   }
@@ -339,9 +339,11 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
                                   g, i, items.params[bad]);
     }
   }
-  // Checked above for the whole step: the matrix side need not read its gradients back again.
-  const detail::GradsAlreadyChecked checked;
-  for (auto* side : sides()) side->step();
+  // Checked above for the whole step (None: every matrix group is Unchecked): the matrix side
+  // need not read its gradients back again.
+  StepContext checked;
+  checked.grads_checked = true;
+  for (auto* side : sides()) step_side(*side, checked);
   return loss;
 }
 

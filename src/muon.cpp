@@ -193,7 +193,7 @@ struct Muon::Graphs {
 };
 
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
-    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
+    : MatrixOptimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
       graphs_(std::make_unique<Graphs>()) {
   defaults.validate();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -225,181 +225,150 @@ void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
   }
 }
 
-torch::Tensor Muon::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-
-  // Validate everything before touching any parameter, so a bad input changes nothing.
-  const detail::GradItems items = detail::collect_grads(
-      "Muon", param_groups_,
-      [&](size_t g) { static_cast<const MuonOptions&>(param_groups_[g].options()).validate(); },
-      [&](size_t g, size_t i, const at::Tensor& p) {
-        check_param_shape(g, i, p, static_cast<const MuonOptions&>(param_groups_[g].options()));
-        if (const auto it = state_.find(p.unsafeGetTensorImpl()); it != state_.end()) {
-          detail::check_state_shape(
-              "Muon", g, i, p, static_cast<const MuonParamState&>(*it->second).momentum_buffer(),
-              "momentum_buffer");
-        }
-      });
-  const auto policy = [&](size_t g) {
-    return static_cast<const MuonOptions&>(param_groups_[g].options()).nonfinite();
-  };
-  if (const int64_t k = detail::first_unusable_item(items,
-                                                    [&](size_t g) {
-                                                      return policy(g) == NonFinitePolicy::Raise ||
-                                                             policy(g) == NonFinitePolicy::Skip;
-                                                    });
-      k >= 0) {
-    if (policy(items.where[k].first) == NonFinitePolicy::Skip) return loss;
-    detail::throw_unusable_grad("Muon", items.where[k].first, items.where[k].second,
-                                items.params[k]);
-  }
-  // Mask: one flag for the step, true when every gradient of the masked groups is usable; their
-  // parameters and momentum buffers are copied before the step and put back where it is false.
-  std::vector<at::Tensor> masked_grads;
-  for (size_t k = 0; k < items.grads.size(); ++k) {
-    if (policy(items.where[k].first) == NonFinitePolicy::Mask)
-      masked_grads.push_back(items.grads[k]);
-  }
-  const at::Tensor ok = detail::grads_usable(masked_grads);
-
-  const bool sharded = shard_.enabled("Muon");
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
-    std::vector<at::Tensor> params, grads;
-    for (const auto& p : param_groups_[g].params()) {
-      if (!p.grad().defined()) continue;
-      params.push_back(p);
-      grads.push_back(p.grad());
-      auto& slot = state_[p.unsafeGetTensorImpl()];  // created on the host, before the stages
-      if (!slot) {
-        auto fresh = std::make_unique<MuonParamState>();
-        fresh->momentum_buffer(torch::zeros_like(p.grad(), at::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-    }
-    if (params.empty()) continue;
-    const at::Tensor group_ok = options.nonfinite() == NonFinitePolicy::Mask ? ok : at::Tensor();
-    if (options.cuda_graph() && !sharded && !graphs_->of(g).step.failed()) {
-      graph_group(g, params, grads, group_ok);
-    } else {
-      step_group(g, params, grads, group_ok, {});
-    }
-  }
-  if (sharded) {
-    std::vector<std::vector<torch::Tensor>> values;
-    for (const auto& p : items.params) values.push_back({p});
-    shard_.exchange(items.params, values);
-  }
-  return loss;
+NonFinitePolicy Muon::nonfinite(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), "Muon::nonfinite: group ", group, " does not exist (",
+              param_groups_.size(), " groups)");
+  return options(group).nonfinite();
 }
 
-void Muon::step_group(size_t g, const std::vector<at::Tensor>& params,
-                      const std::vector<at::Tensor>& grads, const at::Tensor& ok,
-                      const at::Tensor& device_lr) {
-  const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
-  const NSConfig ns = ns_config(options);
-  const double lr = options.lr();
-  const double momentum = options.momentum();
-  const bool sharded = static_cast<bool>(shard_.owns);
-  // Mask: the group's parameters and momentum buffers, copied before the step and put back
-  // where ok is false.
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (tensor, its copy)
+const MuonOptions& Muon::options(size_t g) const {
+  return static_cast<const MuonOptions&>(param_groups_[g].options());
+}
 
-  // On a GPU, one Newton–Schulz chain per matrix shape: each run's updates go through a
-  // single batched chain, which fills the GPU where one small GEMM per parameter cannot (tall
-  // and wide shapes stay apart; newton_schulz transposes tall ones itself). On the CPU every
-  // parameter takes its own chain, as torch.optim.Muon does: batching gains nothing there
-  // (the GEMMs are compute-bound), and ATen's CPU bmm can round differently from mm on small
-  // matrices, which would break the bit-identity with PyTorch.
-  // The shape key: the matrix view [rows, numel / rows] and the device; on the CPU each
-  // parameter's position too, so that every run there is one parameter.
-  std::map<const void*, size_t> position;
-  for (size_t k = 0; k < params.size(); ++k) position[params[k].unsafeGetTensorImpl()] = k;
-  const auto key = [&](const torch::Tensor& p) {
-    const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
-    const size_t alone = p.is_cuda() ? 0 : position.at(p.unsafeGetTensorImpl());
-    return std::make_tuple(alone, static_cast<int>(p.device().type()), p.device().index(), rows,
-                           cols);
-  };
-  std::vector<size_t> order(params.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  const detail::Runs runs = detail::sort_into_runs(order, [&](size_t k) { return key(params[k]); });
-  std::vector<MuonUpdateItem> updates_of;  // each parameter with its orthogonalized momentum
+void Muon::check_group(size_t g) const { options(g).validate(); }
 
-  // The elementwise ops of a run are multi-tensor (_foreach_*) ops: a few launches on
-  // CUDA instead of several per parameter; per tensor they compute exactly what PyTorch's
-  // per-parameter lerp_/lerp/mul_ do (on the CPU they are those calls).
-  for (const auto& [begin, end] : runs) {
-    std::vector<torch::Tensor> run, run_grads, bufs;
-    for (size_t i = begin; i < end; ++i) {
-      const at::Tensor& p = params[order[i]];
-      run.push_back(p);
-      run_grads.push_back(grads[order[i]]);
-      bufs.push_back(
-          static_cast<MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
-      if (ok.defined()) {
-        for (const auto& t : {p, bufs.back()}) saved.emplace_back(t, t.clone());
-      }
+void Muon::check_param(size_t g, size_t i, const at::Tensor& p) const {
+  check_param_shape(g, i, p, options(g));
+  if (const auto it = state_.find(p.unsafeGetTensorImpl()); it != state_.end()) {
+    detail::check_state_shape("Muon", g, i, p,
+                              static_cast<const MuonParamState&>(*it->second).momentum_buffer(),
+                              "momentum_buffer");
+  }
+}
+
+std::vector<at::Tensor> Muon::buffers(const std::vector<at::Tensor>& params) const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params) {
+    out.push_back(
+        static_cast<const MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
+  }
+  return out;
+}
+
+void Muon::step_group(const GroupStep& s) {
+  const auto& o = options(s.group);
+  for (size_t k = 0; k < s.params.size(); ++k) {  // state created on the host, before device work
+    auto& slot = state_[s.params[k].unsafeGetTensorImpl()];
+    if (!slot) {
+      auto fresh = std::make_unique<MuonParamState>();
+      fresh->momentum_buffer(torch::zeros_like(s.grads[k], at::MemoryFormat::Preserve));
+      slot = std::move(fresh);
     }
-    const int64_t rows = run.front().size(0),
-                  cols = run.front().numel() / std::max<int64_t>(rows, 1);
-    const auto count = static_cast<int64_t>(run.size());
-    at::_foreach_lerp_(bufs, run_grads, 1.0 - momentum);
-    const std::vector<torch::Tensor> nesterov =
-        options.nesterov() ? at::_foreach_lerp(run_grads, bufs, momentum) : bufs;
-    // Sharded: Newton–Schulz and the update of the owned parameters only (per parameter the
-    // same arithmetic); the momenta above are every parameter's.
-    std::vector<torch::Tensor> mine, input;
-    for (int64_t k = 0; k < count; ++k) {
-      if (!sharded || shard_.owns(run[k])) {
+  }
+  auto& graph = graphs_->of(s.group);
+  const bool graphed = o.cuda_graph() && !shard_.enabled("Muon") && !graph.step.failed();
+  detail::run_group(
+      graph, graphed, o,
+      [&] {  // what the work touches besides the static inputs
+        std::vector<at::Tensor> touched = s.params;
+        for (const at::Tensor& b : buffers(s.params)) touched.push_back(b);
+        return touched;
+      },
+      {s.grads, {s.ok}, {}}, s.params.front().device(),
+      [&](const detail::GraphedStep::Inputs& in) {
+        update_group(s.group, s.params, in.grads, in.tensors[0], in.lr);
+      },
+      "Muon", s.group);
+}
+
+void Muon::finish_step(const std::vector<GroupStep>& groups) {
+  if (!shard_.enabled("Muon")) return;
+  // Every parameter with a gradient from its owner (a collective: every rank calls it).
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<at::Tensor>> values;
+  for (const GroupStep& s : groups) {
+    for (const at::Tensor& p : s.params) {
+      params.push_back(p);
+      values.push_back({p});
+    }
+  }
+  shard_.exchange(params, values);
+}
+
+namespace {
+
+// The runs of same-shape parameters that go through one Newton–Schulz chain, as [begin, end) of
+// `order` (indices into `params`). On a GPU, one chain per matrix shape [rows, numel / rows] and
+// device: a dozen small matrices in one bmm fill the GPU where one small GEMM per parameter
+// cannot (newton_schulz transposes tall ones itself). On the CPU every parameter is a run of its
+// own, as torch.optim.Muon steps: batching gains nothing there (the GEMMs are compute-bound), and
+// ATen's CPU bmm can round differently from mm on small matrices, which would break the
+// bit-identity with PyTorch.
+detail::Runs shape_runs(const std::vector<at::Tensor>& params, std::vector<size_t>& order) {
+  order.resize(params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  return detail::sort_into_runs(order, [&](size_t k) {
+    const at::Tensor& p = params[k];
+    const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
+    return std::make_tuple(p.is_cuda() ? 0 : k, static_cast<int>(p.device().type()),
+                           p.device().index(), rows, cols);
+  });
+}
+
+// Newton–Schulz of one run's momenta `inputs` (same matrix shape), batched: [count, rows, cols]
+// in the compute dtype (the cast done by the copy).
+at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, const NSConfig& ns) {
+  const int64_t rows = inputs.front().size(0),
+                cols = inputs.front().numel() / std::max<int64_t>(rows, 1);
+  at::Tensor X = at::empty({static_cast<int64_t>(inputs.size()), rows, cols},
+                           inputs.front().options().dtype(ns.compute_dtype));
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    X[static_cast<int64_t>(k)].view(inputs[k].sizes()).copy_(inputs[k]);
+  }
+  return inputs.size() == 1 ? newton_schulz(X[0], ns).unsqueeze(0) : newton_schulz(X, ns);
+}
+
+}  // namespace
+
+void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
+                        const std::vector<at::Tensor>& grads, const at::Tensor& ok,
+                        const at::Tensor& device_lr) {
+  const auto& o = options(g);
+  const std::vector<at::Tensor> bufs = buffers(params);
+  std::vector<at::Tensor> changed = params;  // Mask: what the step changes
+  changed.insert(changed.end(), bufs.begin(), bufs.end());
+  const detail::MaskScope keep(ok, changed);
+  std::vector<size_t> order;
+  std::vector<MuonUpdateItem> updates;  // each (owned) parameter with its orthogonalized momentum
+  for (const auto& [begin, end] : shape_runs(params, order)) {
+    std::vector<at::Tensor> run, run_grads, run_bufs;
+    for (size_t i = begin; i < end; ++i) {
+      run.push_back(params[order[i]]);
+      run_grads.push_back(grads[order[i]]);
+      run_bufs.push_back(bufs[order[i]]);
+    }
+    // The momentum EMA and the Nesterov blend as multi-tensor ops (per tensor what PyTorch's
+    // lerp_/lerp compute; on the CPU those calls), for every parameter.
+    at::_foreach_lerp_(run_bufs, run_grads, 1.0 - o.momentum());
+    const std::vector<at::Tensor> U =
+        o.nesterov() ? at::_foreach_lerp(run_grads, run_bufs, o.momentum()) : run_bufs;
+    // Sharded: Newton–Schulz and the update of the owned parameters only.
+    std::vector<at::Tensor> mine, inputs;
+    for (size_t k = 0; k < run.size(); ++k) {
+      if (!shard_.owns || shard_.owns(run[k])) {
         mine.push_back(run[k]);
-        input.push_back(nesterov[k]);
+        inputs.push_back(U[k]);
       }
     }
     if (mine.empty()) continue;
-    torch::Tensor updates =
-        at::empty({static_cast<int64_t>(mine.size()), rows, cols},
-                  at::TensorOptions().dtype(ns.compute_dtype).device(run.front().device()));
-    for (size_t k = 0; k < input.size(); ++k) {  // cast to the compute dtype in the copy
-      updates[static_cast<int64_t>(k)].view(input[k].sizes()).copy_(input[k]);
-    }
-    const torch::Tensor ortho =
-        mine.size() == 1 ? newton_schulz(updates[0], ns).unsqueeze(0) : newton_schulz(updates, ns);
+    const at::Tensor O = orthogonalize_run(inputs, ns_config(o));
     for (size_t k = 0; k < mine.size(); ++k)
-      updates_of.push_back({mine[k], ortho[static_cast<int64_t>(k)]});
+      updates.push_back({mine[k], O[static_cast<int64_t>(k)]});
   }
-  // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the
-  // learning rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
-  ops::muon_update(updates_of, {lr, options.weight_decay(), options.adjust_lr(), device_lr});
-  for (const auto& [tensor, before] : saved) {
-    tensor.copy_(at::where(ok.to(tensor.device()), tensor, before));
-  }
-}
-
-void Muon::graph_group(size_t g, const std::vector<at::Tensor>& params,
-                       const std::vector<at::Tensor>& grads, const at::Tensor& ok) {
-  const auto& o = static_cast<const MuonOptions&>(param_groups_[g].options());
-  auto& graph = graphs_->of(g);
-  // What the stages touch besides the static inputs: the parameters and their momentum buffers.
-  std::vector<int64_t> layout = graph.layout(o);
-  for (const at::Tensor& p : params) {
-    detail::GraphedStep::describe(layout, p);
-    detail::GraphedStep::describe(
-        layout,
-        static_cast<const MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
-  }
-  const bool ran = graph.step.run(
-      std::move(layout), grads, {ok}, o.lr(), params.front().device(),
-      [&](const detail::GraphedStep::Inputs& s) {
-        step_group(g, params, s.grads, s.tensors[0], s.lr);
-      },
-      "Muon: param group " + std::to_string(g));
-  if (!ran) step_group(g, params, grads, ok, {});  // the capture failed; nothing ran
+  // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
+  // rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
+  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr});
+  keep.restore();
 }
 
 Muon::GraphStats Muon::graph_stats(size_t group) const {

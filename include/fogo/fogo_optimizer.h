@@ -17,6 +17,7 @@
 // Each param group is one codebook group with its own options.
 
 #include <fogo/fogo_options.h>
+#include <fogo/matrix_optimizer.h>
 #include <fogo/projected.h>
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
@@ -67,7 +68,12 @@ struct FOGOTelemetry {
   int64_t graph_replays = 0;
 };
 
-class FOGO : public torch::optim::Optimizer {
+/// The step (step(), step_with()) is MatrixOptimizer's frame (matrix_optimizer.h): everything that
+/// can be checked is checked before anything changes (each group's options, parameter shapes and
+/// devices, gradient shapes and kinds, NaN/Inf in the gradients under NonFinitePolicy::Raise), so
+/// such an error leaves the optimizer and the parameters as they were. FOGO's own part is one
+/// param group's step.
+class FOGO : public MatrixOptimizer {
  public:
   explicit FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 FOGOOptions defaults = {});
@@ -76,13 +82,6 @@ class FOGO : public torch::optim::Optimizer {
   ~FOGO() override;
   FOGO(FOGO&&) noexcept;
   FOGO& operator=(FOGO&&) noexcept;
-
-  /// One step of every param group. Everything that can be checked is checked before anything
-  /// changes (each group's options, parameter shapes and devices, gradient shapes and kinds, and
-  /// NaN/Inf in the gradients under NonFinitePolicy::Raise), so such an error leaves the optimizer
-  /// and the parameters as they were. What cannot be undone: a failure of the device itself in
-  /// the middle of a step (out of memory, a CUDA fault) may leave earlier groups stepped.
-  torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// End of a task: freeze freeze_per_task centroids of every group, chosen by importance.
   /// Once per task: calling it again before the next step (or task_boundary() after it) adds
@@ -117,7 +116,9 @@ class FOGO : public torch::optim::Optimizer {
   ///   - after step 9, values[i] = {the parameter, its |delta|_F / |O_s|_F (0-d fp32)}.
   /// Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
   /// on the sharding. An empty StepShard turns sharding off.
-  void set_step_shard(StepShard shard);
+  void set_step_shard(StepShard shard) override;
+
+  NonFinitePolicy nonfinite(size_t group) const override;
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
   /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
@@ -128,17 +129,20 @@ class FOGO : public torch::optim::Optimizer {
   MemoryView memory(size_t group) const;
 
  private:
-  /// Param group `g`'s step, for its parameters with gradients `params`: what the host decides
-  /// (random draws, the re-seeding cadence, counters), then the stages. `ok`
-  /// (NonFinitePolicy::Mask; else undefined): a 0-d bool on the group's device; where it is
-  /// false the step leaves every tensor as it was.
-  void step_group(size_t g, const std::vector<at::Tensor>& params,
-                  const std::vector<at::Tensor>& grads, const at::Tensor& ok);
+  const char* name() const override { return "FOGO"; }
+  void check_group(size_t g) const override;
+  void check_param(size_t g, size_t i, const at::Tensor& p) const override;
+  /// Mask on a group's first step is checked as Skip: the codebook is built from that step, and
+  /// there is no earlier memory to keep.
+  NonFinitePolicy policy_now(size_t g) const override;
+  /// Param group `s.group`'s step: what the host decides (random draws, the re-seeding cadence,
+  /// counters), then the stages, from the group's CUDA graph or eagerly. `s.ok` (Mask): where it
+  /// is false the step leaves every tensor as it was.
+  void step_group(const GroupStep& s) override;
   struct StepInputs;
   /// Steps 1-9 and the flush: device work only, every state tensor updated in place.
   void step_stages(size_t g, const StepInputs& in);
-  /// FOGOOptions::cuda_graph: step_stages from the group's captured CUDA graph.
-  void graph_step(size_t g, const StepInputs& in);
+  const FOGOOptions& options(size_t g) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>

@@ -168,10 +168,10 @@ class HybridOptimizer : public torch::optim::Optimizer {
   double factor_ = 1.0;
 };
 
-/// Builds the usual hybrid for `module`: MatrixOptimizer (fogo::Muon, fogo::FOGO) with
+/// Builds the usual hybrid for `module`: Matrix (fogo::Muon, fogo::FOGO) with
 /// `matrix_options` on the split's matrix side (one param group per `group_key`, named by it, or
 /// a single group "matrix" when it is empty), AdamW with `adamw_options` on the rest ("rest").
-template <class MatrixOptimizer, class MatrixOptions>
+template <class Matrix, class MatrixOptions>
 HybridOptimizer make_hybrid(const torch::nn::Module& module, const MatrixOptions& matrix_options,
                             const torch::optim::AdamWOptions& adamw_options,
                             const ParamSplitRules& rules = {}, const GroupKey& group_key = {}) {
@@ -181,10 +181,10 @@ HybridOptimizer make_hybrid(const torch::nn::Module& module, const MatrixOptions
   if (split.matrix.size() > 0) {
     if (group_key) {
       NamedGroups groups = group_by(split.matrix, group_key);
-      matrix = std::make_unique<MatrixOptimizer>(groups.groups, matrix_options);
+      matrix = std::make_unique<Matrix>(groups.groups, matrix_options);
       names = std::move(groups.names);
     } else {
-      matrix = std::make_unique<MatrixOptimizer>(split.matrix.params, matrix_options);
+      matrix = std::make_unique<Matrix>(split.matrix.params, matrix_options);
     }
   }
   if (split.rest.size() > 0) {

@@ -22,6 +22,7 @@
 // stays bit-identical to torch.optim.Muon (tested on single- and multi-parameter groups).
 // docs/muon.md has the details.
 
+#include <fogo/matrix_optimizer.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 #include <fogo/step_shard.h>
@@ -128,7 +129,9 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   friend bool operator==(const MuonParamState& a, const MuonParamState& b);
 };
 
-class Muon : public torch::optim::Optimizer {
+/// The step (step(), step_with()) is MatrixOptimizer's frame (matrix_optimizer.h); Muon's own
+/// part is one param group's work.
+class Muon : public MatrixOptimizer {
  public:
   explicit Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 MuonOptions defaults = {});
@@ -138,19 +141,20 @@ class Muon : public torch::optim::Optimizer {
   Muon(Muon&&) noexcept;
   Muon& operator=(Muon&&) noexcept;
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Restores state (moved to each parameter's device) and options; a checkpoint for other
   /// shapes or another group layout is rejected with an error and leaves this optimizer as it
   /// was.
   void load(torch::serialize::InputArchive& archive) override;
 
+  NonFinitePolicy nonfinite(size_t group) const override;
+
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h): every
   /// rank updates every momentum buffer (so checkpoints do not depend on the sharding), but runs
   /// Newton–Schulz and the update only for the parameters `owns` accepts; at the end of the step
   /// `exchange` gets every parameter with a gradient, values[i] = {the parameter}. An empty
   /// StepShard turns sharding off.
-  void set_step_shard(StepShard shard);
+  void set_step_shard(StepShard shard) override;
 
   /// MuonOptions::cuda_graph: how often group `group`'s step was captured (its first step, and
   /// again when its parameters, state or options other than lr change) and run from a graph.
@@ -163,15 +167,23 @@ class Muon : public torch::optim::Optimizer {
   StepShard shard_;
   struct Graphs;
   std::unique_ptr<Graphs> graphs_;
-  /// One group's step for its parameters with gradients (state created): the momenta, Newton–
-  /// Schulz and the update, device work only. `ok` (Mask): where false, the parameters and buffers
-  /// keep their bits. `device_lr` (a CUDA graph's, 0-d float64) replaces options().lr().
-  void step_group(size_t g, const std::vector<at::Tensor>& params,
-                  const std::vector<at::Tensor>& grads, const at::Tensor& ok,
-                  const at::Tensor& device_lr);
-  /// step_group from the group's captured CUDA graph.
-  void graph_group(size_t g, const std::vector<at::Tensor>& params,
-                   const std::vector<at::Tensor>& grads, const at::Tensor& ok);
+
+  const char* name() const override { return "Muon"; }
+  void check_group(size_t g) const override;
+  void check_param(size_t g, size_t i, const at::Tensor& p) const override;
+  /// Creates the group's state, then runs update_group from the group's CUDA graph or eagerly.
+  void step_group(const GroupStep& s) override;
+  /// Sharded: every parameter from its owner.
+  void finish_step(const std::vector<GroupStep>& groups) override;
+  /// One group's device work: the momenta, Newton–Schulz and the update. `ok` (Mask): where
+  /// false, the parameters and buffers keep their bits. `device_lr` (a CUDA graph's, 0-d
+  /// float64) replaces options().lr().
+  void update_group(size_t g, const std::vector<at::Tensor>& params,
+                    const std::vector<at::Tensor>& grads, const at::Tensor& ok,
+                    const at::Tensor& device_lr);
+  const MuonOptions& options(size_t g) const;
+  /// The momentum buffers of `params` (their state exists).
+  std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params) const;
   void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                          const MuonOptions& options) const;
   template <typename Self, typename Archive>

@@ -1,8 +1,7 @@
 // fogo::dist's sharded steps (dist/sharding.h): ShardedOptimizer (state sharded) and
 // shard_step (FOGO's, Muon's and a hybrid's matrix side's expensive work on an owner rank).
-#include <fogo/fogo_optimizer.h>
 #include <fogo/hybrid.h>
-#include <fogo/muon.h>
+#include <fogo/matrix_optimizer.h>
 
 #include <algorithm>
 #include <map>
@@ -192,9 +191,8 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
     TORCH_CHECK(hybrid->matrix(), "fogo::dist::shard_step: the hybrid has no matrix side");
     return shard_step(group, *hybrid->matrix(), cost);
   }
-  auto* fogo_opt = dynamic_cast<fogo::FOGO*>(&optimizer);
-  auto* muon = dynamic_cast<fogo::Muon*>(&optimizer);
-  TORCH_CHECK(fogo_opt || muon, "fogo::dist::shard_step shards fogo::FOGO, fogo::Muon or a ",
+  auto* matrix = dynamic_cast<fogo::MatrixOptimizer*>(&optimizer);
+  TORCH_CHECK(matrix, "fogo::dist::shard_step shards fogo::FOGO, fogo::Muon or a ",
               "HybridOptimizer's matrix side, not a ", c10::demangle(typeid(optimizer).name()),
               "; other optimizers shard with ShardedOptimizer");
   std::vector<at::Tensor> params;
@@ -232,11 +230,7 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
     }
     broadcast_from_owners(impl(group), tensors, owners, "shard_step exchange");
   };
-  if (fogo_opt) {
-    fogo_opt->set_step_shard(std::move(shard));
-  } else {
-    muon->set_step_shard(std::move(shard));
-  }
+  matrix->set_step_shard(std::move(shard));
   return owners;
 }
 

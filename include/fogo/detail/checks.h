@@ -56,39 +56,27 @@ int64_t first_unusable_grad(const std::vector<at::Tensor>& grads);
 
 /// The same test on the device, nothing read back: a 0-d bool, true when every gradient is usable
 /// (NonFinitePolicy::Mask), on the first gradient's device (one test per device, combined there).
-/// Undefined while a GradsAlreadyChecked lives on this thread (the caller found them usable:
-/// nothing to mask); while a StepMask lives, that mask's flag (the caller tested a superset).
 at::Tensor grads_usable(const std::vector<at::Tensor>& grads);
-
-/// While one lives on this thread, grads_usable returns `ok`: the caller's flag for the whole step
-/// (the hybrid's, over both sides' gradients), so that every side masks by the same flag.
-class [[nodiscard]] StepMask {
- public:
-  explicit StepMask(at::Tensor ok);
-  ~StepMask();
-  StepMask(const StepMask&) = delete;
-  StepMask& operator=(const StepMask&) = delete;
-
- private:
-  at::Tensor previous_;
-};
 
 /// first_unusable_grad over the gradients of `items` whose group `checked(group)` accepts:
 /// the index into `items` of the first unusable one, or -1.
 int64_t first_unusable_item(const GradItems& items, const std::function<bool(size_t)>& checked);
 
-/// While one lives on this thread, first_unusable_grad reports every gradient usable without
-/// reading it: for a caller that has just checked the same gradients (the hybrid, around its
-/// sides' steps), so that a step synchronises with the device once for the check, not twice.
-class [[nodiscard]] GradsAlreadyChecked {
+/// NonFinitePolicy::Mask's restore, for every optimizer: copies of the tensors a step may change,
+/// taken when the scope is made, put back by restore() wherever the step's flag `ok` is false
+/// (where it is true every tensor keeps its bits). Nothing is copied when `ok` is undefined (the
+/// step is not masked) or for an undefined tensor.
+class MaskScope {
  public:
-  GradsAlreadyChecked();
-  ~GradsAlreadyChecked();
-  GradsAlreadyChecked(const GradsAlreadyChecked&) = delete;
-  GradsAlreadyChecked& operator=(const GradsAlreadyChecked&) = delete;
+  MaskScope(at::Tensor ok, std::vector<at::Tensor> tensors);
+  /// Into `now`: the same tensors, in the same order, as they are after the step (a step may
+  /// have replaced one by a new tensor).
+  void restore(const std::vector<at::Tensor>& now) const;
+  void restore() const { restore(tensors_); }
 
  private:
-  bool previous_;
+  at::Tensor ok_;
+  std::vector<at::Tensor> tensors_, before_;
 };
 
 /// How many times first_unusable_grad has read its flags back to the host on this thread (on a
