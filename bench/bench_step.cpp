@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "fogo_stages.h"
 #include "model_sets.h"
 
 namespace {
@@ -238,8 +239,9 @@ void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignor
 }
 
 // ---------------------------------------------------------------------------------------------
-// FOGO's step by stage: each stage of ALGORITHM.md run alone on inputs of the real shapes, with
-// the same batching and routes as the optimizer (orthogonalize() in fogo_optimizer.cpp).
+// FOGO's step by stage: each stage of ALGORITHM.md run alone on inputs of the real shapes, through
+// the optimizer's own routing (src/fogo_stages.h: its batching by shape, its Newton–Schulz routes,
+// projections and lift matrices), so that what is timed is what the step runs.
 
 enum Stage : int64_t {
   kMomenta,        // step 1: B = mu B + G, both streams
@@ -258,18 +260,11 @@ const char* kStageNames[] = {
 
 struct Bucket {
   int64_t m, n;
-  bool gram;                    // the fast stream takes the Gram route
-  torch::Tensor Bs, Bf, Pi, O;  // momenta [P, m, n], Pi [n, d], what step 3 projects
+  fogo::Projection proj;       // Pi and its lift matrices, as the optimizer makes them
+  bool gram;                   // the fast stream takes the Gram route (the optimizer's choice)
+  torch::Tensor input;         // step 2's input [2P, m, n]: P slow streams, P fast ones
+  fogo::stages::RunStreams O;  // what step 2 gives, for step 3
 };
-
-fogo::NSConfig ns_config(const fogo::FOGOOptions& o, torch::ScalarType dtype) {
-  fogo::NSConfig ns;
-  ns.steps = o.ns_steps_slow();
-  ns.eps = o.eps();
-  ns.normalization = fogo::NSNormalization::AddEps;
-  ns.compute_dtype = dtype;
-  return ns;
-}
 
 void BM_Stage_FOGO(benchmark::State& state) {
   const Setup s = setup(state);
@@ -292,36 +287,26 @@ void BM_Stage_FOGO(benchmark::State& state) {
   }
   std::vector<Bucket> buckets;
   int64_t R = 0;
-  const auto ns = ns_config(o, s.ns_dtype);
   for (const auto& [mn, members] : groups) {
     const auto [m, n] = mn;
     const int64_t P = static_cast<int64_t>(members.size());
-    // As orthogonalize() decides (fogo_optimizer.cpp).
-    const bool gram =
-        (s.ns_dtype == torch::kFloat ||
-         (o.ns_form() != fogo::NSForm::Plain && o.ns_gram_restart() > 0)) &&
-        fogo::newton_schulz_projected_is_cheaper(m, n, d, o.ns_steps_fast(), o.ns_gram_restart());
-    const auto Os = fogo::newton_schulz(torch::randn({P, m, n}, f32), ns);
-    buckets.push_back({m, n, gram, torch::randn({P, m, n}, f32), torch::randn({P, m, n}, f32),
-                       fogo::rademacher(o.seed(), n, d, o.projection_scale(), s.device),
-                       gram ? Os : torch::cat({Os, Os})});
+    Bucket b{m,
+             n,
+             fogo::make_projection(o, n, s.device),
+             false,
+             torch::randn({2 * P, m, n}, f32).to(s.ns_dtype),
+             {}};
+    b.gram = fogo::stages::fast_stream_takes_gram(b.input.slice(0, P), b.proj, o);
+    b.O = fogo::stages::orthogonalize_run(b.input, b.gram ? &b.proj : nullptr, o);
+    buckets.push_back(std::move(b));
     R += P * m;
   }
-  // As the optimizer: bf16 products with the exact +-1 of Pi when NS computes in bf16.
-  const bool bf16 = s.ns_dtype == torch::kBFloat16;
-  std::map<int64_t, torch::Tensor> Pi_bf16;
-  for (const auto& b : buckets) Pi_bf16[b.n] = bf16 ? b.Pi.to(torch::kBFloat16) : torch::Tensor();
-  const auto project = [&](const Bucket& b, const torch::Tensor& O) {
-    const auto rows = O.reshape({-1, b.n});
-    return bf16 ? fogo::mm_bf16_f32(rows, Pi_bf16.at(b.n)) : rows.to(torch::kFloat).mm(b.Pi);
-  };
-
   // The stage's floor traffic and GEMM FLOPs (set_traffic).
   const double xb = element_bytes(s.ns_dtype), f4 = 4;
   double weights = 0, ns_flops = 0, ns_bytes = 0, proj_bytes = 0, proj_flops = 0, lift_bytes = 0,
          lift_flops = 0;
   for (const auto& b : buckets) {
-    const auto P = static_cast<double>(b.Bs.size(0)), m = static_cast<double>(b.m),
+    const auto P = static_cast<double>(b.input.size(0) / 2), m = static_cast<double>(b.m),
                n = static_cast<double>(b.n), dd = static_cast<double>(d);
     weights += P * m * n;
     // NS: the slow chain, the fast one (or the fast Gram route to P_f); inputs read (fp32 here),
@@ -390,20 +375,27 @@ void BM_Stage_FOGO(benchmark::State& state) {
     case kNs:
       run = [&] {
         for (const auto& b : buckets) {
-          if (b.gram) {
-            benchmark::DoNotOptimize(fogo::newton_schulz(b.Bs, ns));
-            benchmark::DoNotOptimize(fogo::newton_schulz_projected(b.Bf, b.Pi, ns));
-          } else {
-            benchmark::DoNotOptimize(fogo::newton_schulz(torch::cat({b.Bs, b.Bf}), ns));
+          benchmark::DoNotOptimize(
+              fogo::stages::orthogonalize_run(b.input, b.gram ? &b.proj : nullptr, o).Os);
+        }
+      };
+      break;
+    case kProject: {
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> out;  // each bucket's P_s, P_f rows
+      for (const auto& b : buckets) {
+        out.push_back({torch::empty({b.O.Os.size(0) * b.m, d}, f32),
+                       torch::empty({b.O.Os.size(0) * b.m, d}, f32)});
+      }
+      run = [&, out]() mutable {
+        for (size_t k = 0; k < buckets.size(); ++k) {
+          fogo::stages::project_rows(buckets[k].O.Os, buckets[k].proj, out[k].first);
+          if (!buckets[k].gram) {
+            fogo::stages::project_rows(buckets[k].O.Of, buckets[k].proj, out[k].second);
           }
         }
       };
       break;
-    case kProject:
-      run = [&] {
-        for (const auto& b : buckets) benchmark::DoNotOptimize(project(b, b.O));
-      };
-      break;
+    }
     case kProjected:
     case kProjectedLt48: {
       const auto Ps = torch::randn({R, d}, f32) * 4, Pf = Ps + torch::randn({R, d}, f32) * 4;
@@ -421,9 +413,8 @@ void BM_Stage_FOGO(benchmark::State& state) {
     case kLift: {  // one GEMM per shape run, its rows [P m, d], K in the step's precision
       std::vector<std::pair<torch::Tensor, torch::Tensor>> work;
       for (const auto& b : buckets) {
-        const auto K = fogo::lift_operator(b.Pi, o.lambda_prox());
         work.push_back(
-            {torch::randn({b.Bs.size(0) * b.m, d}, f32), bf16 ? K.to(torch::kBFloat16) : K});
+            {torch::randn({b.O.Os.size(0) * b.m, d}, f32), fogo::stages::lift_matrix(b.proj, o)});
       }
       run = [=] {
         for (const auto& [dz, K] : work) benchmark::DoNotOptimize(fogo::proximal_lift(dz, K));

@@ -6,7 +6,7 @@
 
 #include <fogo/codebook.h>
 #include <fogo/momenta.h>
-#include <fogo/muon.h>
+#include <fogo/muon_update.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 

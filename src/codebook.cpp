@@ -42,7 +42,7 @@ Assignments assign(const at::Tensor& q, const at::Tensor& sim, const at::Tensor&
           at::zeros({C, q.size(1)}, q.options()).index_add_(0, a, q * w.unsqueeze(1))};
 }
 
-void flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
+void ref::codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
   book.S.mul_(p.beta_cb).add_(acc.s, 1.0 - p.beta_cb);
   book.N.mul_(p.beta_cb).add_(acc.m, 1.0 - p.beta_cb);
   const at::Tensor ctilde = book.S / (book.N.unsqueeze(1) + p.eps);

@@ -30,6 +30,10 @@ ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter) {
 
 namespace stages {
 
+const at::Tensor& lift_matrix(const Projection& proj, const FOGOOptions& o) {
+  return o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K;
+}
+
 bool fast_stream_takes_gram(const at::Tensor& Bf, const Projection& proj, const FOGOOptions& o) {
   const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
   if (!full_precision && (o.ns_form() == NSForm::Plain || o.ns_gram_restart() == 0)) return false;
@@ -56,6 +60,30 @@ void project_rows(const at::Tensor& O, const Projection& proj, at::Tensor& out) 
 // the fast one takes the plain route), and the projections as one GEMM per run and stream. The
 // chains' inputs (one [2P, m, n] per run: the slow streams, then the fast ones) were written by
 // step 1 in the compute dtype, and O_s stays in that dtype: the update reads it as is.
+RunStreams orthogonalize_run(const at::Tensor& input, const Projection* gram,
+                             const FOGOOptions& o) {
+  const int64_t P = input.size(0) / 2;
+  const NSConfig ns_slow = ns_config(o, o.ns_steps_slow()),
+                 ns_fast = ns_config(o, o.ns_steps_fast());
+  RunStreams out;
+  if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {  // both streams in one chain
+    const at::Tensor O = newton_schulz(input, ns_slow);
+    out.Os = O.slice(0, 0, P);
+    out.Of = O.slice(0, P);
+    return out;
+  }
+  out.Os = newton_schulz(input.slice(0, 0, P), ns_slow);
+  const at::Tensor Bf = input.slice(0, P);
+  if (gram) {
+    out.Pf = newton_schulz_projected(Bf, gram->Pi, ns_fast).reshape({-1, o.proj_dim()});
+  } else {
+    out.Of = newton_schulz(Bf, ns_fast);
+  }
+  return out;
+}
+
+// Per run, step 2 (orthogonalize_run) and step 3, the projections written straight into their
+// rows of Ps and Pf (no cat of the runs).
 std::pair<at::Tensor, at::Tensor> orthogonalize_and_project(std::vector<Work>& work,
                                                             const ShapeRuns& runs,
                                                             const std::vector<at::Tensor>& inputs,
@@ -63,36 +91,24 @@ std::pair<at::Tensor, at::Tensor> orthogonalize_and_project(std::vector<Work>& w
   if (runs.empty()) return {};  // a shard that owns none of the group
   int64_t R = 0;
   for (const Work& w : work) R += w.m;
-  // The projections are written straight into their rows of Ps and Pf (no cat of the runs).
   at::Tensor Ps = at::empty({R, o.proj_dim()}, work.front().slow.options());
   at::Tensor Pf = at::empty_like(Ps);
   int64_t row = 0;
   for (size_t r = 0; r < runs.size(); ++r) {
     const auto [begin, end] = runs[r];
-    const int64_t m = work[begin].m;
-    const int64_t P = static_cast<int64_t>(end - begin);
+    const int64_t P = static_cast<int64_t>(end - begin), rows = P * work[begin].m;
     const Projection& proj = *work[begin].proj;
-    at::Tensor Ps_rows = Ps.slice(0, row, row + P * m), Pf_rows = Pf.slice(0, row, row + P * m);
-    row += P * m;
-    const at::Tensor Bf = inputs[r].slice(0, P);
-    const NSConfig ns_fast = ns_config(o, o.ns_steps_fast());
-    const bool gram = fast_stream_takes_gram(Bf, proj, o);
-    at::Tensor Os;
-    if (!gram && o.ns_steps_slow() == o.ns_steps_fast()) {
-      const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
-      Os = O.slice(0, 0, P);
-      project_rows(Os, proj, Ps_rows);
-      project_rows(O.slice(0, P), proj, Pf_rows);
+    const bool gram = fast_stream_takes_gram(inputs[r].slice(0, P), proj, o);
+    const RunStreams O = orthogonalize_run(inputs[r], gram ? &proj : nullptr, o);
+    at::Tensor Ps_rows = Ps.slice(0, row, row + rows), Pf_rows = Pf.slice(0, row, row + rows);
+    row += rows;
+    project_rows(O.Os, proj, Ps_rows);
+    if (gram) {
+      Pf_rows.copy_(O.Pf);
     } else {
-      Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
-      project_rows(Os, proj, Ps_rows);
-      if (gram) {
-        Pf_rows.copy_(newton_schulz_projected(Bf, proj.Pi, ns_fast).reshape({-1, o.proj_dim()}));
-      } else {
-        project_rows(newton_schulz(Bf, ns_fast), proj, Pf_rows);
-      }
+      project_rows(O.Of, proj, Pf_rows);
     }
-    for (int64_t k = 0; k < P; ++k) work[begin + k].Os = Os[k];
+    for (int64_t k = 0; k < P; ++k) work[begin + k].Os = O.Os[k];
   }
   return {Ps, Pf};
 }
@@ -276,9 +292,8 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
     const int64_t m = work[begin].m, n = work[begin].n;
     const int64_t rows = m * static_cast<int64_t>(end - begin);
     const Projection& proj = *work[begin].proj;
-    const at::Tensor delta = proximal_lift(dz.slice(0, row, row + rows),
-                                           o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K)
-                                 .view({-1, m, n});
+    const at::Tensor delta =
+        proximal_lift(dz.slice(0, row, row + rows), lift_matrix(proj, o)).view({-1, m, n});
     row += rows;
     for (size_t i = begin; i < end; ++i) {
       items.push_back(
@@ -306,15 +321,8 @@ std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const Sha
     const auto [begin, end] = runs[r];
     const int64_t P = static_cast<int64_t>(end - begin);
     const int64_t m = work[begin].m, n = work[begin].n;
-    at::Tensor Os, Of;
-    if (o.ns_steps_slow() == o.ns_steps_fast()) {
-      const at::Tensor O = newton_schulz(inputs[r], ns_config(o, o.ns_steps_slow()));
-      Os = O.slice(0, 0, P);
-      Of = O.slice(0, P);
-    } else {
-      Os = newton_schulz(inputs[r].slice(0, 0, P), ns_config(o, o.ns_steps_slow()));
-      Of = newton_schulz(inputs[r].slice(0, P), ns_config(o, o.ns_steps_fast()));
-    }
+    const RunStreams O = orthogonalize_run(inputs[r], /*gram=*/nullptr, o);
+    const at::Tensor &Os = O.Os, &Of = O.Of;
     // In fp32, or fp64 with ns_dtype(kDouble) (as the update's norms: update.cpp).
     const at::ScalarType type = at::promote_types(Os.scalar_type(), at::kFloat);
     const at::Tensor Os_wide = Os.to(type);

@@ -14,6 +14,14 @@
 #include "fogo/projected.h"
 #include "fogo_state.h"
 
+namespace fogo {
+
+/// The projected-space stages' parameters (ALGORITHM.md steps 4-7) from a group's options;
+/// `filter` is false on a group's first step.
+ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
+
+}  // namespace fogo
+
 namespace fogo::stages {
 
 /// One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
@@ -91,6 +99,19 @@ bool fast_stream_takes_gram(const at::Tensor& Bf, const Projection& proj, const 
 /// (entries +-1, exact in bf16) a bf16 O times Pi is exact products summed in fp32 (mm_bf16_f32:
 /// tensor cores on CUDA, the same result up to summation order).
 void project_rows(const at::Tensor& O, const Projection& proj, at::Tensor& out);
+
+/// Step 2 for one run, `input` [2P, m, n] (the P slow streams, then the P fast ones): O_s [P, m,
+/// n], and O_f [P, m, n] or, with `gram` (fast_stream_takes_gram; its projection), P_f [P m, d]
+/// from the Gram route. Both streams go through one chain when they take the same route and
+/// number of steps.
+struct RunStreams {
+  at::Tensor Os, Of, Pf;
+};
+RunStreams orthogonalize_run(const at::Tensor& input, const Projection* gram, const FOGOOptions& o);
+
+/// Step 8's lift matrix K of `proj` at the step's precision (bf16 products when NS computes in
+/// bf16).
+const at::Tensor& lift_matrix(const Projection& proj, const FOGOOptions& o);
 
 /// Steps 2 and 3 for the share: O_s = NS(B_s) (kept in each Work), and P_s = O_s Pi, P_f = O_f Pi
 /// [R, d] fp32 with the rows in the share's order; the fast stream through the Gram route with

@@ -91,6 +91,16 @@ struct Projection {
   at::Tensor Pi, K, Pi_bf16, K_bf16;
 };
 
+/// Pi [n, d] of a group's options and its lift matrix (a pure function of the seed, n, d, the
+/// scale and lambda_prox).
+inline Projection make_projection(const FOGOOptions& o, int64_t n, const at::Device& device) {
+  at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
+  at::Tensor K = lift_operator(Pi, o.lambda_prox());
+  at::Tensor Pi_bf16 =
+      o.projection_scale() == ProjectionScale::Unit ? Pi.to(at::kBFloat16) : at::Tensor();
+  return {Pi, K, Pi_bf16, K.to(at::kBFloat16)};
+}
+
 struct FOGO::Impl {
   std::vector<GroupMemory> groups;
   std::map<size_t, detail::GroupGraph<FOGOOptions>> graphs;  // FOGOOptions::cuda_graph
@@ -105,13 +115,7 @@ struct FOGO::Impl {
         std::make_tuple(o.seed(), n, o.proj_dim(), static_cast<int64_t>(o.projection_scale()),
                         device.str(), o.lambda_prox());
     auto it = projections.find(key);
-    if (it == projections.end()) {
-      at::Tensor Pi = rademacher(o.seed(), n, o.proj_dim(), o.projection_scale(), device);
-      at::Tensor K = lift_operator(Pi, o.lambda_prox());
-      at::Tensor Pi_bf16 =
-          o.projection_scale() == ProjectionScale::Unit ? Pi.to(at::kBFloat16) : at::Tensor();
-      it = projections.emplace(key, Projection{Pi, K, Pi_bf16, K.to(at::kBFloat16)}).first;
-    }
+    if (it == projections.end()) it = projections.emplace(key, make_projection(o, n, device)).first;
     return it->second;
   }
 

@@ -4,8 +4,8 @@
 
 namespace fogo {
 
-void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
-                  const at::Tensor& ok) {
+void ref::momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+                       const at::Tensor& ok) {
   if (items.empty()) return;
   std::vector<at::Tensor> slow, fast, G;
   for (const MomentaItem& item : items) {

@@ -12,6 +12,7 @@
 
 #include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
+#include "fogo/muon_update.h"
 #include "fogo/newton_schulz.h"
 #include "fogo/ops.h"
 #include "graphed_step.h"
@@ -36,7 +37,7 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
   return lr * f1 * f2;
 }
 
-void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
+void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
   if (items.empty()) return;
   const auto matrix = [](const at::Tensor& param) {
     const int64_t rows = param.size(0);

@@ -52,7 +52,7 @@ ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
       (!protect || cuda_f32({&frozen, &nu})))
     return cuda::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
 #endif
-  return fogo::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
+  return fogo::ref::projected_step(Ps, Pf, cbar, frozen, nu, rbar, p);
 }
 
 void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
@@ -72,7 +72,7 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
   if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
     return cuda::momenta_step(items, mu_s, mu_f, ok);
 #endif
-  fogo::momenta_step(items, mu_s, mu_f, ok);
+  fogo::ref::momenta_step(items, mu_s, mu_f, ok);
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
@@ -85,7 +85,7 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
       book.N.is_contiguous())
     return cuda::codebook_flush(book, acc, p);
 #endif
-  fogo::flush(book, acc, p);
+  fogo::ref::codebook_flush(book, acc, p);
 }
 
 std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
@@ -117,7 +117,7 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
   if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
     return cuda::apply_rms_update(items, p, ok);
 #endif
-  return fogo::apply_rms_update(items, p, ok);
+  return fogo::ref::apply_rms_update(items, p, ok);
 }
 
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
@@ -129,7 +129,7 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
   if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
     return cuda::muon_update(items, p);
 #endif
-  fogo::muon_update(items, p);
+  fogo::ref::muon_update(items, p);
 }
 
 }  // namespace fogo::ops

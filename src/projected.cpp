@@ -63,10 +63,10 @@ LongTermResult long_term_protect(const at::Tensor& ztilde, const at::Tensor& fro
   return {ztilde - gamma * z_lt, active.any(1)};
 }
 
-ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
-                                   const at::Tensor& cbar, const at::Tensor& frozen,
-                                   const at::Tensor& nu, const at::Tensor& rbar,
-                                   const ProjectedStepParams& p) {
+ProjectedStepResult ref::projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
+                                        const at::Tensor& cbar, const at::Tensor& frozen,
+                                        const at::Tensor& nu, const at::Tensor& rbar,
+                                        const ProjectedStepParams& p) {
   // Step 4: slerp fusion; step 5: query and memory read against the pre-update codebook.
   const at::Tensor z = slerp_fuse(Ps, Pf, p.xi, p.eps);
   const at::Tensor q = normalize_rows(z, p.eps);

@@ -49,8 +49,8 @@ at::Tensor update_one(const RmsUpdateItem& item, const UpdateParams& p) {
 
 }  // namespace
 
-std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
-                                         const UpdateParams& p, const at::Tensor& ok) {
+std::vector<at::Tensor> ref::apply_rms_update(const std::vector<RmsUpdateItem>& items,
+                                              const UpdateParams& p, const at::Tensor& ok) {
   std::vector<at::Tensor> ratios;
   for (const RmsUpdateItem& item : items) {
     const at::Tensor before = ok.defined() ? item.param.clone() : at::Tensor();

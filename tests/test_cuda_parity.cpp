@@ -129,7 +129,8 @@ torch::Tensor near_decisions(const torch::Tensor& Ps, const torch::Tensor& Pf,
   near |= (((sim - band).abs() < kMargin) | ((sim + band).abs() < kMargin)).any(1);
   if (frozen.defined() && frozen.size(0) > 0) {
     // z~ from the reference without protection, then |<q~_i, c_k>| against eps_lt.
-    const auto st = fogo::projected_step(Ps, Pf, cbar, torch::Tensor(), torch::Tensor(), rbar, p);
+    const auto st =
+        fogo::ref::projected_step(Ps, Pf, cbar, torch::Tensor(), torch::Tensor(), rbar, p);
     const auto ztilde = st.dz + Ps;
     const auto qt = fogo::normalize_rows(ztilde, p.eps).mm(frozen.t()).abs();
     near |= ((qt - p.long_term.eps_lt).abs() < kMargin).any(1);
@@ -225,7 +226,7 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
           Pf.zero_();
         }
       }
-      const auto ref = fogo::projected_step(Ps, Pf, book.centroids, frozen, nu, rbar, p);
+      const auto ref = fogo::ref::projected_step(Ps, Pf, book.centroids, frozen, nu, rbar, p);
       fogo::ProjectedStepResult got;
       {
         SideStream side(c.side_stream);
@@ -247,7 +248,7 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
       const auto near = near_decisions(Ps, Pf, book.centroids, frozen, nu, rbar, p);
       expect_step_parity(got, ref, near, Ps, filter, c.name + ", step " + std::to_string(step));
       rbar = ref.rbar;
-      fogo::flush(book, {ref.m, ref.s}, {0.9, 0.1, 1e-8, 4});
+      fogo::ref::codebook_flush(book, {ref.m, ref.s}, {0.9, 0.1, 1e-8, 4});
     }
   }
 }
@@ -298,7 +299,7 @@ TEST(CudaParity, CodebookFlushMatchesReferenceOverSteps) {
       // fp32 similarities err by ~1e-7; a margin of 1e-5 leaves the rest far from any tie.
       const auto near = near_top_r_ties(ref, {m, s}, p, 1e-5);
       ASSERT_LE(near.sum().item<int64_t>(), std::max<int64_t>(1, c.C / 20)) << where;
-      fogo::flush(ref, {m, s}, p);
+      fogo::ref::codebook_flush(ref, {m, s}, p);
       fogo::ops::codebook_flush(got, {cuda32(m), cuda32(s)}, p);
       ASSERT_TRUE(got.centroids.is_cuda());
       EXPECT_LT(max_abs(cpu64(got.N) - ref.N), 1e-5 * (1 + max_abs(ref.N))) << where;
@@ -348,7 +349,7 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
         got.push_back({base.clone(), Os, delta, transposed});
         on_device.push_back({base.clone(), Os, delta, transposed});
       }
-      const auto ref_ratio = fogo::apply_rms_update(ref, p);
+      const auto ref_ratio = fogo::ref::apply_rms_update(ref, p);
       const auto got_ratio = fogo::ops::apply_rms_update(got, p);
       // The learning rate read from the device (a CUDA graph's): the same bits.
       fogo::UpdateParams pd = p;
@@ -469,7 +470,7 @@ TEST(CudaParity, MomentaKernelMatchesReferenceBitForBit) {
                                    transposed};
         };
         const fogo::MomentaItem ref = item(), got = item();
-        fogo::momenta_step({ref}, 0.95, 0.35, ok);
+        fogo::ref::momenta_step({ref}, 0.95, 0.35, ok);
         fogo::ops::momenta_step({got}, 0.95, 0.35, ok);
         const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + " " +
                                   std::string(c10::toString(x_dtype)) + " ok " +
@@ -516,7 +517,7 @@ TEST(CudaParity, MomentaOfAGroupIsEachParametersOwnInOneCall) {
       ref.push_back({Bs.clone(), Bf.clone(), G, x(), x(), transposed});
       got.push_back({Bs.clone(), Bf.clone(), G, x(), x(), transposed});
     }
-    for (const auto& item : ref) fogo::momenta_step({item}, 0.95, 0.35, ok);
+    for (const auto& item : ref) fogo::ref::momenta_step({item}, 0.95, 0.35, ok);
     fogo::ops::momenta_step(got, 0.95, 0.35, ok);
     for (size_t k = 0; k < ref.size(); ++k) {
       const std::string where =
@@ -588,7 +589,7 @@ TEST(CudaParity, MuonUpdateKernelRoundsAsTheEagerOpsAndReadsTheLrOnTheDevice) {
         fogo::ops::muon_update(got, {lr, wd, rule, {}});
         fogo::ops::muon_update(on_device,
                                {0.0, wd, rule, torch::full({}, lr, on_cuda.dtype(torch::kDouble))});
-        fogo::muon_update(aten, {lr, wd, rule, {}});
+        fogo::ref::muon_update(aten, {lr, wd, rule, {}});
         const double ulp = dtype == torch::kFloat  ? std::ldexp(1.0, -23)
                            : dtype == torch::kHalf ? 1.0 / 1024
                                                    : 1.0 / 128;
@@ -656,7 +657,7 @@ TEST(OpsEdges, EmptyItemsAndCodebooksAreAnsweredByTheDispatch) {
   const auto base = torch::randn({6, 9});
   const auto Os = torch::randn({6, 9}), delta = 0.1 * torch::randn({6, 9});
   const fogo::RmsUpdateItem ref{base.clone(), Os, delta}, got{base.clone(), Os, delta};
-  const auto want = fogo::apply_rms_update({ref}, p);
+  const auto want = fogo::ref::apply_rms_update({ref}, p);
   const auto mixed = fogo::ops::apply_rms_update({empty_item(), got, empty_item()}, p);
   ASSERT_EQ(mixed.size(), 3u);
   EXPECT_EQ(mixed[0].item<double>(), 0.0);

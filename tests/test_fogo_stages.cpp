@@ -260,7 +260,7 @@ TEST(Codebook, FlushFollowsTheEmaFormulas) {
   const auto S0 = book.S.clone(), N0 = book.N.clone(), c0 = book.centroids.clone();
   fogo::Assignments acc{torch::tensor({2.0, 0.0, 1.0, 3.0}), torch::randn({4, 5})};
   const void* storage[] = {book.centroids.data_ptr(), book.S.data_ptr(), book.N.data_ptr()};
-  fogo::flush(book, acc, {0.9, 0.0, 1e-8, 2});  // lambda_c = 0: no decorrelation
+  fogo::ref::codebook_flush(book, acc, {0.9, 0.0, 1e-8, 2});  // lambda_c = 0: no decorrelation
   // In place (a CUDA graph replaying the step reads and writes the same memory every time).
   EXPECT_EQ(book.centroids.data_ptr(), storage[0]);
   EXPECT_EQ(book.S.data_ptr(), storage[1]);
@@ -272,7 +272,7 @@ TEST(Codebook, FlushFollowsTheEmaFormulas) {
 
   // A centroid with N numerically zero keeps its previous direction.
   fogo::Codebook idle{c0.clone(), torch::zeros({4, 5}), torch::zeros({4})};
-  fogo::flush(idle, {torch::zeros({4}), torch::zeros({4, 5})}, {0.9, 0.1, 1e-8, 2});
+  fogo::ref::codebook_flush(idle, {torch::zeros({4}), torch::zeros({4, 5})}, {0.9, 0.1, 1e-8, 2});
   EXPECT_TRUE(torch::equal(idle.centroids, c0));
 }
 
@@ -289,8 +289,8 @@ TEST(Codebook, DecorrelationLowersMaxPairwiseCosine) {
   fogo::Codebook with{c.clone(), c.clone(), torch::ones({4})};
   fogo::Codebook without{c.clone(), c.clone(), torch::ones({4})};
   const fogo::Assignments none{torch::zeros({4}), torch::zeros({4, 4})};
-  fogo::flush(without, none, {0.9, 0.0, 1e-8, 2});
-  fogo::flush(with, none, {0.9, 0.3, 1e-8, 2});
+  fogo::ref::codebook_flush(without, none, {0.9, 0.0, 1e-8, 2});
+  fogo::ref::codebook_flush(with, none, {0.9, 0.3, 1e-8, 2});
   EXPECT_LT(max_cos(with.centroids), max_cos(without.centroids) - 0.01);
   EXPECT_LT(max_abs(row_norms(with.centroids) - 1), 1e-5);
 }
@@ -366,7 +366,7 @@ TEST(Momenta, BothStreamsAndTheirNewtonSchulzInputsInOnePass) {
     fogo::MomentaItem wide{
         W.clone(), H.clone(), torch::randn({3, 5}), torch::empty({3, 5}, x_dtype),
         {},        false};  // no fast input: a parameter another rank orthogonalizes
-    fogo::momenta_step({tall, wide}, 0.9, 0.3, {});
+    fogo::ref::momenta_step({tall, wide}, 0.9, 0.3, {});
     const float mu_s = 0.9f, mu_f = 0.3f;  // the scalars as fp32 arithmetic sees them
     EXPECT_TRUE(torch::equal(tall.Bs, Bs * mu_s + G));
     EXPECT_TRUE(torch::equal(tall.Bf, Bf * mu_f + G));
@@ -383,7 +383,7 @@ TEST(Momenta, BothStreamsAndTheirNewtonSchulzInputsInOnePass) {
                              torch::empty({4, 6}, x_dtype),
                              torch::empty({4, 6}, x_dtype),
                              true};
-    fogo::momenta_step({masked}, 0.9, 0.3, torch::tensor(false));
+    fogo::ref::momenta_step({masked}, 0.9, 0.3, torch::tensor(false));
     EXPECT_TRUE(torch::equal(masked.Bs, Bs));
     EXPECT_TRUE(std::signbit(masked.Bf[0][0][0].item<float>()));
     EXPECT_TRUE(torch::equal(masked.Bf, Bf));
@@ -391,7 +391,7 @@ TEST(Momenta, BothStreamsAndTheirNewtonSchulzInputsInOnePass) {
     fogo::MomentaItem taken{
         Bs.clone(), Bf.clone(), G, torch::empty({4, 6}, x_dtype), torch::empty({4, 6}, x_dtype),
         true};
-    fogo::momenta_step({taken}, 0.9, 0.3, torch::tensor(true));
+    fogo::ref::momenta_step({taken}, 0.9, 0.3, torch::tensor(true));
     EXPECT_TRUE(torch::equal(taken.Bs, tall.Bs));
     EXPECT_TRUE(torch::equal(taken.Xf, tall.Xf));
   }
@@ -412,8 +412,8 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
         device.lr = 123.0;  // ignored
         device.device_lr = torch::full({}, lr, torch::kDouble);
         auto a = base.clone(), b = base.clone();
-        const auto ra = fogo::apply_rms_update({{a, Os, delta, transposed}}, host);
-        const auto rb = fogo::apply_rms_update({{b, Os, delta, transposed}}, device);
+        const auto ra = fogo::ref::apply_rms_update({{a, Os, delta, transposed}}, host);
+        const auto rb = fogo::ref::apply_rms_update({{b, Os, delta, transposed}}, device);
         EXPECT_TRUE(torch::equal(a, b)) << dtype << " lr " << lr;
         EXPECT_TRUE(torch::equal(ra[0], rb[0]));
         EXPECT_FALSE(torch::equal(a, base));
@@ -427,7 +427,7 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
     bad.device_lr = lr;
     fogo::test::expect_error(
         [&] {
-          fogo::apply_rms_update({{p, Os, delta, false}}, bad);
+          fogo::ref::apply_rms_update({{p, Os, delta, false}}, bad);
         },
         "device_lr must be a 0-d float64 tensor");
   }
@@ -452,17 +452,17 @@ TEST(Update, AGroupIsEachParametersOwnUpdateAndMaskKeepsEveryBit) {
   };
   torch::manual_seed(18);
   const auto together = items();
-  const auto ratios = fogo::apply_rms_update(together, p);
+  const auto ratios = fogo::ref::apply_rms_update(together, p);
   torch::manual_seed(18);
   const auto taken = items();
-  fogo::apply_rms_update(taken, p, torch::full({}, true));
+  fogo::ref::apply_rms_update(taken, p, torch::full({}, true));
   torch::manual_seed(18);
   const auto masked = items();
-  fogo::apply_rms_update(masked, p, torch::full({}, false));
+  fogo::ref::apply_rms_update(masked, p, torch::full({}, false));
   for (size_t k = 0; k < bases.size(); ++k) {
     auto alone = together[k];
     alone.param = bases[k].clone();
-    const auto ratio = fogo::apply_rms_update({alone}, p);
+    const auto ratio = fogo::ref::apply_rms_update({alone}, p);
     // gamma_t from this parameter's own O_s and delta: |Ohat_k|_F scales the step.
     const auto Ohat = together[k].Os + together[k].delta;
     const double step = p.lr * p.sigma * std::sqrt(static_cast<double>(Ohat.numel())) /
@@ -700,7 +700,7 @@ TEST(ProjectedStep, ZeroQueriesTakeNoPartAgainstAFloat64Reference) {
       }
       const auto rbar = torch::full({}, 0.25f);
       const auto F = protect ? frozen : torch::Tensor(), N = protect ? nu : torch::Tensor();
-      const auto got = fogo::projected_step(Ps, Pf, cbar, F, N, rbar, p);
+      const auto got = fogo::ref::projected_step(Ps, Pf, cbar, F, N, rbar, p);
       const auto want = reference_step(Ps, Pf, cbar, F, N, 0.25, p);
       const std::string what = std::string(c.what) + (protect ? ", with protection" : "");
       EXPECT_NEAR(got.rbar.item<double>(), want.rbar, 1e-6) << what;

@@ -2,6 +2,7 @@
 // tests/reference/gen_muon_reference.py), plus its own extensions, checkpoints and errors.
 #include <fogo/detail/checks.h>
 #include <fogo/muon.h>
+#include <fogo/muon_update.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -573,8 +574,8 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
       const auto O1 = torch::randn({12, 8}).to(torch::kBFloat16), O2 = torch::randn({5, 30});
       std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
       std::vector<fogo::MuonUpdateItem> dev = {{p0.clone(), O1}, {q0.clone(), O2}};
-      fogo::muon_update(host, {0.02, 0.1, rule, {}});
-      fogo::muon_update(dev, {0.0, 0.1, rule, torch::full({}, 0.02, torch::kDouble)});
+      fogo::ref::muon_update(host, {0.02, 0.1, rule, {}});
+      fogo::ref::muon_update(dev, {0.0, 0.1, rule, torch::full({}, 0.02, torch::kDouble)});
       for (size_t k = 0; k < host.size(); ++k) {
         EXPECT_FALSE(torch::equal(host[k].param, k == 0 ? p0 : q0));  // it moved
         // fp32: separate products against add_'s alpha, a few units of 2^-24 of |p|.

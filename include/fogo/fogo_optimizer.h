@@ -18,7 +18,6 @@
 
 #include <fogo/fogo_options.h>
 #include <fogo/matrix_optimizer.h>
-#include <fogo/projected.h>
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
@@ -28,10 +27,6 @@
 #include <vector>
 
 namespace fogo {
-
-/// The projected-space stages' parameters (ALGORITHM.md steps 4-7) from a group's options;
-/// `filter` is false on a group's first step.
-ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 
 /// Per-parameter state: the two momentum streams, fp32 whatever the parameter's dtype, in the
 /// parameter's shape.

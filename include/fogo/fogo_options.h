@@ -7,7 +7,6 @@
 
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
-#include <fogo/projection.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
@@ -17,6 +16,12 @@
 #include <tuple>
 
 namespace fogo {
+
+/// Pi's scale (projection.h).
+enum class ProjectionScale : int64_t {
+  Unit = 0,  ///< Pi entries +-1 (the paper's Method section)
+  JL = 1,    ///< Pi entries +-1/sqrt(d) (Johnson–Lindenstrauss scaling)
+};
 
 // clang-format off
 /// Numeric options: X(type, name, default, smallest valid, largest valid). Symbols of

@@ -49,28 +49,6 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
 /// sqrt(max(A, B))).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
 
-/// One parameter of Muon's update: `param` (any shape, its matrix view [A, B] = [size(0),
-/// numel / size(0)]) and its orthogonalized momentum O [A, B] (the Newton–Schulz compute dtype).
-struct MuonUpdateItem {
-  at::Tensor param, O;
-};
-
-struct MuonUpdateParams {
-  double lr = 0.0, weight_decay = 0.0;
-  MuonAdjustLR adjust_lr = MuonAdjustLR::Original;
-  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
-  /// device, read when the update runs (a replayed CUDA graph uses its current value).
-  at::Tensor device_lr = {};
-};
-
-/// Muon's update of every item, the ATen reference (fogo::ops::muon_update dispatches to a CUDA
-/// kernel computing the same bits):
-///   p *= 1 - lr wd                 (mul_ by a wrapped double, as torch.optim.Muon's Python does)
-///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
-/// With `device_lr` the same products in double, rounded once, in the parameter's precision
-/// (fp32 for bf16/fp16 parameters).
-void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
-
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   MuonOptions(double lr = 1e-3);
   using coefficients_t = std::tuple<double, double, double>;

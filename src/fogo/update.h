@@ -33,7 +33,9 @@ void check_device_lr(const at::Tensor& param, const UpdateParams& p);
 /// bool on the parameters' device: NonFinitePolicy::Mask) a parameter keeps every bit where ok
 /// is false. Returns |delta|_F / (|O_s|_F + eps) of each item as a 0-d tensor (telemetry; no
 /// host synchronisation).
+namespace ref {
 std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
                                          const UpdateParams& p, const at::Tensor& ok = {});
+}  // namespace ref
 
 }  // namespace fogo

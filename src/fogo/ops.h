@@ -1,12 +1,13 @@
 #pragma once
-// The device-dispatched operations of FOGO's step, declared once. Each has an ATen reference
-// implementation (projected.h, codebook.h, update.h) that runs on any device; on CUDA tensors,
-// when fogo was built with its kernels (FOGO_WITH_CUDA), the fused kernels of cuda/ run
+// The device-dispatched operations of FOGO's and Muon's steps, declared once. Each has an ATen
+// reference of the same name in fogo::ref (projected.h, codebook.h, update.h, momenta.h,
+// muon_update.h) that runs on any device (a call that forgets ops:: does not compile); on CUDA
+// tensors, when fogo was built with its kernels (FOGO_WITH_CUDA), the fused kernels of cuda/ run
 // instead. The choice is made here and nowhere else; kernels compute, they do not decide.
 
 #include <fogo/codebook.h>
 #include <fogo/momenta.h>
-#include <fogo/muon.h>
+#include <fogo/muon_update.h>
 #include <fogo/projected.h>
 #include <fogo/update.h>
 

@@ -42,7 +42,9 @@ struct FlushParams {
 /// <chat_j, cbar_l> cbar_l; c_j = unit(ctilde_j - lambda_c h_j). A centroid whose N_j is
 /// numerically zero (<= eps), or whose new direction vanishes, keeps its previous direction.
 /// Every tensor of `book` is updated in place.
-void flush(Codebook& book, const Assignments& acc, const FlushParams& p);
+namespace ref {
+void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p);
+}  // namespace ref
 
 /// Every centroid with N_j < threshold gets a distinct valid query q_i drawn by `gen`
 /// (S_j = threshold q_i, N_j = threshold, c_j = q_i); as many as there are valid queries.

@@ -5,15 +5,11 @@
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
+#include <fogo/fogo_options.h>
 
 #include <cstdint>
 
 namespace fogo {
-
-enum class ProjectionScale : int64_t {
-  Unit = 0,  ///< Pi entries +-1 (the paper's Method section)
-  JL = 1,    ///< Pi entries +-1/sqrt(d) (Johnson–Lindenstrauss scaling)
-};
 
 /// Pi in R^{n x d}, entries +-1 (or +-1/sqrt(d) with ProjectionScale::JL), i.i.d. Rademacher.
 /// A pure function of (seed, n, d): every rank, device and resumed run gets the same matrix, so

@@ -70,9 +70,11 @@ struct ProjectedStepResult {
 };
 
 /// `frozen` [K, d] / `nu` [K]: the long-term candidates (K may be 0 or the tensors undefined).
+namespace ref {
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
                                    const at::Tensor& nu, const at::Tensor& rbar,
                                    const ProjectedStepParams& p);
+}  // namespace ref
 
 }  // namespace fogo

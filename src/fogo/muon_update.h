@@ -1,0 +1,36 @@
+#pragma once
+// fogo::Muon's update (ALGORITHM-free: torch.optim.Muon's), the one stage of Muon that ops.h
+// dispatches: the ATen reference here, a multi-tensor CUDA kernel in cuda/.
+
+#include <ATen/Tensor.h>
+#include <fogo/muon.h>
+
+#include <vector>
+
+namespace fogo {
+
+/// One parameter of Muon's update: `param` (any shape, its matrix view [A, B] = [size(0),
+/// numel / size(0)]) and its orthogonalized momentum O [A, B] (the Newton–Schulz compute dtype).
+struct MuonUpdateItem {
+  at::Tensor param, O;
+};
+
+struct MuonUpdateParams {
+  double lr = 0.0, weight_decay = 0.0;
+  MuonAdjustLR adjust_lr = MuonAdjustLR::Original;
+  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
+  /// device, read when the update runs (a replayed CUDA graph uses its current value).
+  at::Tensor device_lr = {};
+};
+
+/// Muon's update of every item, the ATen reference (ops::muon_update dispatches to a CUDA
+/// kernel computing the same bits):
+///   p *= 1 - lr wd                 (mul_ by a wrapped double, as torch.optim.Muon's Python does)
+///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
+/// With `device_lr` the same products in double, rounded once, in the parameter's precision
+/// (fp32 for bf16/fp16 parameters).
+namespace ref {
+void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
+}  // namespace ref
+
+}  // namespace fogo
