@@ -75,6 +75,9 @@ bool runs_on(const c10::Device& device) {
   return at::cuda::getDeviceProperties(device.index())->major >= 8;
 }
 
+// Long on purpose (~95 lines): every precondition of the three kernels of steps 4-7, their
+// buffers and launches in order, in one place, so that what the launch sequence assumes is read
+// beside it.
 ProjectedStepResult projected_step(const at::Tensor& Ps_in, const at::Tensor& Pf_in,
                                    const at::Tensor& cbar_in, const at::Tensor& frozen_in,
                                    const at::Tensor& nu_in, const at::Tensor& rbar,

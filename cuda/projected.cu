@@ -89,6 +89,9 @@ __global__ void __launch_bounds__(kThreads)
 // kGatherCols covers d <= 512 (the paper's largest projection) in one pass.
 constexpr int kGatherCols = 16;
 
+// Long on purpose (~120 lines): steps 5 and 6 for one row in one pass (the assignment, the
+// statistics, both angular-band sets and the conflict ratio), so that the row's similarities and
+// its z stay in registers and shared memory instead of making several trips through global memory.
 __global__ void __launch_bounds__(kThreads)
     memory_read_kernel(const float* __restrict__ sim, const float* __restrict__ q,
                        const float* __restrict__ znorm, const bool* __restrict__ valid, int64_t R,

@@ -80,6 +80,63 @@ void FOGO::save(torch::serialize::OutputArchive& archive) const {
   detail::write_checksum(archive, kChecksum, sum.value());
 }
 
+namespace {
+
+// The checked shapes of a loaded group's memory (codebook_size C, proj_dim d of its options).
+void check_memory_shapes(const GroupMemory& mem, size_t g, const FOGOOptions& o) {
+  const int64_t C = o.codebook_size(), d = o.proj_dim();
+  if (mem.initialized) {
+    auto expect = [&](const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
+      TORCH_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "FOGO::load: group ", g,
+                  "'s ", what, " has shape ", t.defined() ? t.sizes() : at::IntArrayRef{},
+                  ", expected ", at::IntArrayRef(shape),
+                  " (codebook_size C and proj_dim d must match the checkpoint's)");
+    };
+    expect(mem.book.centroids, {C, d}, "codebook");
+    expect(mem.book.S, {C, d}, "codebook statistics S");
+    expect(mem.book.N, {C}, "codebook counts N");
+    expect(mem.start, {C, d}, "task-start snapshot");
+    expect(mem.rbar, {}, "conflict EMA");
+  }
+  if (mem.frozen.defined()) {
+    TORCH_CHECK(mem.frozen.dim() == 2 && mem.frozen.size(1) == d && mem.frozen_nu.defined() &&
+                    mem.frozen_nu.size(0) == mem.frozen.size(0),
+                "FOGO::load: group ", g, "'s frozen bank has shape ", mem.frozen.sizes(),
+                ", expected [F, ", d, "] with F importance weights");
+  }
+}
+
+// Group g's memory from its archive `a` (as save wrote it), on `device`, each value added to
+// `sum` in the order save added them.
+GroupMemory read_memory(torch::serialize::InputArchive& a, size_t g, const FOGOOptions& o,
+                        const at::Device& device, detail::Checksum& sum) {
+  c10::IValue value;
+  GroupMemory mem;
+  a.read("initialized", value);
+  mem.initialized = value.toBool();
+  a.read("step", value);
+  mem.step = value.toInt();
+  sum.add(static_cast<int64_t>(mem.initialized)).add(mem.step);
+  mem.visit([&](const char* name, at::Tensor& t, unsigned use) {
+    if (!(use & GroupMemory::kSaved)) return;
+    a.read(name, t, /*is_buffer=*/true);
+    sum.add(t);
+    detail::check_finite_state("FOGO", "group " + std::to_string(g) + "'s " + name, t);
+    t = t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
+  });
+  at::Tensor gen_state;
+  a.read("generator", gen_state, true);
+  sum.add(gen_state);
+  mem.consolidated = a.try_read("consolidated", value) && value.toBool();
+  sum.add(static_cast<int64_t>(mem.consolidated));
+  mem.gen = make_cpu_generator(0);
+  mem.gen.set_state(gen_state);
+  check_memory_shapes(mem, g, o);
+  return mem;
+}
+
+}  // namespace
+
 void FOGO::load(torch::serialize::InputArchive& archive) {
   std::vector<GroupMemory> loaded;
   detail::load_transactional(
@@ -109,51 +166,7 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
                                         : param_groups_[g].params()[0].device();
           torch::serialize::InputArchive a;
           archive.read("fogo/group/" + std::to_string(g), a);
-          GroupMemory mem;
-          a.read("initialized", value);
-          mem.initialized = value.toBool();
-          a.read("step", value);
-          mem.step = value.toInt();
-          sum.add(static_cast<int64_t>(mem.initialized)).add(mem.step);
-          auto tensor = [&](const char* name) {
-            at::Tensor t;
-            a.read(name, t, /*is_buffer=*/true);
-            sum.add(t);
-            detail::check_finite_state("FOGO", "group " + std::to_string(g) + "'s " + name, t);
-            return t.numel() == 0 && t.dim() == 1 ? at::Tensor() : t.to(device);
-          };
-          mem.visit([&](const char* name, at::Tensor& t, unsigned use) {
-            if (use & GroupMemory::kSaved) t = tensor(name);
-          });
-          at::Tensor gen_state;
-          a.read("generator", gen_state, true);
-          sum.add(gen_state);
-          mem.consolidated = a.try_read("consolidated", value) && value.toBool();
-          sum.add(static_cast<int64_t>(mem.consolidated));
-          mem.gen = make_cpu_generator(0);
-          mem.gen.set_state(gen_state);
-          const int64_t C = o.codebook_size(), d = o.proj_dim();
-          if (mem.initialized) {
-            auto expect = [&](const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
-              TORCH_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "FOGO::load: group ",
-                          g, "'s ", what, " has shape ",
-                          t.defined() ? t.sizes() : at::IntArrayRef{}, ", expected ",
-                          at::IntArrayRef(shape),
-                          " (codebook_size C and proj_dim d must match the checkpoint's)");
-            };
-            expect(mem.book.centroids, {C, d}, "codebook");
-            expect(mem.book.S, {C, d}, "codebook statistics S");
-            expect(mem.book.N, {C}, "codebook counts N");
-            expect(mem.start, {C, d}, "task-start snapshot");
-            expect(mem.rbar, {}, "conflict EMA");
-          }
-          if (mem.frozen.defined()) {
-            TORCH_CHECK(mem.frozen.dim() == 2 && mem.frozen.size(1) == d &&
-                            mem.frozen_nu.defined() && mem.frozen_nu.size(0) == mem.frozen.size(0),
-                        "FOGO::load: group ", g, "'s frozen bank has shape ", mem.frozen.sizes(),
-                        ", expected [F, ", d, "] with F importance weights");
-          }
-          loaded.push_back(std::move(mem));
+          loaded.push_back(read_memory(a, g, o, device, sum));
         }
         detail::verify_checksum(archive, "FOGO", kChecksum, sum.value());
       },

@@ -49,6 +49,10 @@ struct ProcessGroup::Impl {
 
   void connect_store();
   void check_members();
+  /// check_members on a rank other than 0: rank 0's WORLD_SIZE, then its verdict.
+  void await_verdict(std::chrono::steady_clock::time_point deadline);
+  /// check_members on rank 0: every other rank and its WORLD_SIZE; the verdict published.
+  void judge_members(std::chrono::steady_clock::time_point deadline);
   void create_backends();
   void shutdown() noexcept;
 

@@ -196,66 +196,79 @@ void ProcessGroup::Impl::connect_store() {
                                                  std::move(tcp));
 }
 
+namespace {
+std::string rank_key(int64_t r) { return "rank/" + std::to_string(r); }
+// A rank's claim in the store: "WORLD_SIZE|process".
+int64_t world_of(const std::string& token) {
+  return parse_int("WORLD_SIZE", token.substr(0, token.find('|')));
+}
+std::string process_of(const std::string& token) { return token.substr(token.find('|') + 1); }
+}  // namespace
+
 // Through the store: one process per rank, and every rank present with rank 0's WORLD_SIZE.
-// Rank 0 checks the others and publishes a verdict; the others check rank 0's WORLD_SIZE
-// themselves (so they fail at once when they disagree) and then wait for the verdict.
+// Rank 0 checks the others and publishes a verdict (judge_members); the others check rank 0's
+// WORLD_SIZE themselves (so they fail at once when they disagree) and then wait for the verdict
+// (await_verdict).
 void ProcessGroup::Impl::check_members() {
   const auto deadline = Clock::now() + options.timeout();
+  const std::string token = std::to_string(launch.world_size) + "|" + this_process();
+  const auto holder = text(store->compareSet(rank_key(launch.rank), {}, bytes(token)));
+  TORCH_CHECK(holder == token, "fogo::dist: RANK=", launch.rank,
+              " is claimed by two processes: ", process_of(holder), " and this one (",
+              this_process(), "); every process needs its own RANK");
+  if (launch.rank != 0) {
+    await_verdict(deadline);
+  } else {
+    judge_members(deadline);
+  }
+}
+
+void ProcessGroup::Impl::await_verdict(Clock::time_point deadline) {
+  const auto remaining = [&] {
+    return std::max(milliseconds(1),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
+  // Rank 0 waits for this acknowledgement before it exits with an error, so that its store
+  // outlives the ranks still reading from it.
+  const auto acknowledge = [&] {
+    try {
+      store->add("acks", 1);
+    } catch (const std::exception&) {
+    }
+  };
+  const auto world = launch.world_size;
+  try {
+    store->wait({rank_key(0)}, remaining());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not join at ", store_address(),
+                " within the timeout (", format(options.timeout()), "): ", message_of(e));
+  }
+  const auto world0 = world_of(store->get_to_str(rank_key(0)));
+  if (world0 != world) {
+    acknowledge();
+    TORCH_CHECK(false, "fogo::dist: WORLD_SIZE mismatch: RANK=", launch.rank,
+                " has WORLD_SIZE=", world, " but rank 0 has WORLD_SIZE=", world0);
+  }
+  std::string verdict;
+  try {
+    // Rank 0 may take its whole timeout to find a missing rank, and its clock started about
+    // when this one's did: a few seconds' grace let its verdict arrive.
+    store->wait({"verdict"}, remaining() + milliseconds(5000));
+    verdict = store->get_to_str("verdict");
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not confirm the members within ",
+                "the timeout (", format(options.timeout()), "): ", message_of(e));
+  }
+  acknowledge();
+  TORCH_CHECK(verdict == "ok", verdict, " (reported by rank 0)");
+}
+
+void ProcessGroup::Impl::judge_members(Clock::time_point deadline) {
   const auto remaining = [&] {
     return std::max(milliseconds(1),
                     std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
   };
   const auto world = launch.world_size;
-  const auto rank_key = [](int64_t r) { return "rank/" + std::to_string(r); };
-  const auto world_of = [](const std::string& token) {
-    return parse_int("WORLD_SIZE", token.substr(0, token.find('|')));
-  };
-  const auto process_of = [](const std::string& token) {
-    return token.substr(token.find('|') + 1);
-  };
-
-  const std::string token = std::to_string(world) + "|" + this_process();
-  const auto holder = text(store->compareSet(rank_key(launch.rank), {}, bytes(token)));
-  TORCH_CHECK(holder == token, "fogo::dist: RANK=", launch.rank,
-              " is claimed by two processes: ", process_of(holder), " and this one (",
-              this_process(), "); every process needs its own RANK");
-
-  if (launch.rank != 0) {
-    // Rank 0 waits for this acknowledgement before it exits with an error, so that its store
-    // outlives the ranks still reading from it.
-    const auto acknowledge = [&] {
-      try {
-        store->add("acks", 1);
-      } catch (const std::exception&) {
-      }
-    };
-    try {
-      store->wait({rank_key(0)}, remaining());
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not join at ", store_address(),
-                  " within the timeout (", format(options.timeout()), "): ", message_of(e));
-    }
-    const auto world0 = world_of(store->get_to_str(rank_key(0)));
-    if (world0 != world) {
-      acknowledge();
-      TORCH_CHECK(false, "fogo::dist: WORLD_SIZE mismatch: RANK=", launch.rank,
-                  " has WORLD_SIZE=", world, " but rank 0 has WORLD_SIZE=", world0);
-    }
-    std::string verdict;
-    try {
-      // Rank 0 may take its whole timeout to find a missing rank, and its clock started about
-      // when this one's did: a few seconds' grace let its verdict arrive.
-      store->wait({"verdict"}, remaining() + milliseconds(5000));
-      verdict = store->get_to_str("verdict");
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "fogo::dist: ", where(), ": rank 0 did not confirm the members within ",
-                  "the timeout (", format(options.timeout()), "): ", message_of(e));
-    }
-    acknowledge();
-    TORCH_CHECK(verdict == "ok", verdict, " (reported by rank 0)");
-    return;
-  }
-
   std::string problem;
   for (int64_t r = 1; r < world && problem.empty(); ++r) {
     try {
@@ -282,7 +295,7 @@ void ProcessGroup::Impl::check_members() {
   if (problem.empty()) {
     return;
   }
-  if (hosts_store) {
+  if (hosts_store) {  // the others' acknowledgements first: they may still read from this store
     int64_t joined = 0;
     for (int64_t r = 1; r < world; ++r) {
       joined += store->check({rank_key(r)});
