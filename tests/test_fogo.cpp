@@ -538,17 +538,7 @@ std::vector<torch::Tensor> everything(fogo::FOGO& opt) {
   return out;
 }
 
-bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k) {
-    // As integers: -0.0 and NaN payloads count, and equal NaNs compare equal.
-    const auto bits = [](const torch::Tensor& t) {
-      return t.scalar_type() == torch::kFloat ? t.view(torch::kInt) : t;
-    };
-    if (a[k].sizes() != b[k].sizes() || !torch::equal(bits(a[k]), bits(b[k]))) return false;
-  }
-  return true;
-}
+using fogo::test::bit_identical;
 
 // Two groups of two shapes, a frozen bank after a task boundary, long-term candidates sampled
 // from it (bank 6 > lt_candidates 4) and re-seeding every 3 steps: every stage runs.

@@ -1,5 +1,6 @@
 #pragma once
 // Helpers shared by fogo's tests.
+#include <ATen/ATen.h>
 #include <ATen/Version.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace fogo::test {
 
@@ -45,6 +47,19 @@ inline std::string cpu_matmul_signature() {
     }
   }
   return out;
+}
+
+/// Every tensor equal bit for bit, shapes included (fp32 compared as integers: -0.0 and NaN
+/// payloads count, and equal NaNs compare equal).
+inline bool bit_identical(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    const auto bits = [](const at::Tensor& t) {
+      return t.scalar_type() == at::kFloat ? t.view(at::kInt) : t;
+    };
+    if (a[k].sizes() != b[k].sizes() || !at::equal(bits(a[k]), bits(b[k]))) return false;
+  }
+  return true;
 }
 
 }  // namespace fogo::test
