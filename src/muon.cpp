@@ -71,104 +71,8 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
   }
 }
 
-NSConfig ns_config(const MuonOptions& o) {
-  return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
-                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
-}
-
 // ---------------------------------------------------------------------------------------------
-// Options and state
-
-MuonOptions::MuonOptions(double lr) : lr_(lr) {}
-
-double MuonOptions::get_lr() const { return lr(); }
-void MuonOptions::set_lr(const double lr) { this->lr(lr); }
-
-void MuonOptions::validate() const {
-  detail::check_range("Muon", "lr", lr(), 0.0, INFINITY);
-  detail::check_range("Muon", "weight_decay", weight_decay(), 0.0, INFINITY);
-  detail::check_range("Muon", "momentum", momentum(), 0.0, 1.0);
-  // Checked here, not only through NSConfig, so that the message names Muon's own options.
-  TORCH_CHECK(std::isfinite(eps()) && eps() > 0, "Muon: option 'eps' must be finite and > 0, got ",
-              eps());
-  TORCH_CHECK(ns_steps() >= 0 && ns_steps() < 100,
-              "Muon: option 'ns_steps' must be in [0, 100), got ", ns_steps());
-  const auto [a, b, c] = ns_coefficients();
-  TORCH_CHECK(std::isfinite(a) && std::isfinite(b) && std::isfinite(c),
-              "Muon: option 'ns_coefficients' must be finite, got (", a, ", ", b, ", ", c, ")");
-  TORCH_CHECK(ns_dtype() == at::kBFloat16 || ns_dtype() == at::kFloat,
-              "Muon: option 'ns_dtype' must be kBFloat16 or kFloat32, got ", ns_dtype());
-  TORCH_CHECK(ns_form() == NSForm::Plain || ns_form() == NSForm::Gram || ns_form() == NSForm::Auto,
-              "Muon: option 'ns_form' is not a known value (", static_cast<int64_t>(ns_form()),
-              ")");
-  TORCH_CHECK(ns_gram_restart() >= 0, "Muon: option 'ns_gram_restart' must be >= 0, got ",
-              ns_gram_restart());
-  TORCH_CHECK(ns_schedule() >= kNSConstant && ns_schedule() <= kTuned5,
-              "Muon: option 'ns_schedule' must be 0 (kNSConstant), 1 (kPolarExpress) or 2 "
-              "(kTuned5), got ",
-              ns_schedule());
-  fogo::validate(ns_config(*this));
-  TORCH_CHECK(is_known(nonfinite()), "Muon: option 'nonfinite' is not a known policy (",
-              static_cast<int64_t>(nonfinite()), ")");
-  TORCH_CHECK(adjust_lr() == MuonAdjustLR::Original || adjust_lr() == MuonAdjustLR::MatchRmsAdamW,
-              "Muon: option 'adjust_lr' is not a known rule (", static_cast<int64_t>(adjust_lr()),
-              ")");
-}
-
-void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_coefficients);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_steps);
-  archive.write("adjust_lr", c10::IValue(static_cast<int64_t>(adjust_lr())));
-  archive.write("ns_dtype", c10::IValue(static_cast<int64_t>(ns_dtype())));
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(strict_2d);
-  archive.write("nonfinite", c10::IValue(static_cast<int64_t>(nonfinite())));
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(cuda_graph);
-  archive.write("ns_form", c10::IValue(static_cast<int64_t>(ns_form())));
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_gram_restart);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(ns_schedule);
-}
-
-void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(coefficients_t, ns_coefficients);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, ns_steps);
-  c10::IValue value;
-  archive.read("adjust_lr", value);
-  adjust_lr(static_cast<MuonAdjustLR>(value.toInt()));
-  archive.read("ns_dtype", value);
-  ns_dtype(static_cast<c10::ScalarType>(value.toInt()));
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, strict_2d);
-  // Older checkpoints hold check_finite (true: Raise, false: Unchecked) instead.
-  if (archive.try_read("nonfinite", value)) {
-    nonfinite(static_cast<NonFinitePolicy>(value.toInt()));
-  } else if (archive.try_read("check_finite", value)) {
-    nonfinite(value.toBool() ? NonFinitePolicy::Raise : NonFinitePolicy::Unchecked);
-  }
-  // Added later: absent from older checkpoints, whose defaults hold.
-  if (archive.try_read("ns_form", value)) ns_form(static_cast<NSForm>(value.toInt()));
-  if (archive.try_read("ns_gram_restart", value)) ns_gram_restart(value.toInt());
-  if (archive.try_read("ns_schedule", value)) ns_schedule(value.toInt());
-  if (archive.try_read("cuda_graph", value)) cuda_graph(value.toBool());
-}
-
-bool operator==(const MuonOptions& a, const MuonOptions& b) {
-  return a.lr() == b.lr() && a.weight_decay() == b.weight_decay() && a.momentum() == b.momentum() &&
-         a.nesterov() == b.nesterov() && a.ns_coefficients() == b.ns_coefficients() &&
-         a.eps() == b.eps() && a.ns_steps() == b.ns_steps() && a.adjust_lr() == b.adjust_lr() &&
-         a.ns_dtype() == b.ns_dtype() && a.strict_2d() == b.strict_2d() &&
-         a.nonfinite() == b.nonfinite() && a.ns_form() == b.ns_form() &&
-         a.ns_gram_restart() == b.ns_gram_restart() && a.cuda_graph() == b.cuda_graph() &&
-         a.ns_schedule() == b.ns_schedule();
-}
+// State
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
   const auto& x = a.momentum_buffer();
@@ -394,11 +298,7 @@ constexpr const char* kMuonChecksum = "muon/checksum";
 uint64_t state_checksum(const Muon& muon) {
   detail::Checksum sum;
   for (const auto& group : muon.param_groups()) {
-    const auto& o = static_cast<const MuonOptions&>(group.options());
-    sum.option(o.lr()).option(o.weight_decay()).option(o.momentum()).option(o.nesterov());
-    sum.option(o.ns_coefficients()).option(o.eps()).option(o.ns_steps()).option(o.adjust_lr());
-    sum.option(o.ns_dtype()).option(o.strict_2d()).option(o.nonfinite()).option(o.ns_form());
-    sum.option(o.ns_gram_restart()).option(o.cuda_graph());
+    static_cast<const MuonOptions&>(group.options()).add_to_checksum(sum);
     for (const auto& p : group.params()) {
       const auto it = muon.state().find(p.unsafeGetTensorImpl());
       if (it == muon.state().end()) {

@@ -23,6 +23,7 @@
 // docs/muon.md has the details.
 
 #include <fogo/matrix_optimizer.h>
+#include <fogo/muon_options.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 #include <fogo/step_shard.h>
@@ -36,11 +37,6 @@
 
 namespace fogo {
 
-enum class MuonAdjustLR : int64_t {
-  Original = 0,       ///< lr * sqrt(max(1, A / B))   (Keller Jordan's Muon; PyTorch default)
-  MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
-};
-
 /// lr scaled for a matrix of A rows and B columns: (lr f1) f2 with (f1, f2) the factors below,
 /// so that a learning rate read on the device (muon_update) rounds as this one does.
 double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
@@ -49,53 +45,6 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
 /// sqrt(max(A, B))).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
 
-struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
-  MuonOptions(double lr = 1e-3);
-  using coefficients_t = std::tuple<double, double, double>;
-  TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(double, weight_decay) = 0.1;
-  TORCH_ARG(double, momentum) = 0.95;
-  TORCH_ARG(bool, nesterov) = true;
-  TORCH_ARG(coefficients_t, ns_coefficients) = kQuintic;  ///< or kCubic (newton_schulz.h)
-  TORCH_ARG(double, eps) = 1e-7;
-  TORCH_ARG(int64_t, ns_steps) = 5;
-  TORCH_ARG(MuonAdjustLR, adjust_lr) = MuonAdjustLR::Original;
-  /// Newton–Schulz compute dtype: kBFloat16 (PyTorch) or kFloat32.
-  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::kBFloat16;
-  /// Reject N-D (conv) weights the way torch.optim.Muon does instead of flattening them.
-  TORCH_ARG(bool, strict_2d) = false;
-  /// A gradient holding NaN/Inf or with a norm where the update's arithmetic overflows: Raise
-  /// naming the parameter (one host sync per step), Skip the step, Mask it on the device (no
-  /// sync: the parameters and momentum buffers keep their bits), or Unchecked (no check, as
-  /// torch.optim.Muon). nonfinite.h.
-  TORCH_ARG(NonFinitePolicy, nonfinite) = NonFinitePolicy::Raise;
-  /// Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), or
-  /// Gram where a cost model says it is cheaper for the shape (Auto); newton_schulz.h.
-  TORCH_ARG(NSForm, ns_form) = NSForm::Plain;
-  /// Gram form: iterations between re-formings of the Gram matrix (0: never).
-  TORCH_ARG(int64_t, ns_gram_restart) = 3;
-  /// Per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,
-  /// torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace
-  /// ns_coefficients.
-  TORCH_ARG(int64_t, ns_schedule) = kNSConstant;
-  /// CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning
-  /// rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly).
-  TORCH_ARG(bool, cuda_graph) = false;
-
- public:
-  void serialize(torch::serialize::InputArchive& archive) override;
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  double get_lr() const override;
-  void set_lr(const double lr) override;
-  /// Throws naming the first invalid option.
-  void validate() const;
-  /// Every option equal.
-  friend bool operator==(const MuonOptions& a, const MuonOptions& b);
-};
-
-/// torch.optim.Muon's Newton–Schulz of `o` (X0 = U / max(|U|_F, eps)): what Muon's step runs,
-/// for code that orthogonalizes outside it (the Python package's sharded FSDP2 step).
-NSConfig ns_config(const MuonOptions& o);
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);

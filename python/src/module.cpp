@@ -170,25 +170,6 @@ using Plain = std::decay_t<T>;
 // ---------------------------------------------------------------------------------------------
 // The options tables, per optimizer: names, defaults, dict <-> options.
 
-// MuonOptions has no X-macro table; its fields are listed once here (a test compares the list
-// with MuonOptions::serialize's keys).
-#define FOGO_PY_MUON_OPTIONS(X) \
-  X(lr)                         \
-  X(weight_decay)               \
-  X(momentum)                   \
-  X(nesterov)                   \
-  X(ns_coefficients)            \
-  X(eps)                        \
-  X(ns_steps)                   \
-  X(adjust_lr)                  \
-  X(ns_dtype)                   \
-  X(strict_2d)                  \
-  X(nonfinite)                  \
-  X(ns_form)                    \
-  X(ns_gram_restart)            \
-  X(ns_schedule)                \
-  X(cuda_graph)
-
 // A parameter's state tensor `key` from a Python dict, with a message naming what is missing.
 at::Tensor tensor_item(const char* optimizer, const py::dict& d, const char* key) {
   if (!d.contains(key))
@@ -254,16 +235,17 @@ struct MuonTraits {
 
   static py::dict to_dict(const Options& o) {
     py::dict d;
-#define FOGO_PY_TO(field) d[muon_key(#field)] = Convert<Plain<decltype(o.field())>>::to(o.field());
-    FOGO_PY_MUON_OPTIONS(FOGO_PY_TO)
+#define FOGO_PY_TO(T, field, ...) \
+  d[muon_key(#field)] = Convert<Plain<decltype(o.field())>>::to(o.field());
+    FOGO_MUON_OPTIONS(FOGO_PY_TO)
 #undef FOGO_PY_TO
     return d;
   }
   static Options from_dict(const py::dict& d, Options o) {
-#define FOGO_PY_FROM(field)         \
+#define FOGO_PY_FROM(T, field, ...) \
   if (d.contains(muon_key(#field))) \
     o.field(Convert<Plain<decltype(o.field())>>::from(d[muon_key(#field)], name, muon_key(#field)));
-    FOGO_PY_MUON_OPTIONS(FOGO_PY_FROM)
+    FOGO_MUON_OPTIONS(FOGO_PY_FROM)
 #undef FOGO_PY_FROM
     return o;
   }

@@ -1,0 +1,139 @@
+#pragma once
+// MuonOptions: every option of fogo::Muon, defined once in the table below. Each row generates
+// the builder field (TORCH_ARG), its validation, its serialization both ways, its part in
+// operator== and in the checkpoint checksum, the docs table (docs/muon.md) and the Python
+// keyword (python/src/module.cpp). Defaults are torch.optim.Muon's.
+
+#include <fogo/newton_schulz.h>
+#include <fogo/nonfinite.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+namespace fogo {
+
+enum class MuonAdjustLR : int64_t {
+  Original = 0,       ///< lr * sqrt(max(1, A / B))   (Keller Jordan's Muon; PyTorch default)
+  MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
+};
+
+namespace detail {
+class Checksum;
+}
+
+/// The valid values of an option (the table's `valid` column); MuonOptions::validate checks each.
+namespace option_rules {
+struct Any {};  ///< every value
+struct Range {  ///< finite and in [lo, hi]
+  double lo, hi;
+};
+struct Positive {};  ///< finite and > 0
+struct Finite {};    ///< every element finite (a tuple of numbers)
+struct Known {};     ///< is_known(value) (nonfinite.h)
+template <class T, size_t N>
+struct OneOf {  ///< one of `values`
+  std::array<T, N> values;
+};
+constexpr Any any() { return {}; }
+constexpr Range range(double lo, double hi) { return {lo, hi}; }
+constexpr Positive positive() { return {}; }
+constexpr Finite finite() { return {}; }
+constexpr Known known() { return {}; }
+template <class T, class... U>
+constexpr OneOf<T, 1 + sizeof...(U)> one_of(T first, U... rest) {
+  return {{first, rest...}};
+}
+}  // namespace option_rules
+
+/// How an option travels in a checkpoint (the table's last column):
+enum class MuonArchived {
+  /// In every Muon checkpoint: an archive without it is no Muon checkpoint.
+  Always,
+  /// Added later: an older checkpoint lacks it, and the option keeps its value.
+  Added,
+  /// Added after the checkpoints' checksum: as Added, and it enters the checksum only when it
+  /// differs from its default, so that checkpoints written before it still verify. Every option
+  /// added from now on is one.
+  AddedAfterChecksum,
+};
+
+// clang-format off
+/// X(type, name, default, valid values, stored). The rows' order is the checksum's: a row
+/// reordered would make every checkpoint written before fail its checksum, and a new row goes
+/// last, as AddedAfterChecksum.
+#define FOGO_MUON_OPTIONS(X)                                                                       \
+  X(double,          lr,              1e-3,                   range(0.0, INFINITY), Always)        \
+  /* decoupled, with the unadjusted lr */                                                          \
+  X(double,          weight_decay,    0.1,                    range(0.0, INFINITY), Always)        \
+  X(double,          momentum,        0.95,                   range(0.0, 1.0), Always)             \
+  X(bool,            nesterov,        true,                   any(), Always)                       \
+  /* or kCubic (newton_schulz.h) */                                                                \
+  X(coefficients_t,  ns_coefficients, kQuintic,               finite(), Always)                    \
+  /* X0 = U / max(|U|_F, eps) */                                                                   \
+  X(double,          eps,             1e-7,                   positive(), Always)                  \
+  X(int64_t,         ns_steps,        5,                      range(0, 99), Always)                \
+  X(MuonAdjustLR,    adjust_lr,       MuonAdjustLR::Original,                                      \
+    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), Always)                           \
+  /* Newton–Schulz compute dtype: bf16 (PyTorch) or fp32 */                                        \
+  X(c10::ScalarType, ns_dtype,        c10::kBFloat16,                                              \
+    one_of(c10::kBFloat16, c10::kFloat), Always)                                                   \
+  /* refuse N-D (conv) weights as torch.optim.Muon does, instead of taking their matrix view */    \
+  X(bool,            strict_2d,       false,                  any(), Always)                       \
+  /* a gradient holding NaN/Inf or with a norm where the update's arithmetic overflows: Raise      \
+     naming the parameter (one host sync per step), Skip the step, Mask it on the device (no       \
+     sync: the parameters and momentum buffers keep their bits), or Unchecked (no check, as        \
+     torch.optim.Muon); nonfinite.h. Older checkpoints hold check_finite instead */                \
+  X(NonFinitePolicy, nonfinite,       NonFinitePolicy::Raise, known(), Added)                      \
+  /* Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), or     \
+     Gram where a cost model says it is cheaper for the shape (Auto); newton_schulz.h */           \
+  X(NSForm,          ns_form,         NSForm::Plain,                                               \
+    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto), Added)                                      \
+  /* Gram form: iterations between re-formings of the Gram matrix (0: never) */                    \
+  X(int64_t,         ns_gram_restart, 3,                      range(0, INFINITY), Added)           \
+  /* CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning    \
+     rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly) */    \
+  X(bool,            cuda_graph,      false,                  any(), Added)                        \
+  /* per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,       \
+     torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace                \
+     ns_coefficients */                                                                            \
+  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), AddedAfterChecksum)
+// clang-format on
+
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  using coefficients_t = std::tuple<double, double, double>;
+  MuonOptions(double lr = 1e-3);
+
+#define FOGO_DECLARE_MUON_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;
+  FOGO_MUON_OPTIONS(FOGO_DECLARE_MUON_OPTION)
+#undef FOGO_DECLARE_MUON_OPTION
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+  /// Throws naming the first invalid option.
+  void validate() const;
+  /// Every option equal.
+  friend bool operator==(const MuonOptions& a, const MuonOptions& b);
+  /// Adds every option to `sum` in table order (an AddedAfterChecksum one only when it is not
+  /// at its default): the options' part of a Muon checkpoint's checksum.
+  void add_to_checksum(detail::Checksum& sum) const;
+};
+
+/// Every option of the table as a Markdown table (option | default | valid values | how it
+/// travels in a checkpoint), in table order: docs/muon.md holds this text, and a test keeps the two
+/// equal.
+std::string muon_options_markdown();
+
+/// torch.optim.Muon's Newton–Schulz of `o` (X0 = U / max(|U|_F, eps)): what Muon's step runs,
+/// for code that orthogonalizes outside it (the Python package's sharded FSDP2 step).
+NSConfig ns_config(const MuonOptions& o);
+
+}  // namespace fogo
