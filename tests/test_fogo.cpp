@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <regex>
 #include <sstream>
 #include <type_traits>
 
@@ -764,13 +767,7 @@ TEST(FOGO, WorksInTheHybridWithShapeGroupsAndSchedulers) {
 }
 
 TEST(FOGOPresets, MatchThePapersTable) {
-  for (const auto& o :
-       {fogo::presets::class_imbalanced_backbone(), fogo::presets::class_imbalanced_head(),
-        fogo::presets::domain_il_backbone(), fogo::presets::domain_il_head(),
-        fogo::presets::class_il_backbone(), fogo::presets::class_il_head_fc(),
-        fogo::presets::class_il_classifier(), fogo::presets::gpt2(), fogo::presets::lora()}) {
-    EXPECT_NO_THROW(o.validate());
-  }
+  for (const auto& p : fogo::presets::table) EXPECT_NO_THROW(p.options().validate()) << p.name;
   const auto gpt2 = fogo::presets::gpt2();
   EXPECT_EQ(gpt2.codebook_size(), 256);
   EXPECT_EQ(gpt2.proj_dim(), 512);
@@ -839,18 +836,62 @@ TEST(FOGOPresets, EveryOptionAsRecorded) {
   const std::string recorded((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   std::string now;
-  for (const auto& [name, o] : std::vector<std::pair<std::string, fogo::FOGOOptions>>{
-           {"class_imbalanced_backbone", fogo::presets::class_imbalanced_backbone()},
-           {"class_imbalanced_head", fogo::presets::class_imbalanced_head()},
-           {"domain_il_backbone", fogo::presets::domain_il_backbone()},
-           {"domain_il_head", fogo::presets::domain_il_head()},
-           {"class_il_backbone", fogo::presets::class_il_backbone()},
-           {"class_il_head_fc", fogo::presets::class_il_head_fc()},
-           {"class_il_classifier", fogo::presets::class_il_classifier()},
-           {"gpt2", fogo::presets::gpt2()},
-           {"lora", fogo::presets::lora()}})
-    now += preset_text(name, o);
+  for (const auto& p : fogo::presets::table) now += preset_text(p.name, p.options());
   EXPECT_EQ(now, recorded);
+}
+
+TEST(FOGOPresets, ByNameIsTheTablesFunction) {
+  for (const auto& p : fogo::presets::table)
+    EXPECT_TRUE(fogo::presets::by_name(p.name) == p.options()) << p.name;
+  EXPECT_TRUE(fogo::presets::by_name("gpt2") == fogo::presets::gpt2());
+  fogo::test::expect_error(
+      [] { fogo::presets::by_name("gpt3"); },
+      "no preset named 'gpt3' (the presets: class_imbalanced_backbone, class_imbalanced_head,");
+}
+
+TEST(FOGOPresets, ReadmeAndDocsNameTheTablesPresets) {
+  // README lists every preset in one line, fogo::presets::{a, b, ...}: it must be the table,
+  // in its order. Every fogo::presets::x or fogo.presets.x in README and docs/ must be one of
+  // them (or fusion_only, a variant of any preset; or the table's accessors), so a renamed or
+  // removed preset fails here.
+  const auto read = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << path;
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::filesystem::path root = FOGO_TEST_DATA_DIR "/../..";
+  std::vector<std::string> table;
+  for (const auto& p : fogo::presets::table) table.emplace_back(p.name);
+
+  const std::string readme = read(root / "README.md");
+  std::smatch list;
+  ASSERT_TRUE(std::regex_search(readme, list, std::regex(R"(fogo::presets::\{([^}]*)\})")));
+  std::vector<std::string> listed;
+  const std::string names = list[1];
+  const std::regex word(R"([A-Za-z0-9_]+)");
+  for (auto it = std::sregex_iterator(names.begin(), names.end(), word);
+       it != std::sregex_iterator(); ++it)
+    listed.push_back(it->str());
+  EXPECT_EQ(listed, table) << "README.md's fogo::presets::{...} is not FOGO_PRESETS";
+
+  std::vector<std::filesystem::path> pages = {root / "README.md"};
+  for (const auto& entry : std::filesystem::directory_iterator(root / "docs"))
+    if (entry.path().extension() == ".md") pages.push_back(entry.path());
+  const std::regex mention(R"(presets(::|\.)([A-Za-z_][A-Za-z0-9_]*))");
+  size_t mentions = 0;
+  for (const auto& page : pages) {
+    const std::string text = read(page);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), mention);
+         it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[2];
+      if (name == "fusion_only" || name == "table" || name == "by_name" || name == "__all__")
+        continue;
+      ++mentions;
+      EXPECT_NE(std::find(table.begin(), table.end(), name), table.end())
+          << page.filename() << " names a preset '" << name << "' that FOGO_PRESETS lacks";
+    }
+  }
+  EXPECT_GT(mentions, 3u);  // the pattern does find the pages' mentions
 }
 
 // ---------------------------------------------------------------------------------------------

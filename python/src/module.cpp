@@ -712,18 +712,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
 
-  py::dict presets;
-  presets["class_imbalanced_backbone"] =
-      FOGOTraits::to_dict(fogo::presets::class_imbalanced_backbone());
-  presets["class_imbalanced_head"] = FOGOTraits::to_dict(fogo::presets::class_imbalanced_head());
-  presets["domain_il_backbone"] = FOGOTraits::to_dict(fogo::presets::domain_il_backbone());
-  presets["domain_il_head"] = FOGOTraits::to_dict(fogo::presets::domain_il_head());
-  presets["class_il_backbone"] = FOGOTraits::to_dict(fogo::presets::class_il_backbone());
-  presets["class_il_head_fc"] = FOGOTraits::to_dict(fogo::presets::class_il_head_fc());
-  presets["class_il_classifier"] = FOGOTraits::to_dict(fogo::presets::class_il_classifier());
-  presets["gpt2"] = FOGOTraits::to_dict(fogo::presets::gpt2());
-  presets["lora"] = FOGOTraits::to_dict(fogo::presets::lora());
-  m.attr("presets") = presets;
+  // The presets, from their one table (FOGO_PRESETS); python/fogo/presets.py is made from it.
+  m.def("preset_table", [] {
+    py::list rows;
+    for (const auto& p : fogo::presets::table) rows.append(py::make_tuple(p.name, p.description));
+    return rows;
+  });
+  m.def(
+      "preset",
+      [](const std::string& name) { return FOGOTraits::to_dict(fogo::presets::by_name(name)); },
+      py::arg("name"));
 
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
   // Owner-computes for sharded (DTensor) parameters (fogo/optim.py): the owner rank of a matrix

@@ -280,6 +280,12 @@ def test_presets():
         "lora"}
     opt = fogo.FOGO([torch.zeros(4, 4, requires_grad=True)], **fogo.presets.lora())
     assert opt.param_groups[0]["lambda_prox"] == 0.8
+    # The module's names are those of the C++ table (FOGO_PRESETS), each a fresh dict.
+    assert fogo.presets.__all__ == sorted(name for name, _ in fogo._C.preset_table())
+    assert fogo.presets.gpt2() is not fogo.presets.gpt2()
+    assert "LoRA" in fogo.presets.lora.__doc__
+    with pytest.raises(ValueError, match="no preset named 'gpt3'"):
+        fogo._C.preset("gpt3")
 
 
 def test_hybrid_param_groups():
