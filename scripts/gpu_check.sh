@@ -92,6 +92,8 @@ pack() {
   if [ -d "$build/python/fogo" ] && compgen -G "$build/python/fogo/_C*.so" >/dev/null; then
     cp -rL "$build/python/fogo" "$carry/python/"
     rm -rf "$carry/python/fogo/__pycache__"
+    # fogo._C and the tests' fogo._testing (built with the tests), xz-compressed as the binaries.
+    xz -T2 -6 -f "$carry"/python/fogo/*.so || die "pack: xz failed"
   else
     echo "pack: no Python module in $build/python/fogo: the GPU's pytest step will say so" >&2
   fi
@@ -190,10 +192,10 @@ environment() {
   cudalib=$(cd "$torchlib/../../nvidia/cu13/lib" 2>/dev/null && pwd) ||
     die "no nvidia/cu13/lib beside $torchlib: not a CUDA 13 torch wheel"
   export LD_LIBRARY_PATH="$torchlib:$cudalib:$root/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # Binaries carried xz-compressed (pack): unpacked once, in place.
-  "$python" - "$bin" <<'PY' || die "cannot unpack the binaries in $bin"
+  # Binaries and the Python modules carried xz-compressed (pack): unpacked once, in place.
+  "$python" - "$bin" "$root/$carry/python/fogo" <<'PY' || die "cannot unpack the binaries in $bin"
 import glob, lzma, os, sys
-for packed in glob.glob(os.path.join(sys.argv[1], "*.xz")):
+for packed in [p for folder in sys.argv[1:] for p in glob.glob(os.path.join(folder, "*.xz"))]:
     with lzma.open(packed) as src, open(packed[:-3], "wb") as dst:
         dst.write(src.read())
     os.chmod(packed[:-3], 0o755)

@@ -79,7 +79,8 @@ bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table).
+// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table), one function per
+// row of FOGO_PRESETS (fogo_options.h), which declares them.
 
 namespace presets {
 
@@ -209,6 +210,16 @@ FOGOOptions lora() {
       .gamma_lt(1.0)
       .freeze_per_task(23)
       .lambda_prox(0.8);
+}
+
+FOGOOptions by_name(std::string_view name) {
+  std::string known;
+  for (const Preset& p : table) {
+    if (name == p.name) return p.options();
+    known += std::string(known.empty() ? "" : ", ") + p.name;
+  }
+  TORCH_CHECK_VALUE(false, "fogo::presets: no preset named '", name, "' (the presets: ", known,
+                    ")");
 }
 
 FOGOOptions fusion_only(FOGOOptions base) { return base.fusion_only(true); }

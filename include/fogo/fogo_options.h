@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 namespace fogo {
@@ -119,21 +120,50 @@ std::string options_markdown();
 /// (ALGORITHM.md step 2), the options' coefficients and compute dtype.
 NSConfig ns_config(const FOGOOptions& o, int64_t steps);
 
-/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table).
+// clang-format off
+/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table), one row
+/// each: X(name, what it is for). The only list of them: it declares fogo::presets::name(),
+/// makes fogo::presets::table, and through the table Python's fogo.presets; README's list is
+/// checked against it (tests/test_fogo.cpp). The values are in src/fogo_options.cpp.
+#define FOGO_PRESETS(X)                                                                           \
+  X(class_imbalanced_backbone, "class-imbalanced learning: the backbone's layers")               \
+  X(class_imbalanced_head,     "class-imbalanced learning: the head's layers")                  \
+  X(domain_il_backbone,        "domain-incremental learning: the backbone's layers")             \
+  X(domain_il_head,            "domain-incremental learning: the heads")                         \
+  X(class_il_backbone,         "class-incremental learning: the backbone's layers")              \
+  X(class_il_head_fc,          "class-incremental learning: the intermediate head FC")           \
+  X(class_il_classifier,       "class-incremental learning: the classifier")                     \
+  X(gpt2,                      "GPT-2 pretraining: the transformer's matrices")                  \
+  X(lora,                      "LoRA-MoE fine-tuning (LLaVA): the LoRA matrices")
+// clang-format on
+
 namespace presets {
-FOGOOptions class_imbalanced_backbone();
-FOGOOptions class_imbalanced_head();
-FOGOOptions domain_il_backbone();
-FOGOOptions domain_il_head();
-FOGOOptions class_il_backbone();
-FOGOOptions class_il_head_fc();
-FOGOOptions class_il_classifier();
-FOGOOptions gpt2();
-FOGOOptions lora();
+#define FOGO_DECLARE_PRESET(name, description) FOGOOptions name();
+FOGO_PRESETS(FOGO_DECLARE_PRESET)
+#undef FOGO_DECLARE_PRESET
+
+/// A row of FOGO_PRESETS: its name, what it is for, and the function that makes its options.
+struct Preset {
+  const char* name;
+  const char* description;
+  FOGOOptions (*options)();
+};
+
+/// Every preset, in FOGO_PRESETS' order.
+inline constexpr Preset table[] = {
+#define FOGO_PRESET_ROW(name, description) {#name, description, &name},
+    FOGO_PRESETS(FOGO_PRESET_ROW)
+#undef FOGO_PRESET_ROW
+};
+
+/// The options of the preset called `name`; an error listing the presets if there is none.
+FOGOOptions by_name(std::string_view name);
+
 /// `base` as a fusion-only FOGO (option fusion_only): the slow and fast streams, each through
 /// Newton–Schulz, fused row by row by slerp in parameter space, RMS-scaled; no projection,
 /// codebook, short- or long-term filter or lift is built or run. For the question "does the
-/// memory earn its cost" (docs/results.md): the memory-free part of FOGO at its own cost.
+/// memory earn its cost" (docs/results.md): the memory-free part of FOGO at its own cost. A
+/// variant of any preset, not a preset (not in FOGO_PRESETS).
 FOGOOptions fusion_only(FOGOOptions base = gpt2());
 }  // namespace presets
 

@@ -574,59 +574,6 @@ py::dict memory(const fogo::FOGO& opt, size_t group) {
   return d;
 }
 
-// A trajectory computed by C++ alone, for the tests: a fresh optimizer of `kind` over copies of
-// `groups` ((params, options) pairs), stepped with grads[t][g][i] at step t; task boundaries
-// (FOGO) before the steps listed in `boundaries`, and each group's lr multiplied by
-// lr_factors[t] at step t when given. Returns the parameters after every step.
-std::vector<std::vector<at::Tensor>> cpp_trajectory(
-    const std::string& kind,
-    const std::vector<std::pair<std::vector<at::Tensor>, py::dict>>& groups,
-    const std::vector<std::vector<std::vector<at::Tensor>>>& grads,
-    const std::vector<int64_t>& boundaries, const std::vector<double>& lr_factors) {
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  std::vector<at::Tensor> all;
-  std::vector<double> base_lr;
-  for (const auto& [params, options] : groups) {
-    std::vector<at::Tensor> copies;
-    for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_(true));
-    all.insert(all.end(), copies.begin(), copies.end());
-    if (kind == "FOGO") {
-      auto o = Bound<FOGOTraits>::options_from(options);
-      base_lr.push_back(o.lr());
-      param_groups.emplace_back(copies, std::make_unique<fogo::FOGOOptions>(o));
-    } else {
-      auto o = Bound<MuonTraits>::options_from(options);
-      base_lr.push_back(o.lr());
-      param_groups.emplace_back(copies, std::make_unique<fogo::MuonOptions>(o));
-    }
-  }
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (kind == "FOGO")
-    opt = std::make_unique<fogo::FOGO>(param_groups);
-  else if (kind == "Muon")
-    opt = std::make_unique<fogo::Muon>(param_groups);
-  else
-    throw py::value_error("cpp_trajectory: kind must be 'FOGO' or 'Muon'");
-  py::gil_scoped_release no_gil;
-  std::vector<std::vector<at::Tensor>> out;
-  for (size_t t = 0; t < grads.size(); ++t) {
-    if (std::find(boundaries.begin(), boundaries.end(), static_cast<int64_t>(t)) !=
-        boundaries.end())
-      static_cast<fogo::FOGO&>(*opt).task_boundary();
-    for (size_t g = 0; g < param_groups.size(); ++g) {
-      if (t < lr_factors.size())
-        opt->param_groups()[g].options().set_lr(base_lr[g] * lr_factors[t]);
-      const auto& params = opt->param_groups()[g].params();
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[t][g][i].clone();
-    }
-    opt->step();
-    std::vector<at::Tensor> now;
-    for (const auto& p : all) now.push_back(p.detach().clone());
-    out.push_back(std::move(now));
-  }
-  return out;
-}
-
 std::vector<std::string> archive_option_keys(const torch::optim::OptimizerOptions& o) {
   torch::serialize::OutputArchive out;
   o.serialize(out);
@@ -662,6 +609,10 @@ py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
 
 }  // namespace
 
+// fogo._testing (python/tests/testing_module.cpp) compiles this file for the conversions above,
+// without this module.
+#ifndef FOGO_PY_CONVERSIONS_ONLY
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fogo's C++ optimizers (use fogo.FOGO and fogo.Muon)";
 
@@ -694,18 +645,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
 
-  py::dict presets;
-  presets["class_imbalanced_backbone"] =
-      FOGOTraits::to_dict(fogo::presets::class_imbalanced_backbone());
-  presets["class_imbalanced_head"] = FOGOTraits::to_dict(fogo::presets::class_imbalanced_head());
-  presets["domain_il_backbone"] = FOGOTraits::to_dict(fogo::presets::domain_il_backbone());
-  presets["domain_il_head"] = FOGOTraits::to_dict(fogo::presets::domain_il_head());
-  presets["class_il_backbone"] = FOGOTraits::to_dict(fogo::presets::class_il_backbone());
-  presets["class_il_head_fc"] = FOGOTraits::to_dict(fogo::presets::class_il_head_fc());
-  presets["class_il_classifier"] = FOGOTraits::to_dict(fogo::presets::class_il_classifier());
-  presets["gpt2"] = FOGOTraits::to_dict(fogo::presets::gpt2());
-  presets["lora"] = FOGOTraits::to_dict(fogo::presets::lora());
-  m.attr("presets") = presets;
+  // The presets, from their one table (FOGO_PRESETS); python/fogo/presets.py is made from it.
+  m.def("preset_table", [] {
+    py::list rows;
+    for (const auto& p : fogo::presets::table) rows.append(py::make_tuple(p.name, p.description));
+    return rows;
+  });
+  m.def(
+      "preset",
+      [](const std::string& name) { return FOGOTraits::to_dict(fogo::presets::by_name(name)); },
+      py::arg("name"));
 
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
   // Owner-computes for sharded (DTensor) parameters (fogo/optim.py): the owner rank of a matrix
@@ -747,7 +696,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   });
-  m.def("cpp_trajectory", &cpp_trajectory, py::arg("kind"), py::arg("groups"), py::arg("grads"),
-        py::arg("boundaries") = std::vector<int64_t>{},
-        py::arg("lr_factors") = std::vector<double>{});
 }
+
+#endif  // FOGO_PY_CONVERSIONS_ONLY

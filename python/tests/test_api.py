@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fogo
+import fogo._testing  # the C++-only harness, built with the tests (python/CMakeLists.txt)
 from conftest import ROOT, randn
 
 
@@ -187,12 +188,12 @@ def test_lr_scheduler_drives_the_cpp_step(gen):
         opt.step()
         sched.step()
     assert lrs == [0.02, 0.02, 0.01, 0.01, 0.005, 0.005]
-    cpp = fogo._C.cpp_trajectory(
+    cpp = fogo._testing.cpp_trajectory(
         "FOGO", [([w0], {"lr": 0.02, "codebook_size": 4, "proj_dim": 4})],
         [[[g]] for g in grads], lr_factors=[x / 0.02 for x in lrs])
     assert torch.equal(w.detach(), cpp[-1][0])
     # A constant lr gives another trajectory: the scheduler's values did reach C++.
-    const = fogo._C.cpp_trajectory(
+    const = fogo._testing.cpp_trajectory(
         "FOGO", [([w0], {"lr": 0.02, "codebook_size": 4, "proj_dim": 4})], [[[g]] for g in grads])
     assert not torch.equal(w.detach(), const[-1][0])
 
@@ -280,6 +281,12 @@ def test_presets():
         "lora"}
     opt = fogo.FOGO([torch.zeros(4, 4, requires_grad=True)], **fogo.presets.lora())
     assert opt.param_groups[0]["lambda_prox"] == 0.8
+    # The module's names are those of the C++ table (FOGO_PRESETS), each a fresh dict.
+    assert fogo.presets.__all__ == sorted(name for name, _ in fogo._C.preset_table())
+    assert fogo.presets.gpt2() is not fogo.presets.gpt2()
+    assert "LoRA" in fogo.presets.lora.__doc__
+    with pytest.raises(ValueError, match="no preset named 'gpt3'"):
+        fogo._C.preset("gpt3")
 
 
 def test_hybrid_param_groups():

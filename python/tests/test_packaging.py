@@ -8,6 +8,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 
 import pytest
 
@@ -36,6 +37,10 @@ def test_wheel_builds_installs_and_imports(tmp_path):
         check=True, env=env, timeout=1500)
     (wheel,) = wheels.glob("fogo-*.whl")
     assert "cp3" in wheel.name and "linux_x86_64" in wheel.name
+    # fogo._C is in it, the tests' harness module fogo._testing is not (python/CMakeLists.txt).
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("fogo/_C.") for n in names), names
+    assert not any("_testing" in n for n in names), names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
@@ -47,8 +52,10 @@ def test_wheel_builds_installs_and_imports(tmp_path):
     subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
                     "-q", str(wheel)], check=True, env=env)
     script = textwrap.dedent("""
-        import torch, fogo
+        import importlib.util, torch, fogo
         print(fogo.__file__)
+        assert importlib.util.find_spec("fogo._testing") is None
+        assert not hasattr(fogo._C, "cpp_trajectory")
         w = torch.randn(8, 8, requires_grad=True)
         opt = fogo.FOGO([w], codebook_size=4, proj_dim=4)
         w.grad = torch.ones(8, 8)

@@ -1,11 +1,13 @@
 """fogo.FOGO / fogo.Muon (Python, param groups synced into C++ every step) against the same
-optimizer driven by a loop in C++ alone (fogo._C.cpp_trajectory): the same parameters after every
-step, bit for bit, with several groups, per-group options, a changing lr and task boundaries."""
+optimizer driven by a loop in C++ alone (fogo._testing.cpp_trajectory): the same parameters after
+every step, bit for bit, with several groups, per-group options, a changing lr and task
+boundaries."""
 
 import pytest
 import torch
 
 import fogo
+import fogo._testing  # the C++-only harness, built with the tests (python/CMakeLists.txt)
 from conftest import randn
 
 
@@ -51,7 +53,7 @@ def test_fogo_python_equals_cpp(gen):
     grads = make_grads(gen, shapes, 8)
     boundaries, factors = [4], [1.0, 1.0, 0.5, 0.5, 0.25, 1.0, 2.0, 1.0]
     py = run_python(fogo.FOGO, groups, grads, boundaries, factors)
-    cpp = fogo._C.cpp_trajectory("FOGO", groups, grads, boundaries, factors)
+    cpp = fogo._testing.cpp_trajectory("FOGO", groups, grads, boundaries, factors)
     assert_same_trajectory(py, cpp)
     # And the optimizer did move the parameters (by different amounts per lr).
     assert not torch.equal(py[-1][0], groups[0][0][0])
@@ -66,7 +68,7 @@ def test_muon_python_equals_cpp(gen):
     grads = make_grads(gen, shapes, 5)
     factors = [1.0, 0.5, 0.1, 1.0, 3.0]
     assert_same_trajectory(run_python(fogo.Muon, groups, grads, lr_factors=factors),
-                           fogo._C.cpp_trajectory("Muon", groups, grads, lr_factors=factors))
+                           fogo._testing.cpp_trajectory("Muon", groups, grads, lr_factors=factors))
 
 
 def test_steps_use_the_same_tensors(gen):
