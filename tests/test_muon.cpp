@@ -706,7 +706,7 @@ TEST(MuonOptions, EveryOptionRoundTripsComparesAndIsSummed) {
   const MuonOptions defaults;
   const int64_t default_sum = checkpoint(defaults).second;
   const std::vector<Row> table = rows();
-  EXPECT_EQ(table.size(), 15u);
+  ASSERT_GE(table.size(), 15u);  // every row of today, and any added later
   for (const Row& row : table) {
     SCOPED_TRACE(row.name);
     MuonOptions changed = defaults;
