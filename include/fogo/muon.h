@@ -45,7 +45,6 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
 /// sqrt(max(A, B))).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
 
-
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);
 
