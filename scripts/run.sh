@@ -15,10 +15,9 @@
 # sweep's test stage.
 # Evaluates on the full Fashion-MNIST test set (10,000 images; --test-per-class 0 = all): 8
 # evaluations of 10,000 images per run instead of 1,000, about 2.5x the forward passes of the
-# 168 training steps: each run took 140-150 s of wall time on 2026-11-25 on a shared, loaded
-# 2-core machine (two runs at a time beside other engineers' builds; not timed on an idle
-# machine, where the old 1,000-image version took 17-21 s per run). --eval-every 42 halves the
-# evaluations if that is too long.
+# 168 training steps: on an idle 2-core AMD EPYC the whole job took 8 min 34 s (56-58 s per
+# run; 2026-11-26, docs/results.md "The main job as it is now"); under load each run took 140-150
+# s. --eval-every 42 halves the evaluations if that is too long.
 # Prints the mean ± sd table (with the machine and the wall time per run), Welch's t-test between
 # every two optimizers on every metric with Holm-adjusted p over that table and the smallest
 # difference the seeds can detect, and ends with a plain sentence on the headline metric (acc)
