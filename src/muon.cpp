@@ -240,9 +240,12 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
                         const at::Tensor& device_lr) {
   const auto& o = options(g);
   const std::vector<at::Tensor> bufs = buffers(params);
-  std::vector<at::Tensor> changed = params;  // Mask: what the step changes
-  changed.insert(changed.end(), bufs.begin(), bufs.end());
-  const detail::MaskScope keep(ok, changed);
+  std::vector<at::Tensor> changed;  // Mask: what the step changes (nothing to copy without it)
+  if (ok.defined()) {
+    changed = params;
+    changed.insert(changed.end(), bufs.begin(), bufs.end());
+  }
+  const detail::MaskScope keep(ok, std::move(changed));
   std::vector<size_t> order;
   std::vector<MuonUpdateItem> updates;  // each (owned) parameter with its orthogonalized momentum
   for (const auto& [begin, end] : shape_runs(params, order)) {
