@@ -15,9 +15,14 @@
 # sweep's test stage.
 # Evaluates on the full Fashion-MNIST test set (10,000 images; --test-per-class 0 = all): 8
 # evaluations of 10,000 images per run instead of 1,000, about 2.5x the forward passes of the
-# 168 training steps: on an idle 2-core AMD EPYC the whole job took 8 min 34 s (56-58 s per
-# run; 2026-11-26, docs/results.md "The main job as it is now"); under load each run took 140-150
-# s. --eval-every 42 halves the evaluations if that is too long.
+# 168 training steps; one run takes about a minute on one core. So that the job takes a few
+# minutes, the three optimizers train as three processes at once (one torch thread each; on 2
+# cores about 4-5 min in all), each into runs/main.parts/<optimizer>; their finished runs are then
+# moved into runs/main and joined by the same command with --resume, which reloads them (the
+# runs are deterministic on one machine, so the table is the one a single process prints: the
+# same bits, checked in docs/results.md) and reports each run's own wall time (kept in its
+# checkpoint). With extra arguments the job runs as one process (they may change which runs
+# there are).
 # Prints the mean ± sd table (with the machine and the wall time per run), Welch's t-test between
 # every two optimizers on every metric with Holm-adjusted p over that table and the smallest
 # difference the seeds can detect, and ends with a plain sentence on the headline metric (acc)
@@ -31,8 +36,53 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
 cd "$root"
-build/examples/resnet/resnet_train \
-  --scenario class-imbalanced --optimizers fogo,muon,adam --seeds 0,1,2 \
-  --optimizer-lr fogo=6e-3,muon=3e-2,adam=3e-3 \
-  --width 8 --epochs 4 --batch-size 64 --train-per-class 500 --test-per-class 0 \
-  --eval-every 21 --threads 1 --device cpu --out runs/main "$@"
+bin=build/examples/resnet/resnet_train
+out=runs/main
+settings=(--scenario class-imbalanced --seeds 0,1,2 --width 8 --epochs 4 --batch-size 64
+  --train-per-class 500 --test-per-class 0 --eval-every 21 --threads 1 --device cpu)
+lrs=(fogo=6e-3 muon=3e-2 adam=3e-3)
+all=(--optimizers fogo,muon,adam --optimizer-lr "$(IFS=,; echo "${lrs[*]}")")
+
+if [ $# -gt 0 ]; then
+  exec "$bin" "${settings[@]}" "${all[@]}" --out "$out" "$@"
+fi
+
+# Never replace the runs of an earlier job silently (resnet_train itself refuses a run folder
+# that holds a run unless told --resume or --overwrite).
+if compgen -G "$out/*-seed*" > /dev/null; then
+  echo "run.sh: $out holds runs of an earlier job; move it away (or pass --resume or" \
+    "--overwrite: one process)" >&2
+  exit 1
+fi
+start=$(date +%s)
+parts=$out.parts
+rm -rf "$parts"
+mkdir -p "$parts"
+pids=()
+for lr in "${lrs[@]}"; do
+  opt=${lr%%=*}
+  "$bin" "${settings[@]}" --optimizers "$opt" --optimizer-lr "$lr" --out "$parts/$opt" \
+    > "$parts/$opt.log" 2>&1 &
+  pids+=($!)
+done
+echo "training fogo, muon and adam as three processes (logs: $parts/<optimizer>.log) ..."
+failed=0
+for k in "${!pids[@]}"; do
+  opt=${lrs[$k]%%=*}
+  if wait "${pids[$k]}"; then
+    echo "  $opt done after $(($(date +%s) - start)) s"
+  else
+    echo "run.sh: the $opt process failed; the end of $parts/$opt.log:" >&2
+    tail -n 20 "$parts/$opt.log" >&2
+    failed=1
+  fi
+done
+[ "$failed" = 0 ] || exit 1
+mkdir -p "$out"
+for lr in "${lrs[@]}"; do
+  opt=${lr%%=*}
+  mv "$parts/$opt/$opt"-seed* "$out/"
+done
+"$bin" "${settings[@]}" "${all[@]}" --resume --out "$out"
+rm -rf "$parts"
+echo "main job: $(($(date +%s) - start)) s of wall time (three processes on $(nproc) core(s))"

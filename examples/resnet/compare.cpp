@@ -1,6 +1,5 @@
 // run_comparison(): every optimizer x seed of a config, then the mean ± sd table and the plots.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -227,13 +226,6 @@ std::vector<trainer::WelchRow> comparison_tests(const Config& config,
   return trainer::welch_family(metric_groups(config, results));
 }
 
-RunResult timed_train_run(const Config& config, const DataSplit& data, std::ostream& log) {
-  const auto start = std::chrono::steady_clock::now();
-  RunResult r = train_run(config, data, log);
-  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
-
 std::string headline_metric(const std::string& scenario) {
   return scenario == "class-imbalanced" ? "acc" : "AP";
 }
@@ -272,7 +264,7 @@ std::vector<RunResult> run_comparison(const Config& config, std::ostream& out) {
   out << "data: " << data.name << " from " << runs.front().data_dir << " (" << data.train.size()
       << " train, " << data.test.size() << " test images)\n";
   std::vector<RunResult> results;
-  for (const auto& run : runs) results.push_back(timed_train_run(run, data, out));
+  for (const auto& run : runs) results.push_back(train_run(run, data, out));
   if (trainer::DataParallel::process().main()) report_comparison(config, data.name, results, out);
   return results;
 }

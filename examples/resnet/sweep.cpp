@@ -170,7 +170,7 @@ SweepOutcome run_lr_sweep(const Config& config, std::ostream& out) {
     c.eval_split = "test";
     for (const int64_t seed : config.seeds) finals.push_back(resolve(c, opt, seed));
   }
-  for (const auto& c : finals) s.finals.push_back(timed_train_run(c, data, out));
+  for (const auto& c : finals) s.finals.push_back(train_run(c, data, out));
   // Data-parallel, every rank has the same results (rank 0's evaluations); rank 0 writes.
   if (trainer::DataParallel::process().main()) {
     report_comparison(config, data.name, s.finals, out);

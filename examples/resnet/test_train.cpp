@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -543,6 +544,19 @@ TEST_P(Resume, EqualsUninterrupted) {
     EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << k << ": " << a << " vs " << b;
   }
   EXPECT_EQ(straight.x, resumed.x);
+
+  // The wall time is the run's over its sessions, kept in the checkpoint: reloading the finished
+  // run (--resume; how scripts/run.sh joins runs of separate processes) reports it plus the
+  // reload's own seconds, not the reload's alone.
+  const double saved = fogo::trainer::CheckpointReader(ckpt).get_double("wall_seconds");
+  EXPECT_GE(saved, resumed.seconds);  // training time is part of the wall time
+  EXPECT_LE(saved, resumed.wall_seconds);
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult reloaded = train_run(c, data, log);
+  const double reload =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(reloaded.wall_seconds, saved);
+  EXPECT_LE(reloaded.wall_seconds, saved + reload);
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Resume,

@@ -616,6 +616,7 @@ class Run {
     signature().write(w);
     w.put("step", step_);
     w.put("seconds", seconds_);
+    w.put("wall_seconds", wall_seconds());
     w.put("comm_seconds", comm_seconds_);
     w.put("best_rare", best_rare_);
     if (rare_correct_.defined()) w.put_tensor("rare_correct", rare_correct_);
@@ -635,6 +636,9 @@ class Run {
                                " is outside this run's 0.." + std::to_string(total_));
     }
     seconds_ = in.get_double("seconds");
+    // Checkpoints written before 2026-11-26 lack the wall time: their training time, which
+    // counts every evaluation but the last, stands in for it.
+    wall_before_ = in.has("wall_seconds") ? in.get_double("wall_seconds") : seconds_;
     comm_seconds_ = in.has("comm_seconds") ? in.get_double("comm_seconds") : 0.0;
     best_rare_ = in.get_double("best_rare");
     rare_correct_ = in.has("rare_correct") ? in.get_tensor("rare_correct").cpu().to(torch::kBool)
@@ -657,6 +661,7 @@ class Run {
     result_.steps = step_;
     result_.total_steps = total_;
     result_.seconds = seconds_;
+    result_.wall_seconds = wall_seconds();
     result_.R = R_;
     result_.summary = summarize();
     if (dp_.main()) write_result();
@@ -722,6 +727,7 @@ class Run {
     Record r;
     r.set("optimizer", c_.optimizer).set("seed", c_.seed).set("steps", step_);
     r.set("completed", result_.completed()).set("train_seconds", seconds_);
+    r.set("wall_seconds", result_.wall_seconds);
     if (dp_.distributed()) r.set("communication_seconds", comm_seconds_);
     for (size_t k = 0; k < result_.summary.size(); ++k) {
       r.set(result_.summary_names[k], result_.summary[k]);
@@ -729,6 +735,17 @@ class Run {
     trainer::MetricsWriter::create(dir_ + "/result.jsonl").write(r);
   }
 
+  // The run's wall time over all its sessions: set-up, training and evaluations. Kept in the
+  // checkpoint, so that a run resumed or only reloaded (--resume; scripts/run.sh joins runs made
+  // by separate processes that way) reports the time it took, not the reload's.
+  double wall_seconds() const {
+    return wall_before_ +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+  }
+
+  // First member: the session's clock starts before the rest is built.
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  double wall_before_ = 0;  ///< wall time of the earlier sessions (checkpoint)
   Config c_;
   trainer::DataParallel& dp_;
   std::ostream& log_;

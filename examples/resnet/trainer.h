@@ -38,8 +38,8 @@ struct RunResult {
   AccuracyMatrix R;  ///< continual scenarios: R[i][j] in percent (NaN until measured)
   int64_t steps = 0, total_steps = 0;
   double seconds = 0;  ///< training wall time over all sessions of the run
-  /// Wall time of the train_run call that produced this result (training and evaluations;
-  /// set by timed_train_run, 0 otherwise).
+  /// Wall time of the run over all its sessions (set-up, training, evaluations; a session that
+  /// only reloads a finished run adds its own seconds), kept in the checkpoint.
   double wall_seconds = 0;
   bool completed() const { return steps == total_steps; }
 };
@@ -53,9 +53,6 @@ RunResult train_run(const Config& config, const DataSplit& data, std::ostream& l
 /// Holm-adjusted over all of it (summary.md's and sweep.md's table of tests).
 std::vector<trainer::WelchRow> comparison_tests(const Config& config,
                                                 const std::vector<RunResult>& results);
-
-/// train_run, with the call's wall time in RunResult::wall_seconds.
-RunResult timed_train_run(const Config& config, const DataSplit& data, std::ostream& log);
 
 /// The headline metric of a scenario, named before any run (issue 28): the one the printed
 /// verdict judges. class-imbalanced: acc; class-il, domain-il: AP.
