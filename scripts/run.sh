@@ -4,7 +4,7 @@
 # 168 steps; 3 seeds; a few minutes on 2 cores after the build). Each optimizer runs at the
 # learning rate that issue 28's validation sweep chose for exactly these settings, not at the
 # paper's rates, which at this width mostly measure step size. That sweep (docs/results.md,
-# "Re-tuned under issue 28's protocol"; 2026-11-25, commit b6a7e9f) scored an x2 grid centred on
+# "Class-imbalanced, rare classes 4-8"; 2026-11-25, commit b6a7e9f) scored an x2 grid centred on
 # the previous one-seed choices on two seeds per point, extending it at an edge, one optimizer
 # per command (their grids and re-runs are exactly those of the one command):
 #   resnet_train --scenario class-imbalanced --optimizers fogo,muon,adam --seeds 0,1,2 \
@@ -17,12 +17,12 @@
 # evaluations of 10,000 images per run instead of 1,000, about 2.5x the forward passes of the
 # 168 training steps; one run takes about a minute on one core. So that the job takes a few
 # minutes, the three optimizers train as three processes at once (one torch thread each; on 2
-# cores about 4-5 min in all), each into runs/main.parts/<optimizer>; their finished runs are then
-# moved into runs/main and joined by the same command with --resume, which reloads them (the
-# runs are deterministic on one machine, so the table is the one a single process prints: the
-# same bits, checked in docs/results.md) and reports each run's own wall time (kept in its
-# checkpoint). With extra arguments the job runs as one process (they may change which runs
-# there are).
+# idle cores 4 min 25 s in all, 2026-11-26, against 8 min 34 s as one process), each into
+# runs/main.parts/<optimizer>; their finished runs are then moved into runs/main and joined by
+# the same command with --resume, which reloads them (the runs are deterministic on one
+# machine, so the table is the one a single process prints: the same bits, checked in
+# docs/results.md) and reports each run's own wall time (kept in its checkpoint). With extra
+# arguments the job runs as one process (they may change which runs there are).
 # Prints the mean ± sd table (with the machine and the wall time per run), Welch's t-test between
 # every two optimizers on every metric with Holm-adjusted p over that table and the smallest
 # difference the seeds can detect, and ends with a plain sentence on the headline metric (acc)
