@@ -113,18 +113,22 @@ fogo::ProjectedStepParams step_params(bool filter, const StepCase& c) {
 }
 
 // Rows the CUDA path may legitimately decide differently (see the file comment), from the
-// float64 reference's own similarities.
+// float64 reference's own similarities. A zero row (z_i = 0: no query, ALGORITHM.md) takes no
+// part in any decision, though its similarities are all 0 (a "tie" at every threshold): it is
+// never near. (Counting zero rows put 225 of 300 rows near when 3 of 4 rows are zero, past the
+// bound on the rows near a decision whatever the kernels computed.)
 torch::Tensor near_decisions(const torch::Tensor& Ps, const torch::Tensor& Pf,
                              const torch::Tensor& cbar, const torch::Tensor& frozen,
                              const torch::Tensor& nu, const torch::Tensor& rbar,
                              const fogo::ProjectedStepParams& p) {
   const auto z = fogo::slerp_fuse(Ps, Pf, p.xi, p.eps);
+  const auto query = row_norms(z) > 0;  // the reference's valid rows
   const auto sim = fogo::normalize_rows(z, p.eps).mm(cbar.t());
   const auto top = std::get<0>(sim.topk(std::min<int64_t>(2, sim.size(1)), 1));
   const auto cosine = (fogo::normalize_rows(Ps, p.eps) * fogo::normalize_rows(Pf, p.eps)).sum(1);
   auto near = 1 - cosine.abs() < 1e-6;
   if (top.size(1) > 1) near |= (top.select(1, 0) - top.select(1, 1)) < kMargin;
-  if (!p.filter) return near;
+  if (!p.filter) return near & query;
   const double band = p.short_term.eps_st;
   near |= (((sim - band).abs() < kMargin) | ((sim + band).abs() < kMargin)).any(1);
   if (frozen.defined() && frozen.size(0) > 0) {
@@ -135,7 +139,7 @@ torch::Tensor near_decisions(const torch::Tensor& Ps, const torch::Tensor& Pf,
     const auto qt = fogo::normalize_rows(ztilde, p.eps).mm(frozen.t()).abs();
     near |= ((qt - p.long_term.eps_lt).abs() < kMargin).any(1);
   }
-  return near;
+  return near & query;
 }
 
 // Ps with varied row norms, Pf at varied angles to it, and the special rows the kernels must
@@ -180,6 +184,45 @@ void expect_step_parity(const fogo::ProjectedStepResult& got, const fogo::Projec
     EXPECT_NEAR(got.stats[s].item<double>(), ref.stats[s].item<double>(), 1e-6 + flips / R)
         << where << " stat " << s;
   if (!filter) EXPECT_EQ(max_abs(got.stats), 0.0) << where;
+}
+
+// The parity bound's own arithmetic (CPU, float64): zero rows are never near a decision, with or
+// without filtering and even where the +-eps_st bands touch 0; genuine near ties are: an exact
+// argmax tie (the query's first two coordinates equal), a gap of ~1e-7, parallel streams.
+TEST(CudaParityBounds, NearDecisionsLeaveZeroRowsOutAndCountGenuineTies) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  const auto cbar = torch::eye(4, f64).slice(0, 0, 3);          // e0, e1, e2: sim_ij = q_ij
+  const auto Ps = torch::tensor({0.0,        0.0,  0.0,  0.0,   // zero
+                                 1.0,        1.0,  0.3,  0.0,   // exact tie of e0 and e1
+                                 1.0 + 1e-7, 1.0,  0.3,  0.0,   // near tie
+                                 2.0,        0.7,  -0.6, 0.1,   // clear winner, away from the bands
+                                 0.5,        -1.0, 0.2,  0.3},  // parallel streams
+                                f64)
+                      .view({5, 4});
+  auto Pf = torch::tensor({0.0,  0.0, 0.0, 0.0, 1.0,  1.0, -0.3, 0.2, 1.0, 1.0,
+                           -0.3, 0.2, 1.5, 0.9, -0.9, 0.4, 0.0,  0.0, 0.0, 0.0},
+                          f64)
+                .view({5, 4});
+  Pf[4] = Ps[4] * 3.0;
+  const std::vector<bool> want = {false, true, true, false, true};
+  for (const bool filter : {false, true}) {
+    for (const double eps_st : {0.15, 0.0}) {
+      const StepCase c{5, 4, 3, 0, true, "bounds", eps_st, eps_st == 0.0 ? 0.0 : 5.0};
+      const auto p = step_params(filter, c);
+      const auto near =
+          near_decisions(Ps, Pf, cbar, torch::Tensor(), torch::Tensor(), torch::zeros({}, f64), p);
+      for (int64_t i = 0; i < 5; ++i)
+        EXPECT_EQ(near[i].item<bool>(), want[i])
+            << "row " << i << ", filter " << filter << ", eps_st " << eps_st;
+      const auto zero = torch::zeros({6, 4}, f64);
+      EXPECT_EQ(near_decisions(zero, zero, cbar, torch::Tensor(), torch::Tensor(),
+                               torch::zeros({}, f64), p)
+                    .sum()
+                    .item<int64_t>(),
+                0)
+          << "every row zero, filter " << filter << ", eps_st " << eps_st;
+    }
+  }
 }
 
 TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
