@@ -819,16 +819,19 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
 // replayed from a CUDA graph) and Muon (Unchecked; Mask with the NaN step, eager and from a graph).
 // The gradients are made before the mode is set.
 #ifdef FOGO_WITH_CUDA
+// While alive, CUDA's sync debug mode is "error": a synchronisation throws. The mode is
+// process-wide: always restored.
+struct SyncDebugError {
+  SyncDebugError() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncDebugError() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+};
+
 TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
   FOGO_REQUIRE_GPU();
-  struct SyncDebugError {  // the mode is process-wide: always restore it
-    SyncDebugError() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-    }
-    ~SyncDebugError() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    }
-  };
   struct Case {
     bool use_fogo;
     fogo::NonFinitePolicy policy;
@@ -898,6 +901,64 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       EXPECT_EQ(stats.replays, 8);
     }
   }
+}
+
+// Issue 33: Muon's parameters that its update kernel does not take (non-contiguous, fp64; all of
+// them in a build without the kernels) go through the ATen reference, whose decay is the wrapped
+// CPU double on every device: no host-to-device copy (a synchronisation) per parameter, and each
+// parameter decays by fl_T(p fl32(1 - lr wd)) (fp64: in double), not by 1 - lr wd rounded to a
+// bf16 parameter's precision first (0.998 to 0.99609375: twice the decay). Zero gradients make
+// the update the decay alone (O = 0); a contiguous fp32 parameter (the kernel) steps beside them.
+TEST(CudaSync, MuonParametersOffTheKernelDecayByTheWrappedDoubleWithoutSynchronising) {
+  FOGO_REQUIRE_GPU();
+  torch::manual_seed(21);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  const auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
+  std::vector<torch::Tensor> params = {
+      leaf(torch::randn({24, 40}, on_cuda).to(torch::kBFloat16).t()),  // non-contiguous bf16
+      leaf(torch::randn({24, 40}, on_cuda).t()),                       // non-contiguous fp32
+      leaf(torch::randn({40, 24}, on_cuda.dtype(torch::kDouble))),     // fp64
+      leaf(torch::randn({40, 24}, on_cuda))};                          // contiguous fp32
+  ASSERT_FALSE(params[0].is_contiguous());
+  ASSERT_FALSE(params[1].is_contiguous());
+  const double lr = 0.02, wd = 0.1, decay = 1.0 - lr * wd;
+  fogo::Muon opt(
+      params, fogo::MuonOptions(lr).weight_decay(wd).nonfinite(fogo::NonFinitePolicy::Unchecked));
+  const auto decayed = [&](const torch::Tensor& p) {  // what one step with O = 0 gives
+    const auto host = p.detach().cpu();
+    if (host.scalar_type() == torch::kDouble) return host * decay;
+    return (host.to(torch::kFloat) * static_cast<float>(decay)).to(host.scalar_type());
+  };
+  const auto zero_grads = [&] {
+    for (auto& p : params) p.mutable_grad() = torch::zeros_like(p);
+  };
+  const auto expect_decayed = [&](const std::vector<torch::Tensor>& want, const char* when) {
+    for (size_t k = 0; k < params.size(); ++k)
+      EXPECT_TRUE(torch::equal(params[k].detach().cpu(), want[k])) << when << ", parameter " << k;
+  };
+  std::vector<torch::Tensor> want;
+  for (const auto& p : params) want.push_back(decayed(p));
+  zero_grads();
+  opt.step();  // the state is created on the host here
+  expect_decayed(want, "first step");
+  want.clear();
+  for (const auto& p : params) want.push_back(decayed(p));
+  zero_grads();
+  torch::cuda::synchronize();
+  {
+    SyncDebugError mode;
+    EXPECT_NO_THROW(opt.step()) << "a step with zero gradients";
+  }
+  torch::cuda::synchronize();
+  expect_decayed(want, "second step");
+  for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
+  torch::cuda::synchronize();
+  {
+    SyncDebugError mode;
+    EXPECT_NO_THROW(opt.step()) << "a step with gradients";
+  }
+  torch::cuda::synchronize();
+  for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
 }
 
 // FOGOOptions::cuda_graph: steps replayed from a captured graph against the same steps run
