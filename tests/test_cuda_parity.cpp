@@ -22,7 +22,11 @@
 
 #include <cmath>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+#include "fogo/detail/routing.h"
+#include "graphed_step.h"
 #ifdef FOGO_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -718,6 +722,127 @@ TEST(OpsEdges, EmptyItemsAndCodebooksAreAnsweredByTheDispatch) {
                                             {0.9, 0.1, 1e-8, 4}));
   EXPECT_TRUE(book.centroids.is_same(centroids));
   EXPECT_EQ(book.centroids.sizes(), (std::vector<int64_t>{0, 8}));
+}
+
+// The dispatch's routing (fogo/detail/routing.h), which decides per item: each part in the
+// items' order, the results merged back into it; on the CPU every item goes to the reference
+// (counted by ops::routed_items), empty RMS-update items to neither.
+TEST(OpsEdges, EachItemGoesToItsOwnImplementationInItsOrder) {
+  const std::vector<int> items = {0, 1, 2, 3, 4, 5, 6};
+  const auto parts = fogo::detail::split(items, [](int k) { return k % 3 == 1; });
+  EXPECT_EQ(parts.taken, (std::vector<int>{1, 4}));
+  EXPECT_EQ(parts.rest, (std::vector<int>{0, 2, 3, 5, 6}));
+  const auto times10 = [](const std::vector<int>& v) {
+    std::vector<int> out;
+    for (const int k : v) out.push_back(10 * k);
+    return out;
+  };
+  EXPECT_EQ(parts.merge(times10(parts.taken), times10(parts.rest)), times10(items));
+  EXPECT_THROW(parts.merge(times10(parts.rest), times10(parts.taken)), c10::Error);
+  const auto none = fogo::detail::split(std::vector<int>{}, [](int) { return true; });
+  EXPECT_TRUE(none.merge(std::vector<int>{}, std::vector<int>{}).empty());
+  const auto all = fogo::detail::split(items, [](int) { return true; });
+  EXPECT_EQ(all.taken, items);
+  EXPECT_TRUE(all.rest.empty());
+
+  torch::manual_seed(20);
+  const auto before = fogo::ops::routed_items();
+  const auto item = [] {
+    return fogo::RmsUpdateItem{torch::randn({4, 6}), torch::randn({4, 6}), torch::randn({4, 6})};
+  };
+  const fogo::RmsUpdateItem empty{torch::empty({0, 4}), torch::empty({0, 4}), torch::empty({0, 4})};
+  fogo::ops::apply_rms_update({item(), empty, item()}, {0.02, 0.1, 0.2, 1e-8});
+  fogo::ops::muon_update({{torch::randn({4, 6}), torch::zeros({4, 6})}},
+                         {0.02, 0.1, fogo::MuonAdjustLR::Original, {}});
+  const auto after = fogo::ops::routed_items();
+  EXPECT_EQ(after.kernel - before.kernel, 0);
+  EXPECT_EQ(after.reference - before.reference, 3);
+}
+
+// Issue 33: one item the kernels do not take (a non-contiguous or fp64 one) goes to the reference
+// alone; the others still take the kernel, in one call: each item bit for bit what its own path
+// gives it alone, the RMS update's ratios in the items' order, and the routing counted.
+TEST(CudaParity, OneOddItemDoesNotSendItsGroupToTheReference) {
+  FOGO_REQUIRE_KERNELS();
+  torch::manual_seed(22);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  const auto routed_since = [](const fogo::ops::RoutedItems& before) {
+    const auto now = fogo::ops::routed_items();
+    return std::pair{now.kernel - before.kernel, now.reference - before.reference};
+  };
+  const auto odd = size_t{2};  // the index of the odd item in each group of 5
+  // Momenta: a non-contiguous gradient.
+  {
+    std::vector<fogo::MomentaItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto Bs = torch::randn({12, 20}, on_cuda), Bf = torch::randn({12, 20}, on_cuda);
+      const auto G =
+          k == odd ? torch::randn({20, 12}, on_cuda).t() : torch::randn({12, 20}, on_cuda);
+      const auto x = [&] { return torch::zeros({12, 20}, on_cuda.dtype(torch::kBFloat16)); };
+      group.push_back({Bs.clone(), Bf.clone(), G, x(), x(), false});
+      alone.push_back({Bs.clone(), Bf.clone(), G, x(), x(), false});
+    }
+    const auto before = fogo::ops::routed_items();
+    fogo::ops::momenta_step(group, 0.95, 0.35, {});
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    for (size_t k = 0; k < 5; ++k) {
+      if (k == odd) {
+        fogo::ref::momenta_step({alone[k]}, 0.95, 0.35, {});
+      } else {
+        fogo::ops::momenta_step({alone[k]}, 0.95, 0.35, {});
+      }
+      EXPECT_TRUE(torch::equal(group[k].Bs, alone[k].Bs)) << "momenta, item " << k;
+      EXPECT_TRUE(torch::equal(group[k].Xf, alone[k].Xf)) << "momenta, item " << k;
+    }
+  }
+  // The RMS update: a non-contiguous parameter.
+  {
+    const fogo::UpdateParams p{0.02, 0.1, 0.2, 1e-8};
+    std::vector<fogo::RmsUpdateItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto base =
+          k == odd ? torch::randn({30, 16}, on_cuda).t() : torch::randn({16, 30}, on_cuda);
+      const auto Os = torch::randn({16, 30}, on_cuda),
+                 delta = 0.1 * torch::randn({16, 30}, on_cuda);
+      auto a = base.clone(), b = base.clone();  // clone keeps a transposed view's strides
+      group.push_back({a, Os, delta, false});
+      alone.push_back({b, Os, delta, false});
+    }
+    ASSERT_FALSE(group[odd].param.is_contiguous());
+    const auto before = fogo::ops::routed_items();
+    const auto ratios = fogo::ops::apply_rms_update(group, p);
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    ASSERT_EQ(ratios.size(), 5u);
+    for (size_t k = 0; k < 5; ++k) {
+      const auto own = k == odd ? fogo::ref::apply_rms_update({alone[k]}, p)
+                                : fogo::ops::apply_rms_update({alone[k]}, p);
+      EXPECT_TRUE(torch::equal(group[k].param, alone[k].param)) << "RMS update, item " << k;
+      EXPECT_TRUE(torch::equal(ratios[k], own[0])) << "RMS update, item " << k;
+    }
+  }
+  // Muon's update: an fp64 parameter.
+  {
+    const fogo::MuonUpdateParams p{0.02, 0.1, fogo::MuonAdjustLR::Original, {}};
+    std::vector<fogo::MuonUpdateItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto base =
+          torch::randn({16, 30}, on_cuda.dtype(k == odd ? torch::kDouble : torch::kFloat));
+      const auto O = torch::randn({16, 30}, on_cuda).to(torch::kBFloat16);
+      group.push_back({base.clone(), O});
+      alone.push_back({base.clone(), O});
+    }
+    const auto before = fogo::ops::routed_items();
+    fogo::ops::muon_update(group, p);
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    for (size_t k = 0; k < 5; ++k) {
+      if (k == odd) {
+        fogo::ref::muon_update({alone[k]}, p);
+      } else {
+        fogo::ops::muon_update({alone[k]}, p);
+      }
+      EXPECT_TRUE(torch::equal(group[k].param, alone[k].param)) << "Muon update, item " << k;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
