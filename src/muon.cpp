@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -185,6 +186,10 @@ void Muon::step_group(const GroupStep& s) {
       {s.grads, {s.ok}, {}}, s.params.front().device(),
       [&](const detail::GraphedStep::Inputs& in) {
         update_group(s.group, s.params, in.grads, in.tensors[0], in.lr);
+      },
+      [&] {  // what the update's host code may change, for a failed capture to put back
+        auto states = std::make_shared<detail::SavedStates>(*this, s.params);
+        return std::function<void()>([states] { states->restore(); });
       },
       "Muon", s.group);
 }

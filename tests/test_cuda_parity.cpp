@@ -1196,6 +1196,88 @@ TEST(CudaGraph, MuonReplayedStepsFollowEagerSteps) {
     }
   }
 }
+
+// Issue 33: a capture that fails after the step's work was recorded (injected: the hook replaces
+// the first parameter's momentum by a new tensor, as host code inside the capture could, then
+// throws, as a forbidden call would) leaves the optimizer as it was: that step and every later
+// one run eagerly from the state as it was, so the trajectory is the eager one's (Muon: bit for
+// bit; FOGO: to the run-to-run difference of its float atomics), nothing is counted as captured
+// or replayed, and the replaced momentum is gone (without the restore the step would read it).
+TEST(CudaGraph, AFailedCaptureLeavesTheOptimizerAsItWasAndStepsEagerly) {
+  FOGO_REQUIRE_KERNELS();
+  struct NoHook {  // whatever happens, later tests capture normally
+    ~NoHook() { fogo::detail::set_capture_hook_for_testing(nullptr); }
+  } no_hook;
+  for (const bool use_fogo : {false, true}) {
+    struct Run {
+      std::vector<torch::Tensor> params;
+      int64_t captures = -1, replays = -1, steps = -1;
+    };
+    const auto run = [&](bool graph, bool fail) {
+      auto params = small_network(torch::kCUDA);
+      std::unique_ptr<torch::optim::Optimizer> opt;
+      if (use_fogo) {
+        opt = std::make_unique<fogo::FOGO>(params, fogo::FOGOOptions(0.02)
+                                                       .codebook_size(16)
+                                                       .proj_dim(32)
+                                                       .reseed_every(0)
+                                                       .nonfinite(fogo::NonFinitePolicy::Mask)
+                                                       .cuda_graph(graph));
+      } else {
+        opt = std::make_unique<fogo::Muon>(
+            params,
+            fogo::MuonOptions(0.02).nonfinite(fogo::NonFinitePolicy::Mask).cuda_graph(graph));
+      }
+      int hooked = 0;
+      if (fail) {
+        fogo::detail::set_capture_hook_for_testing([&] {
+          ++hooked;
+          auto& entry = *opt->state().at(params[0].unsafeGetTensorImpl());
+          if (use_fogo) {
+            auto& st = static_cast<fogo::FOGOParamState&>(entry);
+            st.slow_momentum(torch::full_like(st.slow_momentum(), 1e3));
+          } else {
+            auto& st = static_cast<fogo::MuonParamState&>(entry);
+            st.momentum_buffer(torch::full_like(st.momentum_buffer(), 1e3));
+          }
+          throw std::runtime_error("injected capture failure");
+        });
+      }
+      for (int step = 0; step < 6; ++step) {
+        opt->param_groups()[0].options().set_lr(0.02 * (1.0 + 0.05 * step));
+        set_gradients(params, step);
+        opt->step();
+      }
+      fogo::detail::set_capture_hook_for_testing(nullptr);
+      EXPECT_EQ(hooked, fail ? 1 : 0) << "one capture tried, then none";
+      Run out;
+      for (const auto& p : params) out.params.push_back(p.detach().clone());
+      if (use_fogo) {
+        const auto t = static_cast<fogo::FOGO&>(*opt).telemetry()[0];
+        out.captures = t.graph_captures;
+        out.replays = t.graph_replays;
+        out.steps = t.step;
+      } else {
+        const auto stats = static_cast<fogo::Muon&>(*opt).graph_stats(0);
+        out.captures = stats.captures;
+        out.replays = stats.replays;
+      }
+      return out;
+    };
+    const Run eager = run(false, false), again = run(false, false), failed = run(true, true);
+    const char* name = use_fogo ? "FOGO" : "Muon";
+    EXPECT_EQ(failed.captures, 0) << name;
+    EXPECT_EQ(failed.replays, 0) << name;
+    EXPECT_EQ(failed.steps, eager.steps) << name;
+    for (size_t k = 0; k < eager.params.size(); ++k) {
+      const double noise = max_abs(again.params[k] - eager.params[k]);
+      if (!use_fogo) EXPECT_EQ(noise, 0.0) << "Muon's eager steps are deterministic";
+      EXPECT_LE(max_abs(failed.params[k] - eager.params[k]),
+                4 * noise + (use_fogo ? 1e-6 * max_abs(eager.params[k]) : 0.0))
+          << name << " parameter " << k;
+    }
+  }
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
