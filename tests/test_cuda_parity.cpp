@@ -1301,6 +1301,51 @@ torch::Tensor wide_batch(int64_t batch, int64_t m, int64_t n, bool ill_condition
   return B.to(dtype);
 }
 
+// Issue 33: ns_form Auto's own timer (CUDA events, time_on_cuda in src/newton_schulz.cpp), not an
+// injected one: on a GPU, the first sight of a shape times both forms (the decision says so, with
+// two positive, finite times) and takes the faster (Plain on a tie); later calls keep it without
+// timing again; the result is the chosen form's, bit for bit.
+TEST(CudaParity, NsFormAutoTimesBothFormsOnTheGpuAndTakesTheFaster) {
+  FOGO_REQUIRE_GPU();
+  struct Defaults {  // the default timer, timing on, no kept decisions: before and after
+    Defaults() { reset(); }
+    ~Defaults() { reset(); }
+    static void reset() {
+      fogo::set_ns_form_timer(nullptr);
+      fogo::set_ns_form_timing(true);
+      fogo::clear_ns_form_choices();
+    }
+  } defaults;
+  torch::manual_seed(25);
+  size_t decisions = 0;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{256, 256}, {3, 64, 512}}) {
+      fogo::NSConfig config;
+      config.compute_dtype = dtype;
+      config.form = fogo::NSForm::Auto;
+      const auto B = torch::randn(shape, torch::TensorOptions().device(torch::kCUDA));
+      const auto got = fogo::newton_schulz(B, config);
+      const std::string where = std::string(c10::toString(dtype)) + " " +
+                                std::to_string(B.size(-2)) + "x" + std::to_string(B.size(-1)) +
+                                (B.dim() == 3 ? " batch " + std::to_string(B.size(0)) : "");
+      auto choices = fogo::ns_form_choices();
+      ASSERT_EQ(choices.size(), ++decisions) << where;
+      const fogo::NSFormChoice c = choices.back();
+      EXPECT_EQ(c.device, B.device().str()) << where;
+      EXPECT_EQ(c.batch, B.dim() == 3 ? B.size(0) : 0) << where;
+      EXPECT_TRUE(c.measured) << where;
+      EXPECT_TRUE(std::isfinite(c.plain_ms) && c.plain_ms > 0) << where << ": " << c.plain_ms;
+      EXPECT_TRUE(std::isfinite(c.gram_ms) && c.gram_ms > 0) << where << ": " << c.gram_ms;
+      EXPECT_EQ(c.gram, c.gram_ms < c.plain_ms) << where;
+      auto forced = config;
+      forced.form = c.gram ? fogo::NSForm::Gram : fogo::NSForm::Plain;
+      EXPECT_TRUE(torch::equal(got, fogo::newton_schulz(B, forced))) << where;
+      EXPECT_TRUE(torch::equal(fogo::newton_schulz(B, config), got)) << where;
+      EXPECT_EQ(fogo::ns_form_choices().size(), decisions) << where << ": timed once";
+    }
+  }
+}
+
 TEST(NewtonSchulzProjected, MatchesPlainChainThenProjection) {
   torch::manual_seed(15);
   for (const auto dtype : {torch::kFloat, torch::kDouble}) {
