@@ -38,34 +38,33 @@ StepGraph::~StepGraph() = default;
 StepGraph::StepGraph(StepGraph&&) noexcept = default;
 StepGraph& StepGraph::operator=(StepGraph&&) noexcept = default;
 
-void StepGraph::capture_and_run(const std::function<void()>& work, const c10::Device& device) {
+void StepGraph::capture(const std::function<void()>& work, const c10::Device& device) {
   graph_.reset();
   const c10::cuda::CUDAGuard device_guard(device);
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  {
-    const c10::cuda::CUDAStreamGuard side(capture_stream(device.index()));
-    // Thread-local mode: a forbidden call (a synchronisation, say) made by this thread fails the
-    // capture; other threads of the program (data loaders) are not affected.
-    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  const c10::cuda::CUDAStreamGuard side(capture_stream(device.index()));
+  // Thread-local mode: a forbidden call (a synchronisation, say) made by this thread fails the
+  // capture; other threads of the program (data loaders) are not affected.
+  graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  try {
+    work();
+  } catch (...) {
     try {
-      work();
+      graph->capture_end();  // ends the (invalidated) capture; throws for it
     } catch (...) {
-      try {
-        graph->capture_end();  // ends the (invalidated) capture; throws for it
-      } catch (...) {
-      }
-      (void)cudaGetLastError();  // the failed call's error must not surface at a later check
-      throw;
     }
-    graph->capture_end();
+    (void)cudaGetLastError();  // the failed call's error must not surface at a later check
+    throw;
   }
-  graph->replay();  // on the current stream: after what the caller has queued
+  graph->capture_end();
   graph_ = std::move(graph);
+  device_ = device;
 }
 
 void StepGraph::replay() {
   TORCH_CHECK(graph_ != nullptr, "fogo::cuda::StepGraph::replay: nothing captured");
-  graph_->replay();
+  const c10::cuda::CUDAGuard device_guard(device_);
+  graph_->replay();  // on the current stream: after what the caller has queued
 }
 
 }  // namespace fogo::cuda

@@ -21,17 +21,19 @@ class StepGraph {
   StepGraph(StepGraph&&) noexcept;
   StepGraph& operator=(StepGraph&&) noexcept;
 
-  /// Records `work` on `device`, then runs it once (replay). `work` must be device work only: no
-  /// host synchronisation, no pinned allocation, nothing decided from device values. What it
-  /// allocates comes from the graph's own memory pool, reused by every replay. If the capture
-  /// fails, nothing has run, the graph stays empty and the error is rethrown.
-  void capture_and_run(const std::function<void()>& work, const c10::Device& device);
-  /// Runs the recorded work again on the current stream.
+  /// Records `work` on `device` (nothing runs: replay() runs it). `work` must be device work
+  /// only: no host synchronisation, no pinned allocation, nothing decided from device values.
+  /// What it allocates comes from the graph's own memory pool, reused by every replay. If the
+  /// capture fails, nothing has run on the device, the graph stays empty and the error is
+  /// rethrown.
+  void capture(const std::function<void()>& work, const c10::Device& device);
+  /// Runs the recorded work on the capture device's current stream, after the work queued there.
   void replay();
   bool empty() const { return graph_ == nullptr; }
 
  private:
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  c10::Device device_{c10::kCUDA};
 };
 
 }  // namespace fogo::cuda

@@ -12,6 +12,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -148,6 +149,17 @@ void FOGO::step_group(const GroupStep& s) {
       {s.grads, {s.ok, keys}, {}}, s.params.front().device(),
       [&](const detail::GraphedStep::Inputs& in) {
         step_stages(g, {s.params, in.grads, in.tensors[0], in.tensors[1], reseed_now, in.lr});
+      },
+      [&] {  // what the stages' host code may change, for a failed capture to put back
+        auto states = std::make_shared<detail::SavedStates>(*this, s.params);
+        auto memory = std::make_shared<GroupMemory>(mem);
+        memory->gen = mem.gen.clone();
+        auto projections = std::make_shared<decltype(impl_->projections)>(impl_->projections);
+        return std::function<void()>([this, g, states, memory, projections] {
+          states->restore();
+          impl_->groups[g] = *memory;
+          impl_->projections = *projections;
+        });
       },
       "FOGO", g);
   ++mem.step;

@@ -15,6 +15,32 @@ struct GraphedStep::Graph : cuda::StepGraph {};
 struct GraphedStep::Graph {};
 #endif
 
+namespace {
+thread_local std::function<void()> capture_hook;  // set_capture_hook_for_testing
+}  // namespace
+
+void set_capture_hook_for_testing(std::function<void()> hook) { capture_hook = std::move(hook); }
+
+SavedStates::SavedStates(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params)
+    : optimizer_(&optimizer) {
+  for (const at::Tensor& p : params) {
+    void* key = p.unsafeGetTensorImpl();
+    const auto it = optimizer.state().find(key);
+    saved_.emplace_back(key, it == optimizer.state().end() ? nullptr : it->second->clone());
+  }
+}
+
+void SavedStates::restore() {
+  auto& state = optimizer_->state();
+  for (auto& [key, entry] : saved_) {
+    if (entry) {
+      state[key] = entry->clone();
+    } else {
+      state.erase(key);
+    }
+  }
+}
+
 GraphedStep::GraphedStep() = default;
 GraphedStep::~GraphedStep() = default;
 GraphedStep::GraphedStep(GraphedStep&&) noexcept = default;
@@ -34,7 +60,8 @@ void GraphedStep::describe(std::vector<int64_t>& layout, const at::Tensor& t) {
 
 bool GraphedStep::run(std::vector<int64_t> layout, const std::vector<at::Tensor>& grads,
                       const std::vector<at::Tensor>& tensors, double lr, const c10::Device& device,
-                      const std::function<void(const Inputs&)>& work, const std::string& who) {
+                      const std::function<void(const Inputs&)>& work, const std::string& who,
+                      const SaveHostState& save) {
 #ifdef FOGO_WITH_CUDA
   // The inputs' types and shapes (not their addresses: they are copied into the static ones).
   for (const auto* list : {&grads, &tensors}) {
@@ -61,9 +88,16 @@ bool GraphedStep::run(std::vector<int64_t> layout, const std::vector<at::Tensor>
   for (const at::Tensor& t : tensors) inputs_.tensors.push_back(t.defined() ? t.clone() : t);
   layout_ = std::move(layout);
   auto graph = std::make_unique<Graph>();
+  const std::function<void()> restore = save ? save() : nullptr;
   try {
-    graph->capture_and_run([&] { work(inputs_); }, device);
+    graph->capture(
+        [&] {
+          work(inputs_);
+          if (capture_hook) capture_hook();
+        },
+        device);
   } catch (const std::exception& e) {
+    if (restore) restore();
     TORCH_WARN(who, "'s step could not be captured in a CUDA graph; it steps without one from ",
                "now on. The capture failed with: ", e.what());
     failed_ = true;
@@ -71,10 +105,11 @@ bool GraphedStep::run(std::vector<int64_t> layout, const std::vector<at::Tensor>
   }
   graph_ = std::move(graph);
   ++captures_;
+  graph_->replay();  // the step: an error here is not a failed capture (the work may have run)
   ++replays_;
   return true;
 #else
-  (void)layout, (void)grads, (void)tensors, (void)lr, (void)device, (void)work;
+  (void)layout, (void)grads, (void)tensors, (void)lr, (void)device, (void)work, (void)save;
   TORCH_CHECK(false, who, " asks for a CUDA graph in a build of fogo without CUDA");
   return false;
 #endif

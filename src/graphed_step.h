@@ -6,16 +6,44 @@
 // Mask flag, candidate keys) and the learning rate (a float64 device scalar). The work is
 // captured again whenever its layout (every tensor it touches, by address, type and shape, and
 // whatever else the caller folds in) differs from the captured one.
+//
+// A capture runs the work's host code but nothing on the device. If it fails, the work runs
+// eagerly instead (now and from then on), from the optimizer's state as it was: what the host
+// code may have changed (the caller's `save`, e.g. SavedStates) is put back first.
 
 #include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fogo::detail {
+
+/// What a step's host code may change, saved before a capture: returns what puts it back.
+using SaveHostState = std::function<std::function<void()>()>;
+
+/// The state entries of `params` in `optimizer` as they are now, each with its tensors (the
+/// same tensors, not copies: a failed capture ran nothing on the device), put back by restore()
+/// in place of whatever entry the parameter has then; a parameter without an entry loses the one
+/// it got meanwhile.
+class SavedStates {
+ public:
+  SavedStates(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);
+  void restore();
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> saved_;
+};
+
+/// Test seam: `hook` runs inside every capture this thread makes from now on, after the work has
+/// been recorded (null: none). A hook that throws fails the capture, as a call that may not be
+/// captured (a synchronisation) inside the work would.
+void set_capture_hook_for_testing(std::function<void()> hook);
 
 class GraphedStep {
  public:
@@ -38,12 +66,15 @@ class GraphedStep {
   /// Runs `work` from the graph: captures it (and runs it once) when there is no graph or
   /// `layout` differs from the captured one, else refreshes the static inputs from `grads`,
   /// `tensors` and `lr` and replays. `layout` need not describe the gradients and tensors: their
-  /// types and shapes are added here. If the capture fails nothing has run: a warning naming
-  /// `who`, failed() turns true and false is returned, for the caller to run the step eagerly
-  /// (now and from then on).
+  /// types and shapes are added here. `save` (may be null) is called just before a capture. If
+  /// the capture fails nothing has run on the device: what `save` returned puts the host state
+  /// back, a warning names `who`, failed() turns true and false is returned, for the caller to
+  /// run the step eagerly (now and from then on). An error of the replay after a capture is the
+  /// step's own (the work may have run in part): it propagates.
   bool run(std::vector<int64_t> layout, const std::vector<at::Tensor>& grads,
            const std::vector<at::Tensor>& tensors, double lr, const c10::Device& device,
-           const std::function<void(const Inputs&)>& work, const std::string& who);
+           const std::function<void(const Inputs&)>& work, const std::string& who,
+           const SaveHostState& save = {});
 
   bool failed() const { return failed_; }
   int64_t captures() const { return captures_; }
@@ -85,18 +116,19 @@ class GroupGraph {
 /// CUDA graph when `graphed` (captured again when the layout changed: the options other than lr,
 /// or any of `touched()`, the tensors the work reads or writes besides the static inputs), else
 /// eagerly with `eager` (lr undefined: the work reads the options' lr). A capture that fails has
-/// run nothing and runs the work eagerly, now and (graph.step.failed()) from then on.
+/// run nothing on the device; `save`'s restore puts back what its host code changed, and the
+/// work runs eagerly, now and (graph.step.failed()) from then on.
 template <class Options>
 void run_group(GroupGraph<Options>& graph, bool graphed, const Options& o,
                const std::function<std::vector<at::Tensor>()>& touched,
                const GraphedStep::Inputs& eager, const c10::Device& device,
-               const std::function<void(const GraphedStep::Inputs&)>& work, const char* optimizer,
-               size_t group) {
+               const std::function<void(const GraphedStep::Inputs&)>& work,
+               const SaveHostState& save, const char* optimizer, size_t group) {
   if (graphed) {
     std::vector<int64_t> layout = graph.layout(o);
     for (const at::Tensor& t : touched()) GraphedStep::describe(layout, t);
     if (graph.step.run(std::move(layout), eager.grads, eager.tensors, o.get_lr(), device, work,
-                       std::string(optimizer) + ": param group " + std::to_string(group))) {
+                       std::string(optimizer) + ": param group " + std::to_string(group), save)) {
       return;
     }
   }

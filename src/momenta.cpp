@@ -4,8 +4,14 @@
 
 namespace fogo {
 
-void ref::momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
+void ref::momenta_step(const std::vector<MomentaItem>& all, double mu_s, double mu_f,
                        const at::Tensor& ok) {
+  // Empty parameters have nothing to update and no matrix view (0 rows: numel / rows is 0 / 0):
+  // skipped, as the CUDA kernel skips them.
+  std::vector<MomentaItem> items;
+  for (const MomentaItem& item : all) {
+    if (item.Bs.numel() > 0) items.push_back(item);
+  }
   if (items.empty()) return;
   std::vector<at::Tensor> slow, fast, G;
   for (const MomentaItem& item : items) {

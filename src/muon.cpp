@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -45,12 +46,15 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
   };
   if (!p.device_lr.defined()) {
     // torch.optim.Muon's ops, per tensor, as Python dispatches them: `param.mul_(float)` is
-    // mul_.Tensor with a wrapped 0-d double. C++'s mul_(double) (mul_.Scalar) and _foreach_mul_
-    // round a bf16 parameter's product differently (1-4 bf16 ulps per step, measured).
+    // mul_.Tensor with a wrapped 0-d double on the CPU, whatever the parameter's device. C++'s
+    // mul_(double) (mul_.Scalar) and _foreach_mul_ round a bf16 parameter's product differently
+    // (1-4 bf16 ulps per step, measured). The same tensor on every device: a copy on a GPU is
+    // no wrapped number (TensorIterator would round 1 - lr wd to a bf16 parameter's precision,
+    // 0.998 to 0.99609375, doubling the decay) and a blocking host-to-device copy.
     at::Tensor decay = at::scalar_tensor(1.0 - p.lr * p.weight_decay, at::kDouble);
     decay.unsafeGetTensorImpl()->set_wrapped_number(true);
     for (const MuonUpdateItem& item : items) {
-      item.param.mul_(decay.to(item.param.device()));
+      item.param.mul_(decay);
       const auto [rows, cols] = matrix(item.param);
       item.param.add_(item.O.reshape(item.param.sizes()),
                       -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols));
@@ -182,6 +186,10 @@ void Muon::step_group(const GroupStep& s) {
       {s.grads, {s.ok}, {}}, s.params.front().device(),
       [&](const detail::GraphedStep::Inputs& in) {
         update_group(s.group, s.params, in.grads, in.tensors[0], in.lr);
+      },
+      [&] {  // what the update's host code may change, for a failed capture to put back
+        auto states = std::make_shared<detail::SavedStates>(*this, s.params);
+        return std::function<void()>([states] { states->restore(); });
       },
       "Muon", s.group);
 }

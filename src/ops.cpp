@@ -1,6 +1,6 @@
 #include "fogo/ops.h"
 
-#include <algorithm>
+#include "fogo/detail/routing.h"
 
 #ifdef FOGO_WITH_CUDA
 #include <initializer_list>
@@ -9,6 +9,26 @@
 #endif
 
 namespace fogo::ops {
+
+namespace {
+
+thread_local RoutedItems routed;
+
+void note(size_t kernel, size_t reference) {
+  routed.kernel += static_cast<int64_t>(kernel);
+  routed.reference += static_cast<int64_t>(reference);
+}
+
+// Counts a call's items per implementation (the kernel takes `taken`), and passes the split on.
+template <class Item>
+detail::Split<Item> count(detail::Split<Item> parts) {
+  note(parts.taken.size(), parts.rest.size());
+  return parts;
+}
+
+}  // namespace
+
+RoutedItems routed_items() { return routed; }
 
 #ifdef FOGO_WITH_CUDA
 namespace {
@@ -69,10 +89,13 @@ void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_
     return cuda_f32({&item.Bs, &item.Bf, &item.G}) && item.Bs.is_contiguous() &&
            item.Bf.is_contiguous() && item.G.is_contiguous() && input(item.Xs) && input(item.Xf);
   };
-  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
-    return cuda::momenta_step(items, mu_s, mu_f, ok);
-#endif
+  const auto parts = count(detail::split(items, fused));
+  cuda::momenta_step(parts.taken, mu_s, mu_f, ok);
+  fogo::ref::momenta_step(parts.rest, mu_s, mu_f, ok);
+#else
+  note(0, items.size());
   fogo::ref::momenta_step(items, mu_s, mu_f, ok);
+#endif
 }
 
 void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p) {
@@ -88,36 +111,30 @@ void codebook_flush(Codebook& book, const Assignments& acc, const FlushParams& p
   fogo::ref::codebook_flush(book, acc, p);
 }
 
-std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& all,
+std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items,
                                          const UpdateParams& p, const at::Tensor& ok) {
   // Items without elements change nothing and their ratio is 0 / (0 + eps): they are answered
   // here (a call of only such items would give the CUDA kernels a grid of zero blocks).
   const auto empty = [](const RmsUpdateItem& item) {
     return item.param.numel() == 0 && item.Os.numel() == 0 && item.delta.numel() == 0;
   };
-  if (std::any_of(all.begin(), all.end(), empty)) {
-    std::vector<RmsUpdateItem> rest;
-    for (const RmsUpdateItem& item : all) {
-      if (!empty(item)) rest.push_back(item);
-    }
-    const std::vector<at::Tensor> got = ops::apply_rms_update(rest, p, ok);
-    std::vector<at::Tensor> out;
-    auto next = got.begin();
-    for (const RmsUpdateItem& item : all) {
-      out.push_back(empty(item) ? at::zeros({}, item.delta.options()) : *next++);
-    }
-    return out;
-  }
-  const std::vector<RmsUpdateItem>& items = all;
+  const detail::Split<RmsUpdateItem> by_size = detail::split(items, empty);
+  std::vector<at::Tensor> zeros;
+  for (const RmsUpdateItem& item : by_size.taken)
+    zeros.push_back(at::zeros({}, item.delta.options()));
+  const std::vector<RmsUpdateItem>& rest = by_size.rest;
 #ifdef FOGO_WITH_CUDA
   const auto fused = [](const RmsUpdateItem& item) {
     return item.param.is_contiguous() && storable(item.param) && storable(item.Os) &&
            cuda_f32({&item.delta});
   };
-  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
-    return cuda::apply_rms_update(items, p, ok);
+  const auto parts = count(detail::split(rest, fused));
+  return by_size.merge(zeros, parts.merge(cuda::apply_rms_update(parts.taken, p, ok),
+                                          fogo::ref::apply_rms_update(parts.rest, p, ok)));
+#else
+  note(0, rest.size());
+  return by_size.merge(zeros, fogo::ref::apply_rms_update(rest, p, ok));
 #endif
-  return fogo::ref::apply_rms_update(items, p, ok);
 }
 
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
@@ -126,10 +143,13 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
     return item.param.is_contiguous() && item.param.dim() >= 1 && storable(item.param) &&
            storable(item.O) && item.O.dim() == 2;
   };
-  if (!items.empty() && std::all_of(items.begin(), items.end(), fused))
-    return cuda::muon_update(items, p);
-#endif
+  const auto parts = count(detail::split(items, fused));
+  cuda::muon_update(parts.taken, p);
+  fogo::ref::muon_update(parts.rest, p);
+#else
+  note(0, items.size());
   fogo::ref::muon_update(items, p);
+#endif
 }
 
 }  // namespace fogo::ops

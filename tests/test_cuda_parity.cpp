@@ -22,7 +22,11 @@
 
 #include <cmath>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+#include "fogo/detail/routing.h"
+#include "graphed_step.h"
 #ifdef FOGO_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -113,18 +117,22 @@ fogo::ProjectedStepParams step_params(bool filter, const StepCase& c) {
 }
 
 // Rows the CUDA path may legitimately decide differently (see the file comment), from the
-// float64 reference's own similarities.
+// float64 reference's own similarities. A zero row (z_i = 0: no query, ALGORITHM.md) takes no
+// part in any decision, though its similarities are all 0 (a "tie" at every threshold): it is
+// never near. (Counting zero rows put 225 of 300 rows near when 3 of 4 rows are zero, past the
+// bound on the rows near a decision whatever the kernels computed.)
 torch::Tensor near_decisions(const torch::Tensor& Ps, const torch::Tensor& Pf,
                              const torch::Tensor& cbar, const torch::Tensor& frozen,
                              const torch::Tensor& nu, const torch::Tensor& rbar,
                              const fogo::ProjectedStepParams& p) {
   const auto z = fogo::slerp_fuse(Ps, Pf, p.xi, p.eps);
+  const auto query = row_norms(z) > 0;  // the reference's valid rows
   const auto sim = fogo::normalize_rows(z, p.eps).mm(cbar.t());
   const auto top = std::get<0>(sim.topk(std::min<int64_t>(2, sim.size(1)), 1));
   const auto cosine = (fogo::normalize_rows(Ps, p.eps) * fogo::normalize_rows(Pf, p.eps)).sum(1);
   auto near = 1 - cosine.abs() < 1e-6;
   if (top.size(1) > 1) near |= (top.select(1, 0) - top.select(1, 1)) < kMargin;
-  if (!p.filter) return near;
+  if (!p.filter) return near & query;
   const double band = p.short_term.eps_st;
   near |= (((sim - band).abs() < kMargin) | ((sim + band).abs() < kMargin)).any(1);
   if (frozen.defined() && frozen.size(0) > 0) {
@@ -135,7 +143,7 @@ torch::Tensor near_decisions(const torch::Tensor& Ps, const torch::Tensor& Pf,
     const auto qt = fogo::normalize_rows(ztilde, p.eps).mm(frozen.t()).abs();
     near |= ((qt - p.long_term.eps_lt).abs() < kMargin).any(1);
   }
-  return near;
+  return near & query;
 }
 
 // Ps with varied row norms, Pf at varied angles to it, and the special rows the kernels must
@@ -180,6 +188,45 @@ void expect_step_parity(const fogo::ProjectedStepResult& got, const fogo::Projec
     EXPECT_NEAR(got.stats[s].item<double>(), ref.stats[s].item<double>(), 1e-6 + flips / R)
         << where << " stat " << s;
   if (!filter) EXPECT_EQ(max_abs(got.stats), 0.0) << where;
+}
+
+// The parity bound's own arithmetic (CPU, float64): zero rows are never near a decision, with or
+// without filtering and even where the +-eps_st bands touch 0; genuine near ties are: an exact
+// argmax tie (the query's first two coordinates equal), a gap of ~1e-7, parallel streams.
+TEST(CudaParityBounds, NearDecisionsLeaveZeroRowsOutAndCountGenuineTies) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  const auto cbar = torch::eye(4, f64).slice(0, 0, 3);          // e0, e1, e2: sim_ij = q_ij
+  const auto Ps = torch::tensor({0.0,        0.0,  0.0,  0.0,   // zero
+                                 1.0,        1.0,  0.3,  0.0,   // exact tie of e0 and e1
+                                 1.0 + 1e-7, 1.0,  0.3,  0.0,   // near tie
+                                 2.0,        0.7,  -0.6, 0.1,   // clear winner, away from the bands
+                                 0.5,        -1.0, 0.2,  0.3},  // parallel streams
+                                f64)
+                      .view({5, 4});
+  auto Pf = torch::tensor({0.0,  0.0, 0.0, 0.0, 1.0,  1.0, -0.3, 0.2, 1.0, 1.0,
+                           -0.3, 0.2, 1.5, 0.9, -0.9, 0.4, 0.0,  0.0, 0.0, 0.0},
+                          f64)
+                .view({5, 4});
+  Pf[4] = Ps[4] * 3.0;
+  const std::vector<bool> want = {false, true, true, false, true};
+  for (const bool filter : {false, true}) {
+    for (const double eps_st : {0.15, 0.0}) {
+      const StepCase c{5, 4, 3, 0, true, "bounds", eps_st, eps_st == 0.0 ? 0.0 : 5.0};
+      const auto p = step_params(filter, c);
+      const auto near =
+          near_decisions(Ps, Pf, cbar, torch::Tensor(), torch::Tensor(), torch::zeros({}, f64), p);
+      for (int64_t i = 0; i < 5; ++i)
+        EXPECT_EQ(near[i].item<bool>(), want[i])
+            << "row " << i << ", filter " << filter << ", eps_st " << eps_st;
+      const auto zero = torch::zeros({6, 4}, f64);
+      EXPECT_EQ(near_decisions(zero, zero, cbar, torch::Tensor(), torch::Tensor(),
+                               torch::zeros({}, f64), p)
+                    .sum()
+                    .item<int64_t>(),
+                0)
+          << "every row zero, filter " << filter << ", eps_st " << eps_st;
+    }
+  }
 }
 
 TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
@@ -677,6 +724,127 @@ TEST(OpsEdges, EmptyItemsAndCodebooksAreAnsweredByTheDispatch) {
   EXPECT_EQ(book.centroids.sizes(), (std::vector<int64_t>{0, 8}));
 }
 
+// The dispatch's routing (fogo/detail/routing.h), which decides per item: each part in the
+// items' order, the results merged back into it; on the CPU every item goes to the reference
+// (counted by ops::routed_items), empty RMS-update items to neither.
+TEST(OpsEdges, EachItemGoesToItsOwnImplementationInItsOrder) {
+  const std::vector<int> items = {0, 1, 2, 3, 4, 5, 6};
+  const auto parts = fogo::detail::split(items, [](int k) { return k % 3 == 1; });
+  EXPECT_EQ(parts.taken, (std::vector<int>{1, 4}));
+  EXPECT_EQ(parts.rest, (std::vector<int>{0, 2, 3, 5, 6}));
+  const auto times10 = [](const std::vector<int>& v) {
+    std::vector<int> out;
+    for (const int k : v) out.push_back(10 * k);
+    return out;
+  };
+  EXPECT_EQ(parts.merge(times10(parts.taken), times10(parts.rest)), times10(items));
+  EXPECT_THROW(parts.merge(times10(parts.rest), times10(parts.taken)), c10::Error);
+  const auto none = fogo::detail::split(std::vector<int>{}, [](int) { return true; });
+  EXPECT_TRUE(none.merge(std::vector<int>{}, std::vector<int>{}).empty());
+  const auto all = fogo::detail::split(items, [](int) { return true; });
+  EXPECT_EQ(all.taken, items);
+  EXPECT_TRUE(all.rest.empty());
+
+  torch::manual_seed(20);
+  const auto before = fogo::ops::routed_items();
+  const auto item = [] {
+    return fogo::RmsUpdateItem{torch::randn({4, 6}), torch::randn({4, 6}), torch::randn({4, 6})};
+  };
+  const fogo::RmsUpdateItem empty{torch::empty({0, 4}), torch::empty({0, 4}), torch::empty({0, 4})};
+  fogo::ops::apply_rms_update({item(), empty, item()}, {0.02, 0.1, 0.2, 1e-8});
+  fogo::ops::muon_update({{torch::randn({4, 6}), torch::zeros({4, 6})}},
+                         {0.02, 0.1, fogo::MuonAdjustLR::Original, {}});
+  const auto after = fogo::ops::routed_items();
+  EXPECT_EQ(after.kernel - before.kernel, 0);
+  EXPECT_EQ(after.reference - before.reference, 3);
+}
+
+// Issue 33: one item the kernels do not take (a non-contiguous or fp64 one) goes to the reference
+// alone; the others still take the kernel, in one call: each item bit for bit what its own path
+// gives it alone, the RMS update's ratios in the items' order, and the routing counted.
+TEST(CudaParity, OneOddItemDoesNotSendItsGroupToTheReference) {
+  FOGO_REQUIRE_KERNELS();
+  torch::manual_seed(22);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  const auto routed_since = [](const fogo::ops::RoutedItems& before) {
+    const auto now = fogo::ops::routed_items();
+    return std::pair{now.kernel - before.kernel, now.reference - before.reference};
+  };
+  const auto odd = size_t{2};  // the index of the odd item in each group of 5
+  // Momenta: a non-contiguous gradient.
+  {
+    std::vector<fogo::MomentaItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto Bs = torch::randn({12, 20}, on_cuda), Bf = torch::randn({12, 20}, on_cuda);
+      const auto G =
+          k == odd ? torch::randn({20, 12}, on_cuda).t() : torch::randn({12, 20}, on_cuda);
+      const auto x = [&] { return torch::zeros({12, 20}, on_cuda.dtype(torch::kBFloat16)); };
+      group.push_back({Bs.clone(), Bf.clone(), G, x(), x(), false});
+      alone.push_back({Bs.clone(), Bf.clone(), G, x(), x(), false});
+    }
+    const auto before = fogo::ops::routed_items();
+    fogo::ops::momenta_step(group, 0.95, 0.35, {});
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    for (size_t k = 0; k < 5; ++k) {
+      if (k == odd) {
+        fogo::ref::momenta_step({alone[k]}, 0.95, 0.35, {});
+      } else {
+        fogo::ops::momenta_step({alone[k]}, 0.95, 0.35, {});
+      }
+      EXPECT_TRUE(torch::equal(group[k].Bs, alone[k].Bs)) << "momenta, item " << k;
+      EXPECT_TRUE(torch::equal(group[k].Xf, alone[k].Xf)) << "momenta, item " << k;
+    }
+  }
+  // The RMS update: a non-contiguous parameter.
+  {
+    const fogo::UpdateParams p{0.02, 0.1, 0.2, 1e-8};
+    std::vector<fogo::RmsUpdateItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto base =
+          k == odd ? torch::randn({30, 16}, on_cuda).t() : torch::randn({16, 30}, on_cuda);
+      const auto Os = torch::randn({16, 30}, on_cuda),
+                 delta = 0.1 * torch::randn({16, 30}, on_cuda);
+      auto a = base.clone(), b = base.clone();  // clone keeps a transposed view's strides
+      group.push_back({a, Os, delta, false});
+      alone.push_back({b, Os, delta, false});
+    }
+    ASSERT_FALSE(group[odd].param.is_contiguous());
+    const auto before = fogo::ops::routed_items();
+    const auto ratios = fogo::ops::apply_rms_update(group, p);
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    ASSERT_EQ(ratios.size(), 5u);
+    for (size_t k = 0; k < 5; ++k) {
+      const auto own = k == odd ? fogo::ref::apply_rms_update({alone[k]}, p)
+                                : fogo::ops::apply_rms_update({alone[k]}, p);
+      EXPECT_TRUE(torch::equal(group[k].param, alone[k].param)) << "RMS update, item " << k;
+      EXPECT_TRUE(torch::equal(ratios[k], own[0])) << "RMS update, item " << k;
+    }
+  }
+  // Muon's update: an fp64 parameter.
+  {
+    const fogo::MuonUpdateParams p{0.02, 0.1, fogo::MuonAdjustLR::Original, {}};
+    std::vector<fogo::MuonUpdateItem> group, alone;
+    for (size_t k = 0; k < 5; ++k) {
+      const auto base =
+          torch::randn({16, 30}, on_cuda.dtype(k == odd ? torch::kDouble : torch::kFloat));
+      const auto O = torch::randn({16, 30}, on_cuda).to(torch::kBFloat16);
+      group.push_back({base.clone(), O});
+      alone.push_back({base.clone(), O});
+    }
+    const auto before = fogo::ops::routed_items();
+    fogo::ops::muon_update(group, p);
+    EXPECT_EQ(routed_since(before), (std::pair<int64_t, int64_t>{4, 1}));
+    for (size_t k = 0; k < 5; ++k) {
+      if (k == odd) {
+        fogo::ref::muon_update({alone[k]}, p);
+      } else {
+        fogo::ops::muon_update({alone[k]}, p);
+      }
+      EXPECT_TRUE(torch::equal(group[k].param, alone[k].param)) << "Muon update, item " << k;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whole optimizers: CUDA against CPU
 
@@ -776,16 +944,19 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
 // replayed from a CUDA graph) and Muon (Unchecked; Mask with the NaN step, eager and from a graph).
 // The gradients are made before the mode is set.
 #ifdef FOGO_WITH_CUDA
+// While alive, CUDA's sync debug mode is "error": a synchronisation throws. The mode is
+// process-wide: always restored.
+struct SyncDebugError {
+  SyncDebugError() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncDebugError() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+};
+
 TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
   FOGO_REQUIRE_GPU();
-  struct SyncDebugError {  // the mode is process-wide: always restore it
-    SyncDebugError() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-    }
-    ~SyncDebugError() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    }
-  };
   struct Case {
     bool use_fogo;
     fogo::NonFinitePolicy policy;
@@ -855,6 +1026,64 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
       EXPECT_EQ(stats.replays, 8);
     }
   }
+}
+
+// Issue 33: Muon's parameters that its update kernel does not take (non-contiguous, fp64; all of
+// them in a build without the kernels) go through the ATen reference, whose decay is the wrapped
+// CPU double on every device: no host-to-device copy (a synchronisation) per parameter, and each
+// parameter decays by fl_T(p fl32(1 - lr wd)) (fp64: in double), not by 1 - lr wd rounded to a
+// bf16 parameter's precision first (0.998 to 0.99609375: twice the decay). Zero gradients make
+// the update the decay alone (O = 0); a contiguous fp32 parameter (the kernel) steps beside them.
+TEST(CudaSync, MuonParametersOffTheKernelDecayByTheWrappedDoubleWithoutSynchronising) {
+  FOGO_REQUIRE_GPU();
+  torch::manual_seed(21);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  const auto leaf = [](const torch::Tensor& t) { return t.detach().requires_grad_(true); };
+  std::vector<torch::Tensor> params = {
+      leaf(torch::randn({24, 40}, on_cuda).to(torch::kBFloat16).t()),  // non-contiguous bf16
+      leaf(torch::randn({24, 40}, on_cuda).t()),                       // non-contiguous fp32
+      leaf(torch::randn({40, 24}, on_cuda.dtype(torch::kDouble))),     // fp64
+      leaf(torch::randn({40, 24}, on_cuda))};                          // contiguous fp32
+  ASSERT_FALSE(params[0].is_contiguous());
+  ASSERT_FALSE(params[1].is_contiguous());
+  const double lr = 0.02, wd = 0.1, decay = 1.0 - lr * wd;
+  fogo::Muon opt(
+      params, fogo::MuonOptions(lr).weight_decay(wd).nonfinite(fogo::NonFinitePolicy::Unchecked));
+  const auto decayed = [&](const torch::Tensor& p) {  // what one step with O = 0 gives
+    const auto host = p.detach().cpu();
+    if (host.scalar_type() == torch::kDouble) return host * decay;
+    return (host.to(torch::kFloat) * static_cast<float>(decay)).to(host.scalar_type());
+  };
+  const auto zero_grads = [&] {
+    for (auto& p : params) p.mutable_grad() = torch::zeros_like(p);
+  };
+  const auto expect_decayed = [&](const std::vector<torch::Tensor>& want, const char* when) {
+    for (size_t k = 0; k < params.size(); ++k)
+      EXPECT_TRUE(torch::equal(params[k].detach().cpu(), want[k])) << when << ", parameter " << k;
+  };
+  std::vector<torch::Tensor> want;
+  for (const auto& p : params) want.push_back(decayed(p));
+  zero_grads();
+  opt.step();  // the state is created on the host here
+  expect_decayed(want, "first step");
+  want.clear();
+  for (const auto& p : params) want.push_back(decayed(p));
+  zero_grads();
+  torch::cuda::synchronize();
+  {
+    SyncDebugError mode;
+    EXPECT_NO_THROW(opt.step()) << "a step with zero gradients";
+  }
+  torch::cuda::synchronize();
+  expect_decayed(want, "second step");
+  for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
+  torch::cuda::synchronize();
+  {
+    SyncDebugError mode;
+    EXPECT_NO_THROW(opt.step()) << "a step with gradients";
+  }
+  torch::cuda::synchronize();
+  for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
 }
 
 // FOGOOptions::cuda_graph: steps replayed from a captured graph against the same steps run
@@ -967,6 +1196,88 @@ TEST(CudaGraph, MuonReplayedStepsFollowEagerSteps) {
     }
   }
 }
+
+// Issue 33: a capture that fails after the step's work was recorded (injected: the hook replaces
+// the first parameter's momentum by a new tensor, as host code inside the capture could, then
+// throws, as a forbidden call would) leaves the optimizer as it was: that step and every later
+// one run eagerly from the state as it was, so the trajectory is the eager one's (Muon: bit for
+// bit; FOGO: to the run-to-run difference of its float atomics), nothing is counted as captured
+// or replayed, and the replaced momentum is gone (without the restore the step would read it).
+TEST(CudaGraph, AFailedCaptureLeavesTheOptimizerAsItWasAndStepsEagerly) {
+  FOGO_REQUIRE_KERNELS();
+  struct NoHook {  // whatever happens, later tests capture normally
+    ~NoHook() { fogo::detail::set_capture_hook_for_testing(nullptr); }
+  } no_hook;
+  for (const bool use_fogo : {false, true}) {
+    struct Run {
+      std::vector<torch::Tensor> params;
+      int64_t captures = -1, replays = -1, steps = -1;
+    };
+    const auto run = [&](bool graph, bool fail) {
+      auto params = small_network(torch::kCUDA);
+      std::unique_ptr<torch::optim::Optimizer> opt;
+      if (use_fogo) {
+        opt = std::make_unique<fogo::FOGO>(params, fogo::FOGOOptions(0.02)
+                                                       .codebook_size(16)
+                                                       .proj_dim(32)
+                                                       .reseed_every(0)
+                                                       .nonfinite(fogo::NonFinitePolicy::Mask)
+                                                       .cuda_graph(graph));
+      } else {
+        opt = std::make_unique<fogo::Muon>(
+            params,
+            fogo::MuonOptions(0.02).nonfinite(fogo::NonFinitePolicy::Mask).cuda_graph(graph));
+      }
+      int hooked = 0;
+      if (fail) {
+        fogo::detail::set_capture_hook_for_testing([&] {
+          ++hooked;
+          auto& entry = *opt->state().at(params[0].unsafeGetTensorImpl());
+          if (use_fogo) {
+            auto& st = static_cast<fogo::FOGOParamState&>(entry);
+            st.slow_momentum(torch::full_like(st.slow_momentum(), 1e3));
+          } else {
+            auto& st = static_cast<fogo::MuonParamState&>(entry);
+            st.momentum_buffer(torch::full_like(st.momentum_buffer(), 1e3));
+          }
+          throw std::runtime_error("injected capture failure");
+        });
+      }
+      for (int step = 0; step < 6; ++step) {
+        opt->param_groups()[0].options().set_lr(0.02 * (1.0 + 0.05 * step));
+        set_gradients(params, step);
+        opt->step();
+      }
+      fogo::detail::set_capture_hook_for_testing(nullptr);
+      EXPECT_EQ(hooked, fail ? 1 : 0) << "one capture tried, then none";
+      Run out;
+      for (const auto& p : params) out.params.push_back(p.detach().clone());
+      if (use_fogo) {
+        const auto t = static_cast<fogo::FOGO&>(*opt).telemetry()[0];
+        out.captures = t.graph_captures;
+        out.replays = t.graph_replays;
+        out.steps = t.step;
+      } else {
+        const auto stats = static_cast<fogo::Muon&>(*opt).graph_stats(0);
+        out.captures = stats.captures;
+        out.replays = stats.replays;
+      }
+      return out;
+    };
+    const Run eager = run(false, false), again = run(false, false), failed = run(true, true);
+    const char* name = use_fogo ? "FOGO" : "Muon";
+    EXPECT_EQ(failed.captures, 0) << name;
+    EXPECT_EQ(failed.replays, 0) << name;
+    EXPECT_EQ(failed.steps, eager.steps) << name;
+    for (size_t k = 0; k < eager.params.size(); ++k) {
+      const double noise = max_abs(again.params[k] - eager.params[k]);
+      if (!use_fogo) EXPECT_EQ(noise, 0.0) << "Muon's eager steps are deterministic";
+      EXPECT_LE(max_abs(failed.params[k] - eager.params[k]),
+                4 * noise + (use_fogo ? 1e-6 * max_abs(eager.params[k]) : 0.0))
+          << name << " parameter " << k;
+    }
+  }
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -988,6 +1299,51 @@ torch::Tensor wide_batch(int64_t batch, int64_t m, int64_t n, bool ill_condition
             .matmul(Vh);
   }
   return B.to(dtype);
+}
+
+// Issue 33: ns_form Auto's own timer (CUDA events, time_on_cuda in src/newton_schulz.cpp), not an
+// injected one: on a GPU, the first sight of a shape times both forms (the decision says so, with
+// two positive, finite times) and takes the faster (Plain on a tie); later calls keep it without
+// timing again; the result is the chosen form's, bit for bit.
+TEST(CudaParity, NsFormAutoTimesBothFormsOnTheGpuAndTakesTheFaster) {
+  FOGO_REQUIRE_GPU();
+  struct Defaults {  // the default timer, timing on, no kept decisions: before and after
+    Defaults() { reset(); }
+    ~Defaults() { reset(); }
+    static void reset() {
+      fogo::set_ns_form_timer(nullptr);
+      fogo::set_ns_form_timing(true);
+      fogo::clear_ns_form_choices();
+    }
+  } defaults;
+  torch::manual_seed(25);
+  size_t decisions = 0;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{256, 256}, {3, 64, 512}}) {
+      fogo::NSConfig config;
+      config.compute_dtype = dtype;
+      config.form = fogo::NSForm::Auto;
+      const auto B = torch::randn(shape, torch::TensorOptions().device(torch::kCUDA));
+      const auto got = fogo::newton_schulz(B, config);
+      const std::string where = std::string(c10::toString(dtype)) + " " +
+                                std::to_string(B.size(-2)) + "x" + std::to_string(B.size(-1)) +
+                                (B.dim() == 3 ? " batch " + std::to_string(B.size(0)) : "");
+      auto choices = fogo::ns_form_choices();
+      ASSERT_EQ(choices.size(), ++decisions) << where;
+      const fogo::NSFormChoice c = choices.back();
+      EXPECT_EQ(c.device, B.device().str()) << where;
+      EXPECT_EQ(c.batch, B.dim() == 3 ? B.size(0) : 0) << where;
+      EXPECT_TRUE(c.measured) << where;
+      EXPECT_TRUE(std::isfinite(c.plain_ms) && c.plain_ms > 0) << where << ": " << c.plain_ms;
+      EXPECT_TRUE(std::isfinite(c.gram_ms) && c.gram_ms > 0) << where << ": " << c.gram_ms;
+      EXPECT_EQ(c.gram, c.gram_ms < c.plain_ms) << where;
+      auto forced = config;
+      forced.form = c.gram ? fogo::NSForm::Gram : fogo::NSForm::Plain;
+      EXPECT_TRUE(torch::equal(got, fogo::newton_schulz(B, forced))) << where;
+      EXPECT_TRUE(torch::equal(fogo::newton_schulz(B, config), got)) << where;
+      EXPECT_EQ(fogo::ns_form_choices().size(), decisions) << where << ": timed once";
+    }
+  }
 }
 
 TEST(NewtonSchulzProjected, MatchesPlainChainThenProjection) {

@@ -397,6 +397,45 @@ TEST(Momenta, BothStreamsAndTheirNewtonSchulzInputsInOnePass) {
   }
 }
 
+// Issue 33: an empty parameter ({0, 8}, with its Newton–Schulz inputs) among others is skipped,
+// as the CUDA kernel skips it (the reference divided 0 by its 0 rows: SIGFPE), and the others get
+// what they get alone.
+TEST(Momenta, EmptyItemsAreSkippedAndTheOthersStepAsAlone) {
+  torch::manual_seed(16);
+  const auto item = [](std::vector<int64_t> shape, std::vector<int64_t> x_shape, bool transposed) {
+    return fogo::MomentaItem{torch::randn(shape),
+                             torch::randn(shape),
+                             torch::randn(shape),
+                             torch::full(x_shape, 7.0, torch::kBFloat16),
+                             torch::full(x_shape, 7.0, torch::kBFloat16),
+                             transposed};
+  };
+  const auto copy = [](const fogo::MomentaItem& m) {
+    return fogo::MomentaItem{m.Bs.clone(), m.Bf.clone(), m.G,
+                             m.Xs.clone(), m.Xf.clone(), m.transposed};
+  };
+  const fogo::MomentaItem wide = item({3, 5}, {3, 5}, false), tall = item({6, 2}, {2, 6}, true);
+  for (const auto& ok : {torch::Tensor(), torch::tensor(true)}) {
+    std::vector<fogo::MomentaItem> got = {copy(wide), item({0, 8}, {0, 8}, false), copy(tall),
+                                          item({0, 8}, {8, 0}, true)};
+    const std::vector<fogo::MomentaItem> alone = {copy(wide), copy(tall)};
+    ASSERT_NO_THROW(fogo::ref::momenta_step(got, 0.9, 0.3, ok));
+    for (const auto& m : alone) fogo::ref::momenta_step({m}, 0.9, 0.3, ok);
+    for (const auto& [k, a] : {std::pair{0, 0}, {2, 1}}) {
+      EXPECT_TRUE(torch::equal(got[k].Bs, alone[a].Bs)) << k;
+      EXPECT_TRUE(torch::equal(got[k].Bf, alone[a].Bf)) << k;
+      EXPECT_TRUE(torch::equal(got[k].Xs, alone[a].Xs)) << k;
+      EXPECT_TRUE(torch::equal(got[k].Xf, alone[a].Xf)) << k;
+    }
+    for (const int k : {1, 3}) {
+      EXPECT_EQ(got[k].Bs.numel(), 0);
+      EXPECT_EQ(got[k].Xs.numel(), 0);
+    }
+    // Only empty items: nothing to do.
+    EXPECT_NO_THROW(fogo::ref::momenta_step({item({0, 8}, {0, 8}, false)}, 0.9, 0.3, ok));
+  }
+}
+
 TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
   // A CUDA graph reads the learning rate from a device tensor; the arithmetic must not change.
   torch::manual_seed(14);

@@ -592,6 +592,25 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
   }
 }
 
+// The reference's weight decay is `param.mul_(1 - lr wd)` with a wrapped 0-d double, as Python
+// dispatches torch.optim.Muon's: a bf16 parameter gets fl_bf16(p fl32(1 - lr wd)), not the product
+// with 1 - lr wd rounded to bf16 first (0.998 to 0.99609375: twice the decay), which a 0-d
+// double copied to a GPU parameter's device gave (issue 33). That bug shows on a GPU only (on the
+// CPU the copy is the wrapped tensor itself):
+// CudaSync.MuonParametersOffTheKernelDecayByTheWrappedDoubleWithoutSynchronising checks it there.
+TEST(Muon, DecayIsTheWrappedDoubleNotOneRoundedToTheParametersDtype) {
+  torch::manual_seed(24);
+  const double lr = 0.02, wd = 0.1, decay = 1.0 - lr * wd;
+  const auto p0 = torch::randn({16, 24}).to(torch::kBFloat16);
+  const auto want = (p0.to(torch::kFloat) * static_cast<float>(decay)).to(torch::kBFloat16);
+  const auto doubled = (p0.to(torch::kFloat) * 0.99609375f).to(torch::kBFloat16);
+  ASSERT_FALSE(torch::equal(doubled, want));  // the two roundings differ on this parameter
+  std::vector<fogo::MuonUpdateItem> items = {
+      {p0.clone(), torch::zeros({16, 24}, torch::kBFloat16)}};  // O = 0: the decay alone
+  fogo::ref::muon_update(items, {lr, wd, fogo::MuonAdjustLR::Original, {}});
+  EXPECT_TRUE(torch::equal(items[0].param, want));
+}
+
 // MuonOptions::ns_schedule: checked (naming the option), compared, checkpointed, and it changes
 // the step (Polar Express against the constant quintic) while the default keeps torch.optim.Muon's
 // coefficients (the bitwise parity tests above run with it).

@@ -1,14 +1,17 @@
 // The step frame fogo::FOGO and fogo::Muon share (matrix_optimizer.h): what a caller decided for
 // a step (StepContext) reaches the step explicitly and rules it, and Mask's restore
-// (detail::MaskScope) puts back exactly what a masked step changed.
+// (detail::MaskScope) puts back exactly what a masked step changed; a CUDA graph capture that
+// fails puts back what its host code changed (detail::SavedStates, GraphedStep::run).
 #include <fogo/detail/checks.h>
 #include <fogo/fogo.h>
+#include <fogo/ops.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <memory>
 #include <vector>
 
+#include "graphed_step.h"
 #include "test_util.h"
 
 namespace {
@@ -179,4 +182,76 @@ TEST(MaskScope, PutsBackWhereTheFlagIsFalseAndOnlyThere) {
   c.zero_();
   none.restore();
   EXPECT_EQ(c.abs().sum().item<float>(), 0.0f);
+}
+
+// What a failed capture's host code may have done to the optimizer's state (a tensor replaced, an
+// entry created) is undone: every saved entry comes back with its own tensors (the same ones), a
+// parameter that had none has none again. (The capture itself needs a GPU:
+// CudaGraph.AFailedCaptureLeavesTheOptimizerAsItWasAndStepsEagerly.)
+TEST(GraphedStep, SavedStatesPutBackEachParametersEntryAsItWas) {
+  for (const Kind& kind : kinds()) {
+    auto p = make_params();
+    auto opt = kind.make(p, NonFinitePolicy::Raise);
+    feed(p, 4);
+    p[1].mutable_grad() = torch::Tensor();  // p[1] gets no state
+    opt->step();
+    auto& state = opt->state();
+    const auto tensors = [&](const torch::Tensor& param) {
+      std::vector<torch::Tensor> out;
+      const auto& entry = *state.at(param.unsafeGetTensorImpl());
+      if (const auto* m = dynamic_cast<const fogo::MuonParamState*>(&entry)) {
+        out.push_back(m->momentum_buffer());
+      } else {
+        const auto& f = static_cast<const fogo::FOGOParamState&>(entry);
+        out.push_back(f.slow_momentum());
+        out.push_back(f.fast_momentum());
+      }
+      return out;
+    };
+    ASSERT_EQ(state.count(p[1].unsafeGetTensorImpl()), 0u) << kind.name;
+    const std::vector<torch::Tensor> before = tensors(p[0]);
+    fogo::detail::SavedStates saved(*opt, p);
+    // As a capture's host code might: p[0]'s entry replaced by one with new tensors, an entry
+    // made for p[1].
+    auto& entry = state.at(p[0].unsafeGetTensorImpl());
+    if (auto* m = dynamic_cast<fogo::MuonParamState*>(entry.get())) {
+      m->momentum_buffer(torch::full_like(before[0], 7.0));
+    } else {
+      static_cast<fogo::FOGOParamState&>(*entry).slow_momentum(torch::full_like(before[0], 7.0));
+    }
+    state[p[1].unsafeGetTensorImpl()] = state.at(p[0].unsafeGetTensorImpl())->clone();
+    saved.restore();
+    const std::vector<torch::Tensor> after = tensors(p[0]);
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t k = 0; k < before.size(); ++k)
+      EXPECT_TRUE(after[k].is_same(before[k])) << kind.name << " tensor " << k;
+    EXPECT_EQ(state.count(p[1].unsafeGetTensorImpl()), 0u) << kind.name;
+  }
+}
+
+// GraphedStep::run when the capture fails: `save` was taken just before it and its restore runs,
+// the work runs no more (the caller steps eagerly), nothing counts as captured or replayed. Here
+// the capture fails because a CPU device has no CUDA stream to capture on (in a build without
+// CUDA, run refuses outright); CudaGraph.AFailedCaptureLeavesTheOptimizerAsItWasAndStepsEagerly
+// fails one on a GPU, after the work was recorded.
+TEST(GraphedStep, AFailedCapturePutsBackWhatSaveTookAndReportsIt) {
+  if (!fogo::ops::cuda_kernels_available())
+    GTEST_SKIP() << "fogo was built without CUDA: GraphedStep::run refuses every capture";
+  fogo::detail::GraphedStep step;
+  int saves = 0, restores = 0, works = 0;
+  const auto save = [&] {
+    ++saves;
+    return std::function<void()>([&] { ++restores; });
+  };
+  const auto grad = torch::randn({3, 4});
+  const bool captured = step.run(
+      {1}, {grad}, {torch::Tensor()}, 0.1, torch::Device(torch::kCPU),
+      [&](const fogo::detail::GraphedStep::Inputs&) { ++works; }, "a test", save);
+  EXPECT_FALSE(captured);
+  EXPECT_TRUE(step.failed());
+  EXPECT_EQ(saves, 1);
+  EXPECT_EQ(restores, 1);
+  EXPECT_EQ(works, 0);
+  EXPECT_EQ(step.captures(), 0);
+  EXPECT_EQ(step.replays(), 0);
 }

@@ -22,7 +22,8 @@ struct MomentaItem {
 /// B = mu B + G for both streams of every item (each product and sum rounded in fp32, as ATen's
 /// mul_ and add_ round them), then X = B's working view in X's dtype. With `ok` (a 0-d bool on
 /// the items' device, NonFinitePolicy::Mask): where it is false, B = B * 1 + (-0), which keeps
-/// every bit of B (-0 included), and X is still written from it.
+/// every bit of B (-0 included), and X is still written from it. Items without elements are
+/// skipped (nothing is written), on every device.
 namespace ref {
 void momenta_step(const std::vector<MomentaItem>& items, double mu_s, double mu_f,
                   const at::Tensor& ok);

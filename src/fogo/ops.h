@@ -16,6 +16,16 @@ namespace fogo::ops {
 /// Whether CUDA tensors use fogo's fused kernels (false: the ATen reference everywhere).
 bool cuda_kernels_available();
 
+/// The multi-tensor calls (momenta_step, apply_rms_update, muon_update) route item by item: the
+/// items the kernels take go to them in one call, the others (a non-contiguous or fp64
+/// parameter, CPU tensors) to the reference in one call, so one odd item does not send its group
+/// to the slow path. How many items this thread's calls have handed to each (tests count them;
+/// empty RMS-update items, answered by the dispatch, reach neither).
+struct RoutedItems {
+  int64_t kernel = 0, reference = 0;
+};
+RoutedItems routed_items();
+
 ProjectedStepResult projected_step(const at::Tensor& Ps, const at::Tensor& Pf,
                                    const at::Tensor& cbar, const at::Tensor& frozen,
                                    const at::Tensor& nu, const at::Tensor& rbar,
