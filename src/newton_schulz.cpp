@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <sstream>
+
+#include "fogo/detail/agreement.h"
 
 #ifdef FOGO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -14,6 +17,49 @@
 #endif
 
 namespace fogo {
+
+// ---------------------------------------------------------------------------------------------
+// The job's agreement on decisions (fogo/detail/agreement.h).
+
+namespace detail {
+namespace {
+struct Agreements {
+  std::mutex mutex;
+  std::vector<std::pair<int64_t, Agreement>> installed;  // the last one is used
+  int64_t next_handle = 0;
+};
+
+Agreements& agreements() {
+  static Agreements state;
+  return state;
+}
+}  // namespace
+
+int64_t install_agreement(Agreement agreement) {
+  Agreements& state = agreements();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  state.installed.emplace_back(state.next_handle, std::move(agreement));
+  return state.next_handle++;
+}
+
+void remove_agreement(int64_t handle) {
+  Agreements& state = agreements();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  auto& v = state.installed;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& a) { return a.first == handle; }),
+          v.end());
+}
+
+int64_t agree(const std::string& key, int64_t local) {
+  Agreement current;
+  {
+    Agreements& state = agreements();
+    const std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.installed.empty()) current = state.installed.back().second;
+  }
+  return current ? current(key, local) : local;  // outside the lock: it may wait for a store
+}
+}  // namespace detail
 
 std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps) {
   switch (id) {
@@ -181,6 +227,16 @@ bool same_key(const NSFormChoice& a, const NSFormChoice& b) {
          a.device == b.device;
 }
 
+// What every rank of a job calls `key`: the device's type without its index (ranks run on
+// cuda:LOCAL_RANK).
+std::string job_key(const NSFormChoice& key, const c10::Device& device) {
+  std::ostringstream out;
+  out << "ns_form/" << key.m << "x" << key.n << "/d" << key.d << "/batch" << key.batch << "/steps"
+      << key.steps << "/restart" << key.restart << "/schedule" << key.schedule << "/" << key.dtype
+      << "/" << c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+  return out.str();
+}
+
 // The kept decision for `key`, or else one made now: `plain` and `gram` run the two candidates
 // once each, `model` is the cost model's answer.
 bool decide(NSFormChoice key, const c10::Device& device, const std::function<void()>& plain,
@@ -199,8 +255,14 @@ bool decide(NSFormChoice key, const c10::Device& device, const std::function<voi
   key.gram_ms = std::isnan(key.plain_ms) ? NAN : timer(gram, device);
   key.measured = !std::isnan(key.plain_ms) && !std::isnan(key.gram_ms);
   key.gram = key.measured ? key.gram_ms < key.plain_ms : model;
+  // In a data-parallel job, the job's choice: the first one any rank made for this key, so that
+  // replicated ranks, each timing on its own, still take one form (detail::agree; not a
+  // collective, so a rank may decide alone, as the owner does in a sharded step). The times kept
+  // below stay this rank's own.
+  key.gram = detail::agree(job_key(key, device), key.gram) != 0;
 #ifdef FOGO_WITH_CUDA
-  // Inside a capture the model answers this call only: the next eager sight measures.
+  // Inside a capture the model answers this call only: the next eager sight measures (in a job
+  // whose ranks already agreed on the key, the agreed answer holds, here and then).
   if (!key.measured && device.is_cuda() && capturing(device)) return key.gram;
 #endif
   const std::lock_guard<std::mutex> lock(state.mutex);

@@ -14,6 +14,7 @@
 #include <fogo/fogo_optimizer.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
+#include <fogo/newton_schulz.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -38,6 +39,8 @@
 #include <utility>
 #include <vector>
 
+#include "dist/internal.h"
+#include "fogo/detail/agreement.h"
 #include "rank_launcher.h"
 
 namespace {
@@ -72,12 +75,17 @@ fs::path out_dir() {
 }
 
 /// The scenario's group: a CPU job (Gloo alone, whatever GPUs the machine has) but for the
-/// "cuda" scenario, whose tensors live on cuda:LOCAL_RANK.
+/// "cuda" and "cuda_join" scenarios, whose tensors live on the rank's GPU, and "gloo_cuda",
+/// which names no device (Backend::Auto settles on NCCL or Gloo from the ranks' GPUs).
 fogo::dist::ProcessGroup make_group(const std::string& scenario) {
-  return fogo::dist::init_from_env(
-      fogo::dist::ProcessGroupOptions()
-          .timeout(std::chrono::milliseconds(env_int("FOGO_DIST_TIMEOUT_MS", 30000)))
-          .device(scenario == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU)));
+  auto options = fogo::dist::ProcessGroupOptions().timeout(
+      std::chrono::milliseconds(env_int("FOGO_DIST_TIMEOUT_MS", 30000)));
+  if (scenario == "cuda" || scenario == "cuda_join") {
+    options.device(torch::Device(torch::kCUDA));
+  } else if (scenario != "gloo_cuda") {
+    options.device(torch::Device(torch::kCPU));
+  }
+  return fogo::dist::init_from_env(options);
 }
 
 double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
@@ -818,8 +826,8 @@ void scenario_join(const fogo::dist::ProcessGroup& group) { group.barrier(); }
 /// with shard_step, equal the same optimizers stepping without any group: world 1 on one GPU
 /// (NCCL cannot put two ranks on one device), so the averaged gradient is the gradient itself.
 void scenario_cuda(const fogo::dist::ProcessGroup& group) {
-  RANK_CHECK(torch::cuda::is_available(), "no CUDA device");
-  const torch::Device device(torch::kCUDA, group.local_rank());
+  RANK_CHECK(torch::cuda::is_available() && group.cuda_device(), "no CUDA device");
+  const torch::Device device = *group.cuda_device();
   for (const bool shard : {false, true}) {
     torch::manual_seed(11);
     auto model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
@@ -856,6 +864,175 @@ void scenario_cuda(const fogo::dist::ProcessGroup& group) {
   }
 }
 
+/// A group without NCCL hands CUDA tensors to Gloo (c10d dispatches by device type: Gloo was
+/// registered for CPU tensors only, and a CUDA job without NCCL failed at its first
+/// collective). Here (no device named) the ranks settle on Gloo alone: on a machine without a
+/// GPU they have none; on a GPU machine both see the one GPU (CUDA_VISIBLE_DEVICES=0, the
+/// launcher's), rank 1 with LOCAL_RANK=1 as well, and NCCL cannot put two ranks on one GPU. With
+/// a GPU, FOGO through the group on CUDA tensors (broadcast, gradient averaging, shard_step's
+/// exchanges, the lockstep check) equals the same steps without a group.
+void scenario_gloo_cuda(const fogo::dist::ProcessGroup& group) {
+  RANK_CHECK(!group.has_nccl(), "NCCL chosen");
+  const auto backend = group.c10d().getBackend(c10::DeviceType::CUDA);
+  RANK_CHECK(backend->getBackendName() == "gloo",
+             "CUDA tensors go to " << backend->getBackendName());
+  if (!torch::cuda::is_available()) {
+    RANK_CHECK(!group.cuda_device(), "a GPU on a machine without one");
+    return;
+  }
+  // The process sees one GPU: cuda:0, whatever LOCAL_RANK says.
+  RANK_CHECK(group.cuda_device() == torch::Device(torch::kCUDA, 0),
+             "rank " << group.rank() << "'s GPU: " << group.cuda_device().value_or(torch::kCPU));
+  const auto device = *group.cuda_device();
+  const int64_t b = 4, rank = group.rank(), world = group.world_size();
+  for (const bool shard : {false, true}) {
+    torch::manual_seed(13 + rank);  // the ranks start apart: the broadcast brings them together
+    auto model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+    torch::manual_seed(13);
+    auto reference = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+    model->to(device);
+    reference->to(device);
+    fogo::dist::broadcast_parameters(group, *model);
+    RANK_CHECK(torch::equal(model->parameters()[0], reference->parameters()[0]), "broadcast");
+    fogo::dist::GradientAverager averager(group, model->parameters());
+    fogo::FOGO opt(model->parameters(), small_fogo());
+    fogo::FOGO ref_opt(reference->parameters(), small_fogo());
+    if (shard) fogo::dist::shard_step(group, opt);
+    for (int64_t step = 0; step < 4; ++step) {
+      torch::manual_seed(500 + step);
+      const auto x = torch::randn({world * b, 12}).to(device);
+      const auto y = torch::randn({world * b, 5}).to(device);
+      const auto loss = [&](torch::nn::Sequential& m, int64_t r) {
+        return torch::mse_loss(m->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
+      };
+      opt.zero_grad();
+      loss(model, rank).backward();
+      averager.finish();
+      std::vector<std::vector<torch::Tensor>> g;
+      for (int64_t r = 0; r < world; ++r) {
+        g.push_back(grads_of(reference->parameters(), [&] { return loss(reference, r); }));
+      }
+      auto ref_params = reference->parameters();
+      for (size_t i = 0; i < ref_params.size(); ++i) {
+        ref_params[i].mutable_grad() = (g[0][i] + g[1][i]) / 2;
+        const auto err = max_abs(model->parameters()[i].grad() - ref_params[i].grad());
+        RANK_CHECK(err <= 1e-6 * max_abs(ref_params[i].grad()),
+                   "step " << step << " averaged gradient " << i << " off by " << err);
+      }
+      opt.step();
+      ref_opt.step();
+    }
+    fogo::dist::check_lockstep(group, fogo::dist::module_state(*model));
+    const auto a = model->parameters(), r = reference->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      RANK_CHECK(torch::allclose(a[i], r[i], 1e-5, 1e-6),
+                 (shard ? "sharded" : "replicated")
+                     << " parameter " << i << " differs by " << max_abs(a[i] - r[i]));
+    }
+  }
+}
+
+// --- ns_form Auto: one decision per shape for the whole job ---------------------------------
+
+/// A timer for ns_form Auto that finds Gram faster on rank 0 and Plain faster on the others,
+/// without running anything (decide() times Plain, then Gram).
+fogo::NSFormTimer disagreeing_timer(int64_t rank) {
+  auto calls = std::make_shared<int64_t>(0);
+  return [calls, rank](const std::function<void()>&, const c10::Device&) {
+    const bool plain = (*calls)++ % 2 == 0;
+    return plain == (rank == 0) ? 2.0 : 1.0;  // rank 0: Plain 2 ms, Gram 1 ms
+  };
+}
+
+/// This rank's kept decisions as rows (m, n, d, batch, steps, restart, schedule, dtype, gram),
+/// sorted; each must have been timed.
+torch::Tensor ns_form_table() {
+  std::vector<std::vector<int64_t>> rows;
+  for (const auto& c : fogo::ns_form_choices()) {
+    RANK_CHECK(c.measured, "the decision for " << c.m << "x" << c.n << " was not timed");
+    rows.push_back({c.m, c.n, c.d, c.batch, c.steps, c.restart, c.schedule,
+                    static_cast<int64_t>(c.dtype), c.gram});
+  }
+  std::sort(rows.begin(), rows.end());
+  auto table = torch::zeros({static_cast<int64_t>(rows.size()), 9}, torch::kInt64);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < 9; ++j) table[i][j] = rows[i][j];
+  }
+  return table;
+}
+
+/// World 2 with timers that disagree (disagreeing_timer). Replicated Muon and FOGO with ns_form
+/// Auto: both ranks keep the same decisions and stay bit-identical. A decision made by one rank
+/// alone (rank 0 first, then rank 1 on the same shape) is the one the other takes, against its
+/// own timing. Sharded Muon (shard_step: each owner decides for its own matrices) does not hang
+/// and stays in lockstep; its ranks' decisions go to files for the launcher to compare.
+void scenario_agreement(const fogo::dist::ProcessGroup& group) {
+  const int64_t rank = group.rank();
+  fogo::set_ns_form_timer(disagreeing_timer(rank));
+  RANK_CHECK(fogo::ns_form_choices().empty(), "decisions before any step");
+  const auto full_batch_step = [](std::vector<torch::nn::Sequential*> models, int64_t step) {
+    torch::manual_seed(600 + step);
+    const auto x = torch::randn({12, 12}), y = torch::randn({12, 5});
+    for (auto* m : models) {
+      (*m)->zero_grad();
+      torch::mse_loss((*m)->forward(x), y).backward();  // the same gradient on every rank
+    }
+  };
+  torch::manual_seed(12);
+  auto muon_model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+  auto fogo_model = mlp({12, 24, 24, 5}, false, torch::kFloat32);
+  copy_params(*fogo_model, *muon_model);
+  fogo::Muon muon(muon_model->parameters(), fogo::MuonOptions(0.02).ns_form(fogo::NSForm::Auto));
+  fogo::FOGO fogo_opt(fogo_model->parameters(), small_fogo().ns_form(fogo::NSForm::Auto));
+  for (int64_t step = 0; step < 4; ++step) {
+    full_batch_step({&muon_model, &fogo_model}, step);
+    muon.step();
+    fogo_opt.step();
+  }
+  RANK_CHECK(fogo::ns_form_choices().size() >= 3, "decisions: " << fogo::ns_form_choices().size());
+  fogo::dist::NamedTensors state;
+  for (const auto& [name, t] : fogo::dist::module_state(*muon_model)) {
+    state.emplace_back("muon." + name, t);
+  }
+  for (const auto& [name, t] : fogo::dist::module_state(*fogo_model)) {
+    state.emplace_back("fogo." + name, t);
+  }
+  const auto memory = fogo::dist::fogo_memory(fogo_opt);
+  state.insert(state.end(), memory.begin(), memory.end());
+  state.emplace_back("ns_form_choices", ns_form_table());
+  fogo::dist::check_lockstep(group, state);
+
+  // One rank decides alone first: its choice (Gram, rank 0's timing) is the job's.
+  const auto config = fogo::ns_config(fogo::kQuintic, 5, 1e-7, fogo::NSNormalization::ClampMin,
+                                      torch::kFloat32, fogo::NSForm::Auto, 3);
+  const auto alone = torch::randn({8, 40});
+  if (rank == 0) (void)fogo::newton_schulz(alone, config);
+  group.barrier();
+  if (rank != 0) (void)fogo::newton_schulz(alone, config);
+  bool found = false;
+  for (const auto& c : fogo::ns_form_choices()) {
+    if (c.m == 8 && c.n == 40 && c.d == 0) {
+      found = true;
+      RANK_CHECK(c.gram, "rank " << rank << " took Plain for 8x40; rank 0 decided Gram first");
+    }
+  }
+  RANK_CHECK(found, "no decision for 8x40");
+
+  // Sharded: new shapes, each decided by the rank that owns it.
+  auto sharded_model = mlp({12, 16, 16, 16, 5}, false, torch::kFloat32);
+  fogo::Muon sharded(sharded_model->parameters(),
+                     fogo::MuonOptions(0.02).ns_form(fogo::NSForm::Auto));
+  const auto owners = fogo::dist::shard_step(group, sharded);
+  RANK_CHECK(std::count(owners.begin(), owners.end(), rank) >= 1, "rank " << rank << " owns none");
+  for (int64_t step = 0; step < 3; ++step) {
+    full_batch_step({&sharded_model}, step);
+    sharded.step();
+  }
+  fogo::dist::check_lockstep(group, fogo::dist::module_state(*sharded_model));
+  torch::save(ns_form_table(),
+              (out_dir() / ("ns_form_rank" + std::to_string(rank) + ".pt")).string());
+}
+
 /// Under torchrun: the replicated scenario with the launcher's own environment.
 void scenario_torchrun(const fogo::dist::ProcessGroup& group) { scenario_replicated(group); }
 
@@ -867,6 +1044,9 @@ int rank_main(const std::string& scenario) {
       {"lockstep", scenario_lockstep},
       {"killed", scenario_killed},
       {"join", scenario_join},
+      {"cuda_join", scenario_join},
+      {"gloo_cuda", scenario_gloo_cuda},
+      {"agreement", scenario_agreement},
       {"torchrun", scenario_torchrun},
       {"cuda", scenario_cuda},
       {"checkpoint_save", scenario_checkpoint_save},
@@ -1007,6 +1187,123 @@ TEST(DistributedCuda, FogoOnTheGpuThroughTheGroupEqualsFogoWithoutIt) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto job = launch("cuda", 1);
   expect_all_passed(job);
+}
+
+TEST(Distributed, GlooTakesCudaTensorsInAGroupWithoutNccl) {
+  expect_all_passed(launch("gloo_cuda", 2));
+}
+
+// Both ranks see the machine's one GPU: NCCL cannot run there, so the job (no device named)
+// settles on Gloo, which carries the CUDA tensors through host memory; rank 1 (LOCAL_RANK=1)
+// uses cuda:0, the one GPU it sees.
+TEST(DistributedCuda, TwoRanksOnOneGpuCommunicateCudaTensorsThroughGloo) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_all_passed(launch("gloo_cuda", 2, [](int) { return Env{{"CUDA_VISIBLE_DEVICES", "0"}}; }));
+}
+
+// A CUDA job (device cuda) of two ranks that each see one GPU, the same one: NCCL would fail at
+// its first collective ("duplicate GPU"); the ranks refuse at start-up, naming the GPU and the
+// fixes. Without NCCL in the build the job runs on Gloo instead.
+TEST(DistributedCuda, TwoRanksOnOneGpuAreRefusedAtStartUpForNccl) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto job = launch(
+      "cuda_join", 2,
+      [](int) {
+        return Env{{"CUDA_VISIBLE_DEVICES", "0"}};
+      },
+      60);
+  EXPECT_FALSE(job.killed) << job.logs();
+  if (!fogo::dist::built_with_nccl()) {
+    expect_all_passed(job);
+    return;
+  }
+  for (const auto& rank : job.ranks) {
+    EXPECT_EQ(rank.code, 3) << job.logs();
+    EXPECT_TRUE(contains(rank.log, "rank(s) 0, 1 share GPU-") &&
+                contains(rank.log, "CUDA_VISIBLE_DEVICES per rank"))
+        << job.logs();
+  }
+}
+
+// ns_form Auto's decisions are the job's: ranks whose timers disagree keep one form per shape
+// and stay bit-identical (replicated Muon and FOGO); in sharded steps, where each owner decides
+// for its own matrices, nothing waits on the other ranks and what two ranks both decided agrees.
+TEST(Distributed, NsFormAutoDecidesOnceForTheJobWhenRanksTimeDifferently) {
+  const auto job = launch("agreement", 2);
+  expect_all_passed(job);
+  if (::testing::Test::HasFailure()) return;
+  // The decisions each rank kept, by key (every column but the form): the ones both made agree,
+  // and each rank made some alone (the shapes only it owns in the sharded run).
+  std::vector<std::map<std::vector<int64_t>, int64_t>> forms(2);
+  for (int r = 0; r < 2; ++r) {
+    torch::Tensor table;
+    torch::load(table, (job.dir / ("ns_form_rank" + std::to_string(r) + ".pt")).string());
+    for (int64_t i = 0; i < table.size(0); ++i) {
+      const auto row = table[i];
+      std::vector<int64_t> key(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + 8);
+      forms[r][key] = row[8].item<int64_t>();
+    }
+  }
+  int64_t both = 0, alone[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& [key, gram] : forms[r]) {
+      const auto other = forms[1 - r].find(key);
+      if (other == forms[1 - r].end()) {
+        ++alone[r];
+      } else if (r == 0) {
+        ++both;
+        EXPECT_EQ(gram, other->second) << "the ranks took different forms for " << key[0] << "x"
+                                       << key[1] << " (d " << key[2] << ", batch " << key[3] << ")";
+      }
+    }
+  }
+  EXPECT_GE(both, 4);
+  EXPECT_GE(alone[0], 1);
+  EXPECT_GE(alone[1], 1);
+}
+
+// The hook itself, in this process: ns_form Auto asks the installed agreement once per new
+// decision, with a key that names no device index and this process's own answer, and takes
+// the answer it gets; without one it keeps its own.
+TEST(Distributed, NsFormAutoTakesTheAgreedFormOncePerShape) {
+  fogo::clear_ns_form_choices();
+  fogo::set_ns_form_timer(nullptr);  // on the CPU: the cost model's answer
+  auto config = fogo::ns_config(fogo::kQuintic, 5, 1e-7, fogo::NSNormalization::ClampMin,
+                                torch::kFloat32, fogo::NSForm::Auto, 3);
+  ASSERT_FALSE(fogo::newton_schulz_gram_is_cheaper(32, 32, 5, 3));  // so the model says Plain
+  std::vector<std::pair<std::string, int64_t>> asked;
+  const auto first = fogo::detail::install_agreement([](const std::string&, int64_t) {
+    return int64_t{0};  // replaced by the next one
+  });
+  const auto handle = fogo::detail::install_agreement([&](const std::string& key, int64_t local) {
+    asked.emplace_back(key, local);
+    return int64_t{1};  // the job says Gram
+  });
+  torch::manual_seed(5);
+  const auto B = torch::randn({32, 32});
+  const auto agreed = fogo::newton_schulz(B, config);
+  (void)fogo::newton_schulz(B, config);  // kept: not asked again
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].first, "ns_form/32x32/d0/batch0/steps5/restart3/schedule0/Float/cpu");
+  EXPECT_EQ(asked[0].second, 0) << "the cost model's answer is Plain";
+  ASSERT_EQ(fogo::ns_form_choices().size(), 1u);
+  EXPECT_TRUE(fogo::ns_form_choices()[0].gram);
+  auto gram = config, plain = config;
+  gram.form = fogo::NSForm::Gram;
+  plain.form = fogo::NSForm::Plain;
+  EXPECT_TRUE(torch::equal(agreed, fogo::newton_schulz(B, gram)));
+  EXPECT_FALSE(torch::equal(agreed, fogo::newton_schulz(B, plain)));
+  // Removed: the one installed before answers (Plain), then none (the model: Plain).
+  fogo::detail::remove_agreement(handle);
+  fogo::clear_ns_form_choices();
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(B, config), fogo::newton_schulz(B, plain)));
+  EXPECT_FALSE(fogo::ns_form_choices().at(0).gram);
+  fogo::detail::remove_agreement(first);
+  fogo::clear_ns_form_choices();
+  EXPECT_EQ(fogo::detail::agree("any", 7), 7);
+  (void)fogo::newton_schulz(B, config);
+  EXPECT_EQ(asked.size(), 1u);
+  fogo::clear_ns_form_choices();
 }
 
 TEST(Distributed, ReplicatedFogoAndMuonRanksBitIdenticalToSingleProcess) {
@@ -1322,9 +1619,12 @@ TEST(Distributed, BackendFollowsTheJobsDeviceAndTheGpusPerRank) {
   };
   const auto cpu = ProcessGroupOptions().device(torch::Device(torch::kCPU));
   const auto cuda = ProcessGroupOptions().device(torch::Device(torch::kCUDA));
-  const auto expect = [](const fogo::dist::Backends& b, bool gloo, bool nccl, const char* what) {
+  const auto expect = [](const fogo::dist::Backends& b, bool gloo, bool nccl, int64_t gpu,
+                         const char* what, bool optional = false) {
     EXPECT_EQ(b.gloo, gloo) << what;
     EXPECT_EQ(b.nccl, nccl) << what;
+    EXPECT_EQ(b.cuda_device, gpu) << what;
+    EXPECT_EQ(b.nccl_optional, optional) << what;
   };
   const auto expect_error = [](const std::function<void()>& f, std::vector<std::string> needles) {
     try {
@@ -1340,38 +1640,54 @@ TEST(Distributed, BackendFollowsTheJobsDeviceAndTheGpusPerRank) {
   // used to die at start-up).
   for (const int64_t gpus : {0, 1, 8}) {
     for (const int64_t r : {0, 1}) {
-      expect(choose_backends(cpu, launch(r, 2), gpus, true), true, false, "cpu job");
+      const auto b = choose_backends(cpu, launch(r, 2), gpus, true);
+      EXPECT_TRUE(b.gloo && !b.nccl) << "cpu job, " << gpus << " GPUs";
     }
   }
-  // A CUDA job with a GPU per local rank: Gloo (CPU bookkeeping) and NCCL.
-  expect(choose_backends(cuda, launch(1, 2), 2, true), true, true, "cuda job, 2 GPUs");
-  // ... with fewer GPUs than local ranks: an error naming both fixes, on the rank without a GPU.
-  expect(choose_backends(cuda, launch(0, 2), 1, true), true, true, "cuda job, rank 0 of 2, 1 GPU");
-  expect_error([&] { choose_backends(cuda, launch(1, 2), 1, true); },
-               {"LOCAL_RANK=1 of 2 local rank(s) finds 1 CUDA device(s)",
-                "torchrun --nproc-per-node 1", "--device cpu"});
+  // A CUDA job on a process that sees the node's GPUs: its GPU is LOCAL_RANK's.
+  expect(choose_backends(cuda, launch(1, 2), 2, true), true, true, 1, "cuda job, 2 GPUs");
+  // ... that sees exactly one GPU (CUDA_VISIBLE_DEVICES per rank, as SLURM sets it): cuda:0,
+  // whatever LOCAL_RANK (it used to be refused for LOCAL_RANK >= 1).
+  expect(choose_backends(cuda, launch(3, 4), 1, true), true, true, 0, "cuda job, 1 GPU visible");
+  expect(choose_backends(cuda, launch(0, 2), 1, true), true, true, 0, "cuda job, rank 0, 1 GPU");
+  // ... naming its GPU.
+  expect(choose_backends(ProcessGroupOptions().device(torch::Device(torch::kCUDA, 1)), launch(0, 2),
+                         2, true),
+         true, true, 1, "cuda:1 named");
+  expect_error(
+      [&] {
+        choose_backends(ProcessGroupOptions().device(torch::Device(torch::kCUDA, 2)), launch(0, 2),
+                        2, true);
+      },
+      {"ProcessGroupOptions::device is cuda:2 but this process sees 2 CUDA device(s)"});
+  // ... with more local ranks than the GPUs the process sees: an error naming the fixes, on the
+  // rank without a GPU.
+  expect_error([&] { choose_backends(cuda, launch(2, 4), 2, true); },
+               {"LOCAL_RANK=2 of 4 local rank(s) finds 2 CUDA device(s)",
+                "torchrun --nproc-per-node 2", "CUDA_VISIBLE_DEVICES per rank", "--device cpu"});
   expect_error([&] { choose_backends(cuda, launch(0, 1), 0, true); },
                {"finds 0 CUDA device(s)", "--device cpu"});
-  // fogo without NCCL: Gloo carries CUDA tensors too.
-  expect(choose_backends(cuda, launch(1, 2), 0, false), true, false, "cuda job, no NCCL built");
-  // No device named: NCCL only when every local rank of the node has a GPU, the same answer on
-  // every rank of the node.
-  for (const int64_t r : {0, 1}) {
-    expect(choose_backends({}, launch(r, 2), 1, true), true, false, "unset, 2 ranks, 1 GPU");
-    expect(choose_backends({}, launch(r, 2), 2, true), true, true, "unset, 2 ranks, 2 GPUs");
-    expect(choose_backends({}, launch(r, 2), 0, true), true, false, "unset, no GPU");
-  }
-  // Without LOCAL_WORLD_SIZE every rank may be on this node: NCCL only with a GPU per rank.
-  expect(choose_backends({}, launch(0, 0), 1, true), true, false, "unset, unknown local world");
-  expect(choose_backends({}, launch(0, 0), 4, true), true, true, "unset, 4 GPUs for 4 ranks");
+  // fogo without NCCL: Gloo alone (the group hands it the CUDA tensors too).
+  expect(choose_backends(cuda, launch(1, 2), 2, false), true, false, 1, "cuda job, no NCCL built");
+  expect(choose_backends(cuda, launch(3, 4), 2, false), true, false, -1, "no NCCL, GPUs shared");
+  expect_error([&] { choose_backends(cuda, launch(0, 2), 0, false); }, {"finds 0 CUDA device(s)"});
+  // No device named: each rank offers its GPU; the job takes NCCL only if every rank has one of
+  // its own (settle_backends, below).
+  expect(choose_backends({}, launch(1, 2), 1, true), true, true, 0, "unset, 1 GPU visible", true);
+  expect(choose_backends({}, launch(1, 2), 2, true), true, true, 1, "unset, 2 GPUs", true);
+  expect(choose_backends({}, launch(2, 4), 2, true), true, false, -1, "unset, no GPU left", true);
+  expect(choose_backends({}, launch(0, 2), 0, true), true, false, -1, "unset, no GPU", true);
+  expect(choose_backends({}, launch(0, 2), 1, false), true, false, 0, "unset, no NCCL built");
   // Explicit backends.
   expect(choose_backends(ProcessGroupOptions().backend(Backend::Gloo), launch(1, 2), 2, true), true,
-         false, "gloo");
+         false, 1, "gloo");
   expect(choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(1, 2), 2, true),
-         false, true, "nccl");
+         false, true, 1, "nccl");
+  expect(choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(3, 4), 1, true),
+         false, true, 0, "nccl, 1 GPU visible");
   expect_error(
-      [&] { choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(1, 2), 1, true); },
-      {"backend Nccl needs one GPU per rank", "LOCAL_RANK=1"});
+      [&] { choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(2, 4), 2, true); },
+      {"backend Nccl needs a GPU of its own for each rank", "LOCAL_RANK=2"});
   expect_error(
       [&] {
         choose_backends(ProcessGroupOptions().backend(Backend::Nccl), launch(0, 1), 1, false);
@@ -1382,6 +1698,62 @@ TEST(Distributed, BackendFollowsTheJobsDeviceAndTheGpusPerRank) {
         choose_backends(ProcessGroupOptions(cpu).backend(Backend::Nccl), launch(0, 1), 1, true);
       },
       {"backend Nccl communicates CUDA tensors", "cpu"});
+}
+
+// The job's choice from every rank's offer (what rank 0 decides during the members check and
+// every rank then applies), with the ranks' GPUs injected.
+TEST(Distributed, JobTakesNcclOnlyWithAGpuOfItsOwnForEveryRank) {
+  using fogo::dist::Backends;
+  using fogo::dist::detail::Offer;
+  using fogo::dist::detail::settle_backends;
+  const auto offer = [](bool nccl, bool optional, const std::string& gpu) {
+    Offer o;
+    o.backends.gloo = true;
+    o.backends.nccl = nccl;
+    o.backends.nccl_optional = optional;
+    o.backends.cuda_device = nccl ? 0 : -1;
+    o.gpu = gpu;
+    return o;
+  };
+  // A CUDA job (NCCL required): distinct GPUs, or a clear error naming the ranks that share.
+  auto job = settle_backends({offer(true, false, "GPU-a"), offer(true, false, "GPU-b")});
+  EXPECT_TRUE(job.nccl && job.problem.empty()) << job.problem;
+  job = settle_backends(
+      {offer(true, false, "GPU-a"), offer(true, false, "GPU-a"), offer(true, false, "GPU-b")});
+  EXPECT_FALSE(job.nccl);
+  EXPECT_TRUE(contains(job.problem,
+                       "NCCL needs a GPU of its own for each rank, but rank(s) 0, 1 "
+                       "share GPU-a") &&
+              contains(job.problem, "CUDA_VISIBLE_DEVICES per rank") &&
+              contains(job.problem, "Backend::Gloo"))
+      << job.problem;
+  // No device named: NCCL where every rank has its own GPU, else Gloo alone, without error.
+  job = settle_backends({offer(true, true, "GPU-a"), offer(true, true, "GPU-b")});
+  EXPECT_TRUE(job.nccl && job.problem.empty());
+  job = settle_backends({offer(true, true, "GPU-a"), offer(true, true, "GPU-a")});
+  EXPECT_TRUE(!job.nccl && job.problem.empty()) << "two ranks on one GPU";
+  job = settle_backends({offer(true, true, "GPU-a"), offer(false, true, "")});
+  EXPECT_TRUE(!job.nccl && job.problem.empty()) << "a rank without a GPU";
+  // A CPU job.
+  job = settle_backends({offer(false, false, ""), offer(false, false, "")});
+  EXPECT_TRUE(!job.nccl && job.problem.empty());
+  // Ranks given different options.
+  job = settle_backends({offer(true, false, "GPU-a"), offer(false, false, "")});
+  EXPECT_TRUE(contains(job.problem, "rank(s) 1 were given other backend options")) << job.problem;
+  // A rank whose own choice failed: every rank reports it.
+  Offer failed;
+  failed.error = "fogo::dist: a CUDA job needs a GPU of its own";
+  job = settle_backends({offer(true, false, "GPU-a"), failed});
+  EXPECT_EQ(job.problem, "fogo::dist: rank 1 of 2 cannot start: a CUDA job needs a GPU of its own");
+  // Offers survive the store: encode/decode.
+  for (const auto& o : {offer(true, true, "GPU-12|34"), offer(false, false, ""), failed}) {
+    const auto back = fogo::dist::detail::decode(fogo::dist::detail::encode(o));
+    EXPECT_EQ(back.backends.gloo, o.backends.gloo);
+    EXPECT_EQ(back.backends.nccl, o.backends.nccl);
+    EXPECT_EQ(back.backends.nccl_optional, o.backends.nccl_optional);
+    EXPECT_EQ(back.gpu, o.gpu);
+    EXPECT_EQ(back.error, o.error);
+  }
 }
 
 }  // namespace

@@ -23,6 +23,27 @@ std::string format(std::chrono::milliseconds t);
 /// "0, 2, 3".
 std::string join(const std::vector<int64_t>& values);
 
+/// One rank's part in the job's backend choice, carried by the members check to rank 0.
+struct Offer {
+  Backends backends;  ///< choose_backends' answer on that rank
+  std::string gpu;    ///< its GPU's identity (gpu_identity), "" for none or unknown
+  std::string error;  ///< choose_backends' error on that rank (then the rest is empty)
+};
+std::string encode(const Offer& offer);
+Offer decode(const std::string& text);
+
+/// The job's choice from every rank's offer (rank order): NCCL or not, or the problem that
+/// stops the job (its message, the same on every rank).
+struct JobBackends {
+  bool nccl = false;
+  std::string problem;
+};
+JobBackends settle_backends(const std::vector<Offer>& offers);
+
+/// CUDA device `index`'s UUID as nvidia-smi prints it ("GPU-8f3a...", "MIG-..."), the same in
+/// every process whatever CUDA_VISIBLE_DEVICES numbers it; "" without NCCL in the build.
+std::string gpu_identity(int64_t index);
+
 }  // namespace detail
 
 struct ProcessGroup::Impl {
@@ -32,6 +53,9 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;  // this group's prefix of the TCPStore
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   torch::Device control_device = torch::kCPU;
+  Backends backends;       ///< this rank's choose_backends, with `nccl` as the job settled it
+  std::string offer;       ///< detail::encode'd: what the members check carries to rank 0
+  int64_t agreement = -1;  ///< fogo::detail::install_agreement's handle, -1 for none
   /// A collective failed: other ranks are gone or stuck, so shutdown() does not wait for them.
   std::atomic<bool> failed{false};
   std::mutex shutdown_mutex;
@@ -53,7 +77,12 @@ struct ProcessGroup::Impl {
   void await_verdict(std::chrono::steady_clock::time_point deadline);
   /// check_members on rank 0: every other rank and its WORLD_SIZE; the verdict published.
   void judge_members(std::chrono::steady_clock::time_point deadline);
+  /// choose_backends on this machine into `backends` and `offer` (an error goes in the offer,
+  /// so that every rank reports it).
+  void offer_backends();
   void create_backends();
+  /// Makes ns_form Auto's decisions the job's (fogo/detail/agreement.h) through the store.
+  void install_agreement();
   void shutdown() noexcept;
 
   /// Waits for `work`; a failure marks the group failed and becomes an error naming `what`.

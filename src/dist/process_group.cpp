@@ -1,6 +1,6 @@
 // fogo::dist's process group (dist/process_group.h): the launch environment, the rendezvous
 // store, the members check, the backends.
-#include <torch/cuda.h>
+#include <fogo/newton_schulz.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fogo/detail/agreement.h"
 #include "internal.h"
 
 namespace fogo::dist {
@@ -144,9 +145,11 @@ ProcessGroup::Impl::Impl(const Launch& l, ProcessGroupOptions o)
   TORCH_CHECK(options.timeout().count() > 0, "fogo::dist: timeout must be positive, got ",
               options.timeout().count(), " ms");
   hosts_store = launch.rank == 0 && !launch.agent_store;
+  offer_backends();
   connect_store();
   check_members();
   create_backends();
+  install_agreement();
 }
 
 void ProcessGroup::Impl::connect_store() {
@@ -198,20 +201,27 @@ void ProcessGroup::Impl::connect_store() {
 
 namespace {
 std::string rank_key(int64_t r) { return "rank/" + std::to_string(r); }
-// A rank's claim in the store: "WORLD_SIZE|process".
+// A rank's claim in the store: "WORLD_SIZE|process|backend offer" (the offer may hold '|').
 int64_t world_of(const std::string& token) {
   return parse_int("WORLD_SIZE", token.substr(0, token.find('|')));
 }
-std::string process_of(const std::string& token) { return token.substr(token.find('|') + 1); }
+std::string process_of(const std::string& token) {
+  const auto begin = token.find('|') + 1;
+  return token.substr(begin, token.find('|', begin) - begin);
+}
+std::string offer_of(const std::string& token) {
+  return token.substr(token.find('|', token.find('|') + 1) + 1);
+}
 }  // namespace
 
 // Through the store: one process per rank, and every rank present with rank 0's WORLD_SIZE.
-// Rank 0 checks the others and publishes a verdict (judge_members); the others check rank 0's
-// WORLD_SIZE themselves (so they fail at once when they disagree) and then wait for the verdict
+// Rank 0 checks the others, settles the job's backends from their offers and publishes a verdict
+// ("ok", "ok+nccl" or the problem; judge_members); the others check rank 0's WORLD_SIZE
+// themselves (so they fail at once when they disagree) and then wait for the verdict
 // (await_verdict).
 void ProcessGroup::Impl::check_members() {
   const auto deadline = Clock::now() + options.timeout();
-  const std::string token = std::to_string(launch.world_size) + "|" + this_process();
+  const std::string token = std::to_string(launch.world_size) + "|" + this_process() + "|" + offer;
   const auto holder = text(store->compareSet(rank_key(launch.rank), {}, bytes(token)));
   TORCH_CHECK(holder == token, "fogo::dist: RANK=", launch.rank,
               " is claimed by two processes: ", process_of(holder), " and this one (",
@@ -260,7 +270,8 @@ void ProcessGroup::Impl::await_verdict(Clock::time_point deadline) {
                 "the timeout (", format(options.timeout()), "): ", message_of(e));
   }
   acknowledge();
-  TORCH_CHECK(verdict == "ok", verdict, " (reported by rank 0)");
+  TORCH_CHECK(verdict.rfind("ok", 0) == 0, verdict, " (reported by rank 0)");
+  backends.nccl = verdict == "ok+nccl";
 }
 
 void ProcessGroup::Impl::judge_members(Clock::time_point deadline) {
@@ -270,6 +281,7 @@ void ProcessGroup::Impl::judge_members(Clock::time_point deadline) {
   };
   const auto world = launch.world_size;
   std::string problem;
+  std::vector<Offer> offers{decode(offer)};
   for (int64_t r = 1; r < world && problem.empty(); ++r) {
     try {
       store->wait({rank_key(r)}, remaining());
@@ -280,18 +292,25 @@ void ProcessGroup::Impl::judge_members(Clock::time_point deadline) {
           missing.push_back(q);
         }
       }
-      problem = "rank(s) " + join(missing) + " of WORLD_SIZE=" + std::to_string(world) +
+      problem = "fogo::dist: rank(s) " + join(missing) + " of WORLD_SIZE=" + std::to_string(world) +
                 " did not join at " + store_address() + " within the timeout (" +
                 format(options.timeout()) + ")";
       break;
     }
-    const auto world_r = world_of(store->get_to_str(rank_key(r)));
+    const auto token = store->get_to_str(rank_key(r));
+    const auto world_r = world_of(token);
     if (world_r != world) {
-      problem = "WORLD_SIZE mismatch: rank 0 has WORLD_SIZE=" + std::to_string(world) +
+      problem = "fogo::dist: WORLD_SIZE mismatch: rank 0 has WORLD_SIZE=" + std::to_string(world) +
                 " but RANK=" + std::to_string(r) + " has WORLD_SIZE=" + std::to_string(world_r);
     }
+    offers.push_back(decode(offer_of(token)));
   }
-  store->set("verdict", problem.empty() ? std::string("ok") : "fogo::dist: " + problem);
+  if (problem.empty()) {
+    const auto job = settle_backends(offers);
+    problem = job.problem;
+    backends.nccl = job.nccl;
+  }
+  store->set("verdict", problem.empty() ? std::string(backends.nccl ? "ok+nccl" : "ok") : problem);
   if (problem.empty()) {
     return;
   }
@@ -305,66 +324,11 @@ void ProcessGroup::Impl::judge_members(Clock::time_point deadline) {
       std::this_thread::sleep_for(milliseconds(10));
     }
   }
-  TORCH_CHECK(false, "fogo::dist: ", problem);
-}
-
-Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
-                         int64_t cuda_devices, bool nccl_built) {
-  const auto backend = options.backend();
-  const auto& device = options.device();
-  TORCH_CHECK(!device || device->is_cpu() || device->is_cuda(),
-              "fogo::dist: ProcessGroupOptions::device must be a CPU or CUDA device, got ",
-              *device);
-  // NCCL runs on cuda:LOCAL_RANK: a rank without a GPU of its own cannot take part in it, and
-  // a NCCL group is only whole when every rank has one. A launcher that does not say how many
-  // ranks share the node (LOCAL_WORLD_SIZE) may have put them all on it.
-  const bool own_gpu = launch.local_rank < cuda_devices;
-  const int64_t local_world =
-      launch.local_world_size > 0 ? launch.local_world_size : launch.world_size;
-  const auto no_gpu_for_this_rank = [&](const char* why) {
-    TORCH_CHECK(
-        false, "fogo::dist: ", why, " needs one GPU per rank on each node (it runs on ",
-        "cuda:LOCAL_RANK), but LOCAL_RANK=", launch.local_rank, " of ", local_world,
-        " local rank(s) finds ", cuda_devices, " CUDA device(s) visible. Launch at most ",
-        cuda_devices, " rank(s) per node (torchrun --nproc-per-node ",
-        std::max<int64_t>(cuda_devices, 1),
-        "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU); "
-        "the trainers' --device cpu), which communicates through Gloo");
-  };
-  switch (backend) {
-    case Backend::Gloo:
-      return {true, false};
-    case Backend::Nccl:
-      TORCH_CHECK(nccl_built, "fogo::dist: backend Nccl requested but fogo was built without NCCL");
-      TORCH_CHECK(!device || device->is_cuda(), "fogo::dist: backend Nccl communicates CUDA ",
-                  "tensors, but ProcessGroupOptions::device is ", *device,
-                  " (use Backend::Gloo or Auto for a CPU job)");
-      if (!own_gpu) no_gpu_for_this_rank("backend Nccl");
-      return {false, true};
-    case Backend::Auto:
-      break;
-  }
-  if (!nccl_built) return {true, false};  // Gloo moves CUDA tensors too, through the host
-  if (device) {
-    if (device->is_cpu()) return {true, false};
-    if (!own_gpu) no_gpu_for_this_rank("a CUDA job (ProcessGroupOptions::device cuda)");
-    return {true, true};
-  }
-  // No device named: NCCL only where every local rank has a GPU. The decision is the same on
-  // every rank of a node (it reads the node's figures, not this rank's), so no rank ends up
-  // waiting for a NCCL peer that never created its backend.
-  return {true, local_world <= cuda_devices};
+  TORCH_CHECK(false, problem);
 }
 
 void ProcessGroup::Impl::create_backends() {
-#ifdef FOGO_DISTRIBUTED_NCCL
-  const bool nccl_built = true;
-  const int64_t cuda_devices = torch::cuda::is_available() ? c10::cuda::device_count() : 0;
-#else
-  const bool nccl_built = false;
-  const int64_t cuda_devices = 0;
-#endif
-  const auto [use_gloo, use_nccl] = choose_backends(options, launch, cuda_devices, nccl_built);
+  const bool use_gloo = backends.gloo, use_nccl = backends.nccl;  // nccl as the job settled it
   const int rank = static_cast<int>(launch.rank);
   const int world = static_cast<int>(launch.world_size);
   pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
@@ -394,10 +358,22 @@ void ProcessGroup::Impl::create_backends() {
     }
     pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
     pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    if (!use_nccl) {
+      // ProcessGroupGloo takes CUDA tensors too (broadcast, all-reduce, all-gather: copies to
+      // pinned host memory on side streams ordered after the current one, and back), so a CUDA
+      // job without NCCL (fogo built without it, Backend::Gloo, more ranks than GPUs) works,
+      // slower. c10d dispatches by device type: without this, its first CUDA collective fails.
+      pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+      if (options.device() && options.device()->is_cuda()) {
+        TORCH_WARN_ONCE("fogo::dist: this CUDA job communicates through Gloo, by host memory (",
+                        built_with_nccl() ? "Backend::Gloo" : "fogo was built without NCCL",
+                        "): slower than NCCL");
+      }
+    }
   }
 #ifdef FOGO_DISTRIBUTED_NCCL
   if (use_nccl) {
-    c10::cuda::set_device(static_cast<c10::DeviceIndex>(launch.local_rank));
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(backends.cuda_device));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout();
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
@@ -406,10 +382,31 @@ void ProcessGroup::Impl::create_backends() {
     if (!use_gloo) {
       pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
       control_device =
-          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(backends.cuda_device));
     }
   }
 #endif
+}
+
+void ProcessGroup::Impl::install_agreement() {
+  if (launch.world_size == 1) return;
+  // The first value any rank offers for a key is the job's: a compare-and-set in this group's
+  // store, not a collective, so it holds wherever decisions happen (a rank alone in a sharded
+  // step, ranks in any order) and cannot deadlock.
+  auto agreed = c10::make_intrusive<c10d::PrefixStore>("agree", store);
+  agreement = fogo::detail::install_agreement(
+      [agreed, here = where()](const std::string& key, int64_t local) {
+        std::string value;
+        try {
+          value = text(agreed->compareSet(key, {}, bytes(std::to_string(local))));
+        } catch (const std::exception& e) {
+          TORCH_CHECK(false, "fogo::dist: ", here, ": agreeing with the other ranks on ", key,
+                      " through the store failed: ", message_of(e));
+        }
+        return parse_int(key.c_str(), value);
+      });
+  // Decisions made before the group existed were each process's own.
+  fogo::clear_ns_form_choices();
 }
 
 void ProcessGroup::Impl::shutdown() noexcept {
@@ -418,6 +415,10 @@ void ProcessGroup::Impl::shutdown() noexcept {
     return;
   }
   shut_down = true;
+  if (agreement >= 0) {
+    fogo::detail::remove_agreement(agreement);
+    agreement = -1;
+  }
   try {
     if (pg && !failed) {
       // The last rank to arrive marks the exit; the rank hosting the store waits for that mark.
@@ -451,6 +452,12 @@ int64_t ProcessGroup::world_size() const { return impl_->launch.world_size; }
 int64_t ProcessGroup::local_rank() const { return impl_->launch.local_rank; }
 const ProcessGroupOptions& ProcessGroup::options() const { return impl_->options; }
 torch::Device ProcessGroup::control_device() const { return impl_->control_device; }
+std::optional<torch::Device> ProcessGroup::cuda_device() const {
+  const auto index = impl_->backends.cuda_device;
+  if (index < 0) return std::nullopt;
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+bool ProcessGroup::has_nccl() const { return impl_->backends.nccl; }
 
 c10d::ProcessGroup& ProcessGroup::c10d() const {
   TORCH_CHECK(impl_->pg, "fogo::dist: the process group was shut down");

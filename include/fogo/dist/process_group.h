@@ -23,9 +23,9 @@ class ProcessGroup;
 namespace fogo::dist {
 
 enum class Backend {
-  Auto,  ///< Gloo for CPU tensors, plus NCCL for CUDA tensors where the job has them (below)
-  Gloo,  ///< Gloo only (CPU tensors)
-  Nccl,  ///< NCCL only (CUDA tensors; the device is cuda:LOCAL_RANK)
+  Auto,  ///< Gloo, plus NCCL for CUDA tensors where the job has a GPU per rank (below)
+  Gloo,  ///< Gloo only: CPU tensors, and CUDA tensors through host memory (slower than NCCL)
+  Nccl,  ///< NCCL only (CUDA tensors, on the rank's GPU: ProcessGroup::cuda_device())
 };
 
 struct ProcessGroupOptions {
@@ -33,8 +33,9 @@ struct ProcessGroupOptions {
   TORCH_ARG(Backend, backend) = Backend::Auto;
   /// Where the job's tensors (gradients, parameters) live; decides Backend::Auto's choice
   /// (choose_backends): a CPU job communicates through Gloo alone, whatever GPUs the machine
-  /// has; a CUDA job adds NCCL on cuda:LOCAL_RANK and needs a GPU per local rank. Unset: NCCL is
-  /// added only when every local rank of this node has a GPU of its own.
+  /// has; a CUDA job adds NCCL on the rank's GPU and needs a GPU of its own for every rank (an
+  /// index, cuda:k, names that GPU). Unset: NCCL is added only when every rank of the job has a
+  /// GPU of its own.
   TORCH_ARG(std::optional<torch::Device>, device) = std::nullopt;
   /// Bounds every wait: reaching the store, the other ranks joining, each collective, shutdown.
   /// (Ranks other than 0 give rank 0 five more seconds to report a rank that did not join.)
@@ -65,18 +66,33 @@ struct Launch {
 
 /// The backends a group creates.
 struct Backends {
+  /// Gloo: CPU tensors, and CUDA tensors (through host memory) in a group without NCCL.
   bool gloo = false;
+  /// NCCL, for CUDA tensors, on `cuda_device`.
   bool nccl = false;
+  /// This rank's GPU (an index among the devices the process sees), -1 for none: the index
+  /// ProcessGroupOptions::device names; else 0 when the process sees exactly one GPU (a launcher
+  /// that gives each rank its own through CUDA_VISIBLE_DEVICES, as SLURM does); else LOCAL_RANK
+  /// when the process sees the node's GPUs and there is one for it.
+  int64_t cuda_device = -1;
+  /// Backend::Auto with no device given: `nccl` is this rank's offer, and the job takes NCCL only
+  /// when every rank offers a GPU and no two ranks share one (checked at start-up, the same
+  /// answer on every rank); otherwise Gloo alone.
+  bool nccl_optional = false;
 };
 
-/// What a group of `options` on this rank of `launch` creates, on a node with `cuda_devices`
-/// visible GPUs, where fogo was built with NCCL or not (`nccl_built`): Gloo for CPU tensors; NCCL
-/// only for a job whose tensors are on CUDA (or, with no device given, when every local rank of
-/// the node has a GPU of its own), never for a CPU job. A CUDA job (or Backend::Nccl) with more
-/// local ranks than GPUs is a c10::Error naming the fix. Pure: the constructor calls it with
-/// this machine's figures; tests inject them.
+/// What a group of `options` on this rank of `launch` creates, where the process sees
+/// `cuda_devices` GPUs and fogo was built with NCCL or not (`nccl_built`): Gloo, unless
+/// Backend::Nccl; NCCL only for a job whose tensors are on CUDA (or, with no device given, as an
+/// offer the job settles, above), never for a CPU job. A CUDA job (or Backend::Nccl) on a rank
+/// without a GPU of its own is a c10::Error naming the fixes. Pure: the constructor calls it with
+/// this machine's figures; tests inject them. At start-up the ranks also check that no two of
+/// them run NCCL on one GPU (an error naming them).
 Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
                          int64_t cuda_devices, bool nccl_built);
+
+/// Whether this fogo was built with NCCL (FOGO_DISTRIBUTED_NCCL).
+bool built_with_nccl();
 
 /// A c10d process group with its TCPStore. A handle: copies share one group, which is shut down
 /// when the last copy goes (or by shutdown()). Creating one is collective: every rank of the job
@@ -93,8 +109,14 @@ class ProcessGroup {
   int64_t local_rank() const;
   const ProcessGroupOptions& options() const;
   /// The device collectives of fogo's own bookkeeping (checksums, used-gradient counts) use:
-  /// the CPU when the group has Gloo, else cuda:LOCAL_RANK.
+  /// the CPU when the group has Gloo, else the rank's GPU.
   torch::Device control_device() const;
+  /// This rank's GPU (Backends::cuda_device), where a CUDA job keeps its tensors and NCCL runs:
+  /// cuda:0 when the process sees one GPU, cuda:LOCAL_RANK when it sees the node's; none when
+  /// the rank has no GPU of its own.
+  std::optional<torch::Device> cuda_device() const;
+  /// Whether CUDA tensors go through NCCL (else through Gloo, by host memory).
+  bool has_nccl() const;
 
   /// The underlying c10d group, for collectives fogo does not wrap (include c10d's
   /// ProcessGroup.hpp to use it).
