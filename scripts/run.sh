@@ -23,12 +23,16 @@
 # machine, so the table is the one a single process prints: the same bits, checked in
 # docs/results.md) and reports each run's own wall time (kept in its checkpoint). With extra
 # arguments the job runs as one process (they may change which runs there are).
-# Prints the mean ± sd table (with the machine and the wall time per run), Welch's t-test between
-# every two optimizers on every metric with Holm-adjusted p over that table and the smallest
-# difference the seeds can detect, and ends with a plain sentence on the headline metric (acc)
-# judged by its Holm-adjusted p; runs/main/ gets per-run metrics, summary.md and the plots
-# accuracy.png and forgetting.png. Extra arguments go to resnet_train and override these
-# (see build/examples/resnet/resnet_train --help).
+# Prints the mean ± sd table (with the machine and the wall time per run) and the tests between
+# every two optimizers on every metric, paired by seed, in two families each Holm-adjusted on its
+# own: the primary test named in the code before the runs (FOGO - Muon on rare-class accuracy,
+# the paper's claim) and the 17 others, each with its 95% CI and the smallest difference the
+# seeds detect at the level Holm applies in its family (docs/trainers.md, "Output files"). It ends
+# with the primary test in a sentence (difference, 95% CI, p; separated or not, and what these
+# seeds could detect) and the ranking by rare-class accuracy; runs/main/ gets per-run metrics
+# (runs.jsonl: each run's command, machine and date too), summary.md and the plots accuracy.png
+# and forgetting.png. Extra arguments go to resnet_train and override these (see
+# build/examples/resnet/resnet_train --help).
 #
 # --threads 1: on a 2-core machine shared with other work, one torch thread per process is several
 # times faster than two (OpenMP threads spin-waiting for a busy core).

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -48,21 +50,6 @@ std::string shell_quote(const std::string& s) {
 
 }  // namespace
 
-MeanSd mean_sd(const std::vector<double>& values) {
-  MeanSd m;
-  m.n = static_cast<int64_t>(values.size());
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (values.empty()) return {nan, nan, 0};
-  double sum = 0;
-  for (const double v : values) sum += v;
-  m.mean = sum / static_cast<double>(m.n);
-  double ss = 0;
-  for (const double v : values) ss += (v - m.mean) * (v - m.mean);
-  m.sd = m.n > 1 ? std::sqrt(ss / static_cast<double>(m.n - 1)) : 0.0;
-  if (!std::isfinite(m.mean)) m.sd = nan;
-  return m;
-}
-
 std::string format_mean_sd(const MeanSd& m, int precision) {
   if (!std::isfinite(m.mean) || !std::isfinite(m.sd)) return "n/a";
   char buf[64];
@@ -76,90 +63,60 @@ std::string format_mean_sd(const MeanSd& m, int precision) {
 
 namespace {
 
-// Continued fraction of the incomplete beta function (modified Lentz).
-double beta_continued_fraction(double a, double b, double x) {
-  constexpr double kTiny = 1e-300, kEps = 1e-15;
-  const double qab = a + b, qap = a + 1, qam = a - 1;
-  double c = 1, d = 1 - qab * x / qap;
-  if (std::fabs(d) < kTiny) d = kTiny;
-  d = 1 / d;
-  double h = d;
-  for (int m = 1; m <= 500; ++m) {
-    const int m2 = 2 * m;
-    double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-    d = 1 + aa * d;
-    if (std::fabs(d) < kTiny) d = kTiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < kTiny) c = kTiny;
-    d = 1 / d;
-    h *= d * c;
-    aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-    d = 1 + aa * d;
-    if (std::fabs(d) < kTiny) d = kTiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < kTiny) c = kTiny;
-    d = 1 / d;
-    const double del = d * c;
-    h *= del;
-    if (std::fabs(del - 1) < kEps) break;
-  }
-  return h;
+std::string fixed(double v, int precision) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", precision, v);
+  return buf;
 }
 
-// The regularized incomplete beta function I_x(a, b).
-double incomplete_beta(double a, double b, double x) {
-  if (x <= 0) return 0;
-  if (x >= 1) return 1;
-  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
-                                a * std::log(x) + b * std::log1p(-x));
-  if (x < (a + 1) / (a + b + 2)) return front * beta_continued_fraction(a, b, x) / a;
-  return 1 - front * beta_continued_fraction(b, a, 1 - x) / b;
+// p-values in sentences: two decimals, or one significant digit below 0.001.
+std::string p_text(double v) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.2f", v);
+  return buf;
 }
 
-}  // namespace
-
-double student_t_two_sided_p(double t, double df) {
-  if (!std::isfinite(t) || !(df > 0)) return std::numeric_limits<double>::quiet_NaN();
-  return incomplete_beta(df / 2, 0.5, df / (df + t * t));
+// p-values in tables: three decimals, or one significant digit below 0.001.
+std::string p_cell(double v) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.3f", v);
+  return buf;
 }
 
-std::vector<std::string> welch_cells(const std::vector<double>& a, const std::vector<double>& b,
-                                     int digits) {
-  const auto fixed = [](double v, int precision) -> std::string {
-    if (!std::isfinite(v)) return "n/a";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", precision, v);
-    return buf;
-  };
-  const WelchT w = welch_t_test(a, b);
-  char p[64] = "n/a";
-  if (std::isfinite(w.p)) std::snprintf(p, sizeof p, w.p < 1e-3 ? "%.1e" : "%.3f", w.p);
-  return {fixed(mean_sd(a).mean - mean_sd(b).mean, digits), fixed(w.t, 2), fixed(w.df, 1), p};
+// "5%" for a family of one, "0.05/17" otherwise: the level a row's detectable difference is at.
+std::string level_text(const TestRow& r) {
+  if (r.family_size <= 1) return fixed(100 * kFamilyAlpha, 0) + "%";
+  return fixed(kFamilyAlpha, 2) + "/" + std::to_string(r.family_size);
 }
 
-WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b) {
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const MeanSd x = mean_sd(a), y = mean_sd(b);
-  if (x.n < 2 || y.n < 2 || !std::isfinite(x.mean) || !std::isfinite(y.mean)) {
-    return {nan, nan, nan};
-  }
-  const double va = x.sd * x.sd / static_cast<double>(x.n);
-  const double vb = y.sd * y.sd / static_cast<double>(y.n);
-  if (!(va + vb > 0)) return {nan, nan, nan};
-  WelchT w;
-  w.t = (x.mean - y.mean) / std::sqrt(va + vb);
-  w.df = (va + vb) * (va + vb) /
-         (va * va / static_cast<double>(x.n - 1) + vb * vb / static_cast<double>(y.n - 1));
-  w.p = student_t_two_sided_p(w.t, w.df);
-  return w;
+std::string test_text(const TTest& t) {
+  if (t.paired) return "paired by seed over " + std::to_string(t.n_a) + " seeds";
+  return "Welch's test over " + std::to_string(t.n_a) + " and " + std::to_string(t.n_b) + " seeds";
 }
 
-namespace {
+std::string family_text(const TestRow& r) {
+  const std::string kind = r.primary ? "primary" : "secondary";
+  if (r.family_size == 1) return "the one " + kind + " test";
+  return "the " + std::to_string(r.family_size) + " " + kind + " tests";
+}
+
+// What the seeds detect at the level Holm applies first in the row's family.
+std::string detect_text(const TestRow& r, int digits) {
+  const std::string at =
+      r.family_size <= 1
+          ? "At the 5% level"
+          : "At " + level_text(r) + ", the level Holm applies first among " + family_text(r) + ",";
+  return at + " these seeds detect a difference of about " + fixed(r.detectable, digits) +
+         " or more with " + fixed(100 * kPower, 0) +
+         "% power: a smaller one is neither shown nor ruled out.";
+}
 
 // plain_verdict's text; with `family`, the leader-vs-runner-up test is judged by its row there.
-std::string verdict(const std::string& metric,
-                    const std::vector<std::pair<std::string, std::vector<double>>>& groups,
-                    bool higher_is_better, int digits, const std::vector<WelchRow>* family,
+std::string verdict(const std::string& metric, const std::vector<Group>& groups,
+                    bool higher_is_better, int digits, const std::vector<TestRow>* family,
                     const std::string& family_metric) {
   if (groups.empty()) return "Nothing to compare: no runs.";
   struct Ranked {
@@ -169,10 +126,10 @@ std::string verdict(const std::string& metric,
   };
   std::vector<Ranked> ranked;
   int64_t min_n = std::numeric_limits<int64_t>::max(), max_n = 0;
-  for (const auto& [name, values] : groups) {
-    ranked.push_back({name, &values, mean_sd(values)});
-    min_n = std::min<int64_t>(min_n, static_cast<int64_t>(values.size()));
-    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(values.size()));
+  for (const Group& g : groups) {
+    ranked.push_back({g.name, &g.values, mean_sd(g.values)});
+    min_n = std::min<int64_t>(min_n, static_cast<int64_t>(g.values.size()));
+    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(g.values.size()));
   }
   // Best first; NaN means (failed runs) last, keeping the given order among equals.
   std::stable_sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
@@ -181,11 +138,6 @@ std::string verdict(const std::string& metric,
     if (!fa) return false;
     return higher_is_better ? a.m.mean > b.m.mean : a.m.mean < b.m.mean;
   });
-  const auto fixed = [digits](double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-    return std::string(buf);
-  };
   std::ostringstream out;
   out << "By " << metric << " (" << (higher_is_better ? "higher" : "lower")
       << " is better; mean ± sd over " << min_n;
@@ -202,20 +154,15 @@ std::string verdict(const std::string& metric,
   }
   const double margin = std::fabs(a.m.mean - b.m.mean);
   const WelchT w = welch_t_test(*a.values, *b.values);
-  out << " " << a.name << "'s lead over " << b.name << " (" << fixed(margin) << ")";
+  out << " " << a.name << "'s lead over " << b.name << " (" << fixed(margin, digits) << ")";
   if (!std::isfinite(w.p)) {
     out << " cannot be tested against the seed spread ("
         << (min_n < 2 ? "fewer than 2 seeds" : "no spread in either") << "): run more seeds.";
     return out.str();
   }
-  const auto p_text = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.2f", v);
-    return std::string(buf);
-  };
-  const WelchRow* row = nullptr;
+  const TestRow* row = nullptr;
   if (family) {
-    for (const WelchRow& r : *family) {
+    for (const TestRow& r : *family) {
       if (r.metric == family_metric &&
           ((r.a == a.name && r.b == b.name) || (r.a == b.name && r.b == a.name))) {
         row = &r;
@@ -233,124 +180,126 @@ std::string verdict(const std::string& metric,
     }
     return out.str();
   }
-  const std::string ps = "Welch's t-test p = " + p_text(w.p) + "; Holm-adjusted over the " +
-                         std::to_string(family->size()) +
-                         " tests of the table p = " + p_text(row->holm_p);
-  if (row->holm_p < 0.05) {
+  if (row->primary) return out.str() + " is the primary test above.";
+  const std::string ps = (row->test.paired ? "paired t-test p = " : "Welch's t-test p = ") +
+                         p_text(row->test.p) + "; Holm-adjusted over " + family_text(*row) +
+                         " p = " + p_text(row->holm_p);
+  if (row->holm_p < kFamilyAlpha) {
     out << " is larger than the seed spread (" << ps << ")";
     if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
     out << ".";
   } else {
-    out << " is not separated by these seeds (" << ps << "). They detect a difference of about "
-        << fixed(row->detectable)
-        << " or more (5% level, 80% power): a smaller one is neither shown nor ruled out.";
+    out << " is not separated by these seeds (" << ps << "). " << detect_text(*row, digits);
   }
   return out.str();
 }
 
 }  // namespace
 
-std::string plain_verdict(const std::string& metric,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+std::string plain_verdict(const std::string& metric, const std::vector<Group>& groups,
                           bool higher_is_better, int digits) {
   return verdict(metric, groups, higher_is_better, digits, nullptr, "");
 }
 
-std::string plain_verdict(const std::string& metric,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
-                          const std::vector<WelchRow>& family, const std::string& family_metric,
+std::string plain_verdict(const std::string& metric, const std::vector<Group>& groups,
+                          const std::vector<TestRow>& family, const std::string& family_metric,
                           bool higher_is_better, int digits) {
   return verdict(metric, groups, higher_is_better, digits, &family, family_metric);
 }
 
-std::vector<double> holm_adjust(const std::vector<double>& p) {
-  std::vector<size_t> order;
-  for (size_t k = 0; k < p.size(); ++k) {
-    if (std::isfinite(p[k])) order.push_back(k);
-  }
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return p[x] < p[y]; });
-  std::vector<double> adjusted(p.size(), std::numeric_limits<double>::quiet_NaN());
-  const double m = static_cast<double>(order.size());
-  double running = 0;  // step-down: an adjusted p never falls below an earlier one
-  for (size_t j = 0; j < order.size(); ++j) {
-    running = std::max(running, std::min(1.0, (m - static_cast<double>(j)) * p[order[j]]));
-    adjusted[order[j]] = running;
-  }
-  return adjusted;
-}
-
-double student_t_quantile(double q, double df) {
-  if (!(q > 0 && q < 1) || !(df > 0) || !std::isfinite(df)) {
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  if (q == 0.5) return 0;
-  if (q < 0.5) return -student_t_quantile(1 - q, df);
-  // P(T > t) = p2(t) / 2 falls monotonically in t > 0: bisect for p2(t) = 2 (1 - q).
-  const double target = 2 * (1 - q);
-  double lo = 0, hi = 1;
-  while (student_t_two_sided_p(hi, df) > target && hi < 1e12) hi *= 2;
-  for (int k = 0; k < 200 && hi - lo > 1e-13 * hi; ++k) {
-    const double mid = (lo + hi) / 2;
-    (student_t_two_sided_p(mid, df) > target ? lo : hi) = mid;
-  }
-  return (lo + hi) / 2;
-}
-
-double detectable_difference(const std::vector<double>& a, const std::vector<double>& b,
-                             double alpha, double power) {
-  const WelchT w = welch_t_test(a, b);
-  if (!std::isfinite(w.df)) return std::numeric_limits<double>::quiet_NaN();
-  const MeanSd x = mean_sd(a), y = mean_sd(b);
-  const double se =
-      std::sqrt(x.sd * x.sd / static_cast<double>(x.n) + y.sd * y.sd / static_cast<double>(y.n));
-  return (student_t_quantile(1 - alpha / 2, w.df) + student_t_quantile(power, w.df)) * se;
-}
-
-std::vector<WelchRow> welch_family(const std::vector<MetricGroups>& metrics) {
-  std::vector<WelchRow> rows;
-  for (const MetricGroups& m : metrics) {
-    for (size_t i = 0; i < m.groups.size(); ++i) {
-      for (size_t j = i + 1; j < m.groups.size(); ++j) {
-        const auto &a = m.groups[i], &b = m.groups[j];
-        WelchRow r;
-        r.metric = m.metric;
-        r.a = a.first;
-        r.b = b.first;
-        r.difference = mean_sd(a.second).mean - mean_sd(b.second).mean;
-        r.welch = welch_t_test(a.second, b.second);
-        r.detectable = detectable_difference(a.second, b.second);
-        rows.push_back(r);
-      }
+std::string primary_verdict(const std::vector<TestRow>& rows,
+                            const std::function<std::string(const std::string&)>& label,
+                            int digits) {
+  std::ostringstream out;
+  for (const TestRow& r : rows) {
+    if (!r.primary) continue;
+    const TTest& t = r.test;
+    out << (out.tellp() > 0 ? "\n" : "") << "Primary test: " << r.a << " - " << r.b << " on "
+        << label(r.metric) << ", " << test_text(t) << ": " << fixed(t.estimate, digits);
+    if (!std::isfinite(t.p)) {
+      out << "; it cannot be tested ("
+          << (std::min(t.n_a, t.n_b) < 2 ? "fewer than 2 seeds" : "no spread") << ").";
+      continue;
+    }
+    out << " (" << fixed(100 * t.level, 0) << "% CI " << fixed(t.ci_low, digits) << " to "
+        << fixed(t.ci_high, digits) << "; t = " << fixed(t.t, 2) << ", df " << fixed(t.df, 1)
+        << ", p = " << p_text(t.p) << "; Holm over " << family_text(r)
+        << " p = " << p_text(r.holm_p) << "). ";
+    if (r.holm_p < kFamilyAlpha) {
+      out << "Separated";
+      const int64_t n = std::min(t.n_a, t.n_b);
+      if (n < 5) out << ", though " << n << " seeds make this a screen, not a verdict";
+      out << ".";
+    } else {
+      out << "Not separated. " << detect_text(r, digits);
     }
   }
-  std::vector<double> p;
-  for (const WelchRow& r : rows) p.push_back(r.welch.p);
-  const std::vector<double> holm = holm_adjust(p);
-  for (size_t k = 0; k < rows.size(); ++k) rows[k].holm_p = holm[k];
-  return rows;
+  return out.str();
 }
 
-Table welch_family_table(const std::vector<WelchRow>& rows, int digits) {
-  const auto fixed = [](double v, int precision) -> std::string {
-    if (!std::isfinite(v)) return "n/a";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", precision, v);
-    return buf;
-  };
-  const auto p_cell = [](double v) -> std::string {
-    if (!std::isfinite(v)) return "n/a";
-    char buf[64];
-    std::snprintf(buf, sizeof buf, v < 1e-3 ? "%.1e" : "%.3f", v);
-    return buf;
-  };
-  Table t({"metric", "A", "B", "mean A - B", "t", "df", "p", "Holm p",
-           "detectable |A - B| (5%, 80% power)"});
-  for (const WelchRow& r : rows) {
-    t.add_row({r.metric, r.a, r.b, fixed(r.difference, digits), fixed(r.welch.t, 2),
-               fixed(r.welch.df, 1), p_cell(r.welch.p), p_cell(r.holm_p),
-               fixed(r.detectable, digits)});
+Table test_table(const std::vector<TestRow>& rows, int digits) {
+  Table t({"family", "metric", "A", "B", "test", "mean A - B", "95% CI", "t", "df", "p", "Holm p",
+           "level", "detectable (80% power)"});
+  for (const TestRow& r : rows) {
+    const TTest& x = r.test;
+    const std::string test = x.paired
+                                 ? "paired, " + std::to_string(x.n_a)
+                                 : "Welch, " + std::to_string(x.n_a) + "+" + std::to_string(x.n_b);
+    const std::string ci = std::isfinite(x.ci_low)
+                               ? fixed(x.ci_low, digits) + " to " + fixed(x.ci_high, digits)
+                               : "n/a";
+    t.add_row({r.primary ? "primary" : "secondary", r.metric, r.a, r.b, test,
+               fixed(x.estimate, digits), ci, fixed(x.t, 2), fixed(x.df, 1), p_cell(x.p),
+               p_cell(r.holm_p), level_text(r), fixed(r.detectable, digits)});
   }
   return t;
+}
+
+std::string test_table_note(const std::vector<TestRow>& rows) {
+  int64_t primary = 0;
+  for (const TestRow& r : rows) primary += r.primary;
+  const int64_t secondary = static_cast<int64_t>(rows.size()) - primary;
+  std::ostringstream out;
+  out << "Tests of A - B: paired by seed where both sides ran the same seeds (the same initial "
+         "weights and data order), Welch's otherwise; 95% CI of the difference. Two families, "
+         "each Holm-adjusted on its own: "
+      << primary << " primary (named before the runs) and " << secondary
+      << " secondary (every other pair on every metric). \"detectable\" is the smallest "
+         "difference the test finds with "
+      << fixed(100 * kPower, 0)
+      << "% power at the level Holm applies first in its family (\"level\": 0.05/m for m "
+         "tests), so a test not separated is not shown equal.";
+  return out.str();
+}
+
+namespace {
+std::string& stored_command_line() {
+  static std::string command;
+  return command;
+}
+}  // namespace
+
+void set_command_line(int argc, const char* const* argv) {
+  std::string text;
+  for (int k = 0; k < argc; ++k) {
+    const std::string arg = argv[k];
+    const bool plain = !arg.empty() && arg.find_first_not_of(
+                                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                           "0123456789-_=.,/:+@%") == std::string::npos;
+    text += (k ? " " : "") + (plain ? arg : shell_quote(arg));
+  }
+  stored_command_line() = text;
+}
+
+const std::string& command_line() { return stored_command_line(); }
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buf;
 }
 
 std::string machine_description() {

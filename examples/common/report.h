@@ -10,38 +10,19 @@
 //                              {Series{"fogo", x, mean, sd}, Series{"adam", x, mean2, sd2}}}});
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/stats.h"
+
 namespace fogo::trainer {
 
-struct MeanSd {
-  double mean = 0, sd = 0;  ///< sd is the sample standard deviation (n - 1); 0 when n == 1
-  int64_t n = 0;
-};
-
-/// NaN mean and sd when `values` is empty or holds a NaN (a failed run must not look good).
-MeanSd mean_sd(const std::vector<double>& values);
 /// "87.31 ± 1.20" (or "87.31" when n == 1, "n/a" when NaN).
 std::string format_mean_sd(const MeanSd& m, int precision = 2);
 
-/// Welch's unequal-variances t-test of mean(a) against mean(b): t, the Welch–Satterthwaite
-/// degrees of freedom and the two-sided p-value. All NaN when a sample has fewer than 2 values,
-/// holds a NaN, or both have zero variance.
-struct WelchT {
-  double t = 0, df = 0, p = 0;
-};
-WelchT welch_t_test(const std::vector<double>& a, const std::vector<double>& b);
-/// The cells of one comparison row of a Welch table: mean(a) - mean(b) with `digits` decimals, t,
-/// df and the two-sided p ("n/a" where undefined); the header is welch_header().
-std::vector<std::string> welch_cells(const std::vector<double>& a, const std::vector<double>& b,
-                                     int digits);
-inline const std::vector<std::string>& welch_header() {
-  static const std::vector<std::string> header{"mean A - B", "t", "df", "p (two-sided)"};
-  return header;
-}
 /// One or two plain sentences on a comparison by `metric` of `groups` (a name and one value per
 /// seed each), for a reader of the table above it: the ranking by mean ± sd, then whether the
 /// leader's margin over the runner-up exceeds the seed spread by Welch's t-test at the 5% level
@@ -50,60 +31,44 @@ inline const std::vector<std::string>& welch_header() {
 ///   "By acc (%) (higher is better; mean ± sd over 3 seeds): muon 71.10 ± 0.14, fogo 70.40 ±
 ///    0.99, adam 65.25 ± 4.88. muon's lead over fogo (0.70) is within the seed spread (Welch's
 ///    t-test p = 0.45): these seeds do not separate them."
-std::string plain_verdict(const std::string& metric,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
+std::string plain_verdict(const std::string& metric, const std::vector<Group>& groups,
                           bool higher_is_better = true, int digits = 2);
+/// plain_verdict judged within the families of test_families(): the leader-vs-runner-up test is
+/// looked up in `family` on `family_metric`; a primary one is referred to the primary verdict, a
+/// secondary one is decided on its Holm-adjusted p and, not separated, given with the smallest
+/// difference the seeds detect at the level Holm applies in its family.
+std::string plain_verdict(const std::string& metric, const std::vector<Group>& groups,
+                          const std::vector<TestRow>& family, const std::string& family_metric,
+                          bool higher_is_better = true, int digits = 2);
+/// One sentence per primary test of `rows`: the difference, how it was tested (paired by seed or
+/// Welch), its 95% CI, t, df, p and Holm p over the primary family, then "Separated" or "Not
+/// separated" with the difference the seeds detect at that family's level (80% power). `label`
+/// names a metric for the reader ("rare_acc" -> "rare acc (%)"). Empty without primary rows.
+std::string primary_verdict(const std::vector<TestRow>& rows,
+                            const std::function<std::string(const std::string&)>& label,
+                            int digits = 2);
 class Table;
 
-/// Holm's step-down adjustment of a family of p-values (issue 28: every table is one family), in
-/// the order given: with the m finite p sorted, p_(k) becomes max_{j <= k} min(1, (m - j + 1)
-/// p_(j)). A NaN p (an undefined test) stays NaN and does not count in m. Rejecting where the
-/// adjusted p < alpha keeps the chance of any false "separated" in the family at <= alpha.
-std::vector<double> holm_adjust(const std::vector<double>& p);
-/// The q-quantile of Student's t with `df` (> 0) degrees of freedom, 0 < q < 1 (NaN otherwise).
-double student_t_quantile(double q, double df);
-/// The smallest |mean(a) - mean(b)| a two-sided Welch test at level `alpha` detects with
-/// probability `power`, for samples of these sizes and sample sds: (t_{1-alpha/2} + t_{power})
-/// sqrt(s_a^2/n_a + s_b^2/n_b), t quantiles at the Welch–Satterthwaite df. With 3 seeds a side
-/// that is about 3-4.5 sample sds. NaN where Welch's test is undefined.
-double detectable_difference(const std::vector<double>& a, const std::vector<double>& b,
-                             double alpha = 0.05, double power = 0.8);
+/// The table of a comparison's tests (test_families): family, metric, A, B, the test (paired
+/// and the number of pairs, or Welch and both sizes), mean A - B, its 95% CI, t, df, p, the Holm
+/// p within the family, the family's level (5%, or 0.05/m) and the smallest |A - B| the test
+/// detects at that level with 80% power. test_table_note() says so in one paragraph.
+Table test_table(const std::vector<TestRow>& rows, int digits = 2);
+std::string test_table_note(const std::vector<TestRow>& rows);
 
-/// One test of a family: groups `a` and `b` compared on `metric` (the label), Welch's t, the
-/// Holm-adjusted p over the family and the detectable difference (5%, 80% power).
-struct WelchRow {
-  std::string metric, a, b;
-  double difference = 0;  ///< mean(a) - mean(b)
-  WelchT welch;
-  double holm_p = 0, detectable = 0;
-};
-/// A metric and one (name, values per seed) group per optimizer, in display order.
-struct MetricGroups {
-  std::string metric;
-  std::vector<std::pair<std::string, std::vector<double>>> groups;
-};
-/// Every pair of groups (in the order given) on every metric, as one family: Holm over all of it.
-std::vector<WelchRow> welch_family(const std::vector<MetricGroups>& metrics);
-/// The family's table: metric, A, B, mean A - B, t, df, p, Holm p (over its rows), and the
-/// smallest |A - B| the seeds detect at 5% with 80% power, so that a null is not read as "equal".
-Table welch_family_table(const std::vector<WelchRow>& rows, int digits = 2);
+/// The command line of this process, as a shell would take it back (arguments with spaces or
+/// quotes single-quoted): a trainer's main() records it with set_command_line() so that each run
+/// can say what made it. "" until then.
+void set_command_line(int argc, const char* const* argv);
+const std::string& command_line();
+/// The current time in UTC, "2026-11-26T02:15:00Z".
+std::string utc_now();
 
 /// The machine a number was measured on, for every table (issue 28: the runs are deterministic
 /// per machine, not across machines): the CPU model and count and the widest vector ISA from
 /// /proc/cpuinfo, and the kernels torch dispatches to (ATen's CPU capability), e.g.
 /// "AMD EPYC 7B13 (2 CPUs), AVX2; torch CPU kernels: AVX2".
 std::string machine_description();
-
-/// plain_verdict judged within a family (a table of tests): the leader-vs-runner-up test is
-/// looked up in `family` on `family_metric`, the decision is made on its Holm-adjusted p, and a
-/// lead that is not separated is given with the smallest difference the seeds could detect.
-std::string plain_verdict(const std::string& metric,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& groups,
-                          const std::vector<WelchRow>& family, const std::string& family_metric,
-                          bool higher_is_better = true, int digits = 2);
-/// P(|T| >= |t|) for Student's t with `df` (> 0, not necessarily whole) degrees of freedom:
-/// the regularized incomplete beta I_{df/(df+t^2)}(df/2, 1/2).
-double student_t_two_sided_p(double t, double df);
 
 class Table {
  public:

@@ -59,8 +59,14 @@ int run(int argc, const char* const* argv) {
       cli.flag("lr-sweep", &sweep.factors,
                "learning-rate sweep: factors of --lr (and --matrix-lr), each scored on a tuning "
                "split of the training data; the best re-run on --seeds, compared on the "
-               "validation split with Welch's t-test; writes <out>/sweep.md, sweep.png");
+               "validation split with paired t-tests; writes <out>/sweep.md, sweep.png");
       cli.flag("seeds", &seeds, "--lr-sweep: seeds (= data seeds) of the re-runs, >= 3");
+      cli.flag("sweep-seeds", &sweep.sweep_seeds,
+               "--lr-sweep: score each grid point by the mean over the first N of --seeds (1: "
+               "on --seed alone)");
+      cli.flag("sweep-extend", &sweep.extend,
+               "--lr-sweep: while an optimizer's best factor is at an edge of its grid, add a "
+               "factor beyond it, at most this many per optimizer");
     }
     if (!cli.parse(argc - 1, argv + 1)) return 0;
     config.data.format = gpt2::parse_data_format(format);

@@ -26,6 +26,8 @@ void validate(const OptimizerConfig& c) {
                    "must be in [0, 1), got " + tr::flag_text(c.beta1));
   tr::Cli::require(c.beta2 >= 0.0 && c.beta2 < 1.0, "beta2",
                    "must be in [0, 1), got " + tr::flag_text(c.beta2));
+  tr::Cli::require(c.muon_momentum >= 0.0 && c.muon_momentum < 1.0, "muon-momentum",
+                   "must be in [0, 1), got " + tr::flag_text(c.muon_momentum));
   tr::Cli::require(c.muon_adjust == "match_rms" || c.muon_adjust == "original", "muon-adjust",
                    "expected one of match_rms,original, got '" + c.muon_adjust + "'");
   tr::parse_ns_dtype(c.ns_dtype);

@@ -24,7 +24,7 @@ struct OptimizerConfig {
   std::optional<double> matrix_lr;
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double muon_momentum = 0.95;
+  double muon_momentum = 0.95;  ///< --muon-momentum (Nesterov)
   /// Muon's lr rule: "match_rms" (0.2 sqrt(max(A, B)): the update RMS of AdamW, so the shared
   /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does) or "original".
   std::string muon_adjust = "match_rms";

@@ -137,10 +137,45 @@ TEST_F(Training, LrSweepTunesOnHeldOutTrainingDataAndComparesSeeds) {
   std::ifstream md(dir_ / "sweep" / "sweep.md");
   std::stringstream text;
   text << md.rdbuf();
-  EXPECT_NE(text.str().find("Welch"), std::string::npos) << text.str();
-  EXPECT_NE(text.str().find("| adamw | muon |"), std::string::npos) << text.str();
+  // Both ran seeds 1, 2, 3: the test is paired by seed, in the secondary family (no fogo here,
+  // so no primary test).
+  EXPECT_NE(text.str().find("| secondary | val_loss | adamw | muon | paired, 3 |"),
+            std::string::npos)
+      << text.str();
   sweep.seeds = {1, 2};
   test::expect_error([&] { lr_sweep(c, sweep, log_); }, {"--seeds", ">= 3"});
+}
+
+// --sweep-seeds and --sweep-extend (issue 34's protocol for the GPT-2 toy): each grid point is
+// the mean over the first sweep seeds, and while the best factor is at an edge the grid grows
+// beyond it by the grid's own ratio, at most --sweep-extend times.
+TEST_F(Training, LrSweepScoresOnSweepSeedsAndExtendsAtAnEdge) {
+  TrainConfig c = config("adamw", "sweep-extend");
+  c.max_steps = 6;
+  c.eval_every = 6;
+  // Tiny lrs (3e-3 x 0.01, 0.02): the loss falls with the lr, so the best is the top edge.
+  SweepOptions sweep{{"adamw"}, {0.02, 0.01}, {1, 2, 3}, 0.1, false, 2, 2};
+  const SweepOutcome s = lr_sweep(c, sweep, log_);
+  ASSERT_EQ(s.points.size(), 4u);
+  const double factors[4] = {0.01, 0.02, 0.04, 0.08};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_DOUBLE_EQ(s.points[k].factor, factors[k]) << k;
+    ASSERT_EQ(s.points[k].seed_losses.size(), 2u) << k;
+    EXPECT_DOUBLE_EQ(s.points[k].tune_loss,
+                     (s.points[k].seed_losses[0] + s.points[k].seed_losses[1]) / 2)
+        << k;
+    EXPECT_NE(s.points[k].seed_losses[0], s.points[k].seed_losses[1]) << k;  // two seeds
+  }
+  EXPECT_LT(s.points[3].tune_loss, s.points[1].tune_loss);
+  EXPECT_EQ(s.chosen.at("adamw"), 0.08);
+  EXPECT_TRUE(s.at_edge.at("adamw"));  // still at the top after the two added factors
+  EXPECT_TRUE(fs::exists(dir_ / "sweep-extend" / "sweep" / "adamw-x0.08-seed2" / "metrics.jsonl"));
+  std::ifstream md(dir_ / "sweep-extend" / "sweep.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_NE(text.str().find("yes (grid edge)"), std::string::npos) << text.str();
+  sweep.sweep_seeds = 4;
+  test::expect_error([&] { lr_sweep(c, sweep, log_); }, {"--sweep-seeds", "1..3"});
 }
 
 void expect_same_run(const RunResult& a, const RunResult& b) {
@@ -516,6 +551,27 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
   bad.ns_dtype = "fp16";
   test::expect_error([&] { make_optimizer(bad, *model); },
                      {"--ns-dtype: expected one of bf16,fp32, got 'fp16'"});
+}
+
+// --muon-momentum reaches Muon's param group (issue 34 sweeps it: 0.8, 0.9, 0.95), is part of a
+// run's signature when it is not the default, and a value outside [0, 1) names the flag.
+TEST(Flags, MuonMomentumParsesAndReachesMuon) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  const auto momentum = [&](const TrainConfig& c) {
+    Optimizer opt = make_optimizer(c.optimizer, *model);
+    const auto& groups = opt.hybrid.matrix()->param_groups();
+    EXPECT_EQ(groups.size(), 1u);
+    return static_cast<const fogo::MuonOptions&>(groups.front().options()).momentum();
+  };
+  EXPECT_DOUBLE_EQ(momentum(parse_train_flags({"--optimizer", "muon"})), 0.95);
+  const TrainConfig c = parse_train_flags({"--optimizer", "muon", "--muon-momentum", "0.8"});
+  EXPECT_DOUBLE_EQ(c.optimizer.muon_momentum, 0.8);
+  EXPECT_DOUBLE_EQ(momentum(c), 0.8);
+  OptimizerConfig bad;
+  bad.name = "muon";
+  bad.muon_momentum = 1.0;
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-momentum: must be in [0, 1), got 1"});
 }
 
 // The binary's command line: a refused one exits with status 2 and one error line naming the

@@ -89,6 +89,8 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("weight-decay", &c.optimizer.weight_decay, "decoupled weight decay");
   cli.flag("beta1", &c.optimizer.beta1, "AdamW beta1");
   cli.flag("beta2", &c.optimizer.beta2, "AdamW beta2");
+  cli.flag("muon-momentum", &c.optimizer.muon_momentum,
+           "Muon's momentum (Nesterov), in [0, 1): the paper's and PyTorch's 0.95");
   cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
              "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
   tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
@@ -241,6 +243,8 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("eval-sequences", cfg.eval_sequences)
       .add("autocast", autocast ? "bf16" : "off")
       .add("seed", cfg.seed);
+  // Recorded when not the default, so that checkpoints made before the flag stay resumable.
+  if (o.name == "muon" && o.muon_momentum != 0.95) s.add("muon-momentum", o.muon_momentum);
   return s;
 }
 
@@ -861,6 +865,13 @@ SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std:
     tr::Cli::require(f > 0 && std::isfinite(f), "lr-sweep",
                      "factors must be > 0, got " + tr::flag_text(f));
   }
+  tr::Cli::require(
+      sweep.sweep_seeds >= 1 && sweep.sweep_seeds <= static_cast<int64_t>(sweep.seeds.size()),
+      "sweep-seeds",
+      "must be in 1.." + std::to_string(sweep.seeds.size()) + " (the --seeds given), got " +
+          std::to_string(sweep.sweep_seeds));
+  tr::Cli::require(sweep.extend >= 0 && sweep.extend <= 20, "sweep-extend",
+                   "must be in 0..20, got " + std::to_string(sweep.extend));
   const std::filesystem::path out(config.out_dir);
   // A run of `name` with every lr of the config scaled by `factor`.
   auto scaled = [&](const std::string& name, double factor) {
@@ -870,15 +881,50 @@ SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std:
     if (config.optimizer.matrix_lr) c.optimizer.matrix_lr = *config.optimizer.matrix_lr * factor;
     return c;
   };
-  SweepOutcome s;
-  for (const auto& name : sweep.optimizers) {
-    for (const double f : sweep.factors) {
+  // One grid point: its tuning loss on config's seed, or the mean over the sweep seeds.
+  auto score = [&](const std::string& name, double f) {
+    SweepPoint p{name, f, scaled(name, f).optimizer.lr, 0, {}};
+    for (int64_t k = 0; k < sweep.sweep_seeds; ++k) {
       TrainConfig c = scaled(name, f);
       c.data.tune_fraction = sweep.tune_fraction;  // never the validation split
-      c.out_dir = (out / "sweep" / (name + "-x" + tr::flag_text(f))).string();
-      RunResult r = train(c, log);
-      s.points.push_back({name, f, c.optimizer.lr, r.val_loss.back().value});
+      std::string folder = name + "-x" + tr::flag_text(f);
+      if (sweep.sweep_seeds > 1) {
+        c.seed = c.data_seed = sweep.seeds[k];
+        folder += "-seed" + std::to_string(sweep.seeds[k]);
+      }
+      c.out_dir = (out / "sweep" / folder).string();
+      p.seed_losses.push_back(train(c, log).val_loss.back().value);
     }
+    p.tune_loss = tr::mean_sd(p.seed_losses).mean;
+    return p;
+  };
+  std::vector<double> factors = sweep.factors;
+  std::sort(factors.begin(), factors.end());
+  factors.erase(std::unique(factors.begin(), factors.end()), factors.end());
+  SweepOutcome s;
+  for (const auto& name : sweep.optimizers) {
+    std::vector<SweepPoint> grid;
+    for (const double f : factors) grid.push_back(score(name, f));
+    // Extend beyond an edge while the best (lowest finite) loss sits there.
+    for (int64_t added = 0;; ++added) {
+      int64_t best = -1;
+      for (size_t k = 0; k < grid.size(); ++k) {
+        if (std::isfinite(grid[k].tune_loss) &&
+            (best < 0 || grid[k].tune_loss < grid[best].tune_loss)) {
+          best = static_cast<int64_t>(k);
+        }
+      }
+      const int64_t last = static_cast<int64_t>(grid.size()) - 1;
+      s.at_edge[name] = best >= 0 && (best == 0 || best == last);
+      if (!s.at_edge[name] || added >= sweep.extend) break;
+      if (best == 0) {
+        const double step = last > 0 ? grid[1].factor / grid[0].factor : 2.0;
+        grid.insert(grid.begin(), score(name, grid[0].factor / step));
+      } else {
+        grid.push_back(score(name, grid[last].factor * grid[last].factor / grid[last - 1].factor));
+      }
+    }
+    s.points.insert(s.points.end(), grid.begin(), grid.end());
   }
   for (const auto& name : sweep.optimizers) {
     double best = std::numeric_limits<double>::infinity(), chosen = 0;
@@ -902,48 +948,61 @@ SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std:
     }
   }
 
-  tr::Table grid({"optimizer", "lr factor", "lr", "tuning loss", "chosen"});
+  tr::Table grid({"optimizer", "lr factor", "lr", "tuning loss", "per seed", "chosen"});
   for (const auto& p : s.points) {
+    std::string seeds;
+    for (const double v : p.seed_losses)
+      seeds += (seeds.empty() ? "" : " / ") + format_double(v, 4);
+    const bool chosen = p.factor == s.chosen[p.optimizer];
     grid.add_row({p.optimizer, tr::flag_text(p.factor), tr::flag_text(p.lr),
-                  format_double(p.tune_loss, 4), p.factor == s.chosen[p.optimizer] ? "yes" : ""});
+                  format_double(p.tune_loss, 4), seeds,
+                  chosen ? (s.at_edge[p.optimizer] ? "yes (grid edge)" : "yes") : ""});
   }
   tr::Table finals({"optimizer", "lr factor", "seeds", "final val loss"});
   for (const auto& name : sweep.optimizers) {
     finals.add_row({name, tr::flag_text(s.chosen[name]), std::to_string(sweep.seeds.size()),
                     tr::format_mean_sd(tr::mean_sd(s.finals[name]), 4)});
   }
-  std::vector<std::string> header{"A", "B"};
-  header.insert(header.end(), tr::welch_header().begin(), tr::welch_header().end());
-  tr::Table welch(header);
-  for (size_t a = 0; a < sweep.optimizers.size(); ++a) {
-    for (size_t b = a + 1; b < sweep.optimizers.size(); ++b) {
-      const auto& va = s.finals[sweep.optimizers[a]];
-      const auto& vb = s.finals[sweep.optimizers[b]];
-      std::vector<std::string> row{sweep.optimizers[a], sweep.optimizers[b]};
-      const auto cells = tr::welch_cells(va, vb, 4);
-      row.insert(row.end(), cells.begin(), cells.end());
-      welch.add_row(row);
-    }
-  }
+  // Every pair of optimizers on the final validation loss, paired by seed (= data seed): FOGO -
+  // Muon is the primary test, named before the runs (issue 34); the others are secondary.
+  tr::MetricGroups loss{"val_loss", {}};
+  for (const auto& name : sweep.optimizers)
+    loss.groups.push_back({name, s.finals[name], sweep.seeds});
+  const std::vector<tr::TestRow> tests = tr::test_families({loss}, {{"val_loss", "fogo", "muon"}});
+  const tr::Table welch = tr::test_table(tests, 4);
+  const std::string verdict = tr::primary_verdict(
+      tests, [](const std::string&) { return "the final validation loss"; }, 4);
   std::ostringstream md;
   md << "Learning-rate sweep: factors";
   for (const double f : sweep.factors) md << " " << tr::flag_text(f);
-  md << " of --lr (and --matrix-lr), each point on seed " << config.seed << " / data seed "
-     << config.data_seed << " (one batch order for all), scored by the final loss on a tuning "
+  md << " of --lr (and --matrix-lr), extended by up to " << sweep.extend
+     << " factor(s) per optimizer while its best was at an edge of the grid (\"grid edge\": "
+        "still there), each point ";
+  if (sweep.sweep_seeds == 1) {
+    md << "on seed " << config.seed << " / data seed " << config.data_seed;
+  } else {
+    md << "on the mean over seeds (= data seeds)";
+    for (int64_t k = 0; k < sweep.sweep_seeds; ++k) md << " " << sweep.seeds[k];
+  }
+  md << " (one batch order per seed for all), scored by the final loss on a tuning "
      << "split (the last " << tr::flag_text(sweep.tune_fraction)
      << " of every training span, held out from training; the validation split is not used). "
      << "The chosen factor re-run on " << sweep.seeds.size()
      << " seeds (seed = data seed), final loss on the validation split.\n\n"
      << grid.to_markdown() << "\n"
-     << finals.to_markdown() << "\nWelch's t-test on the final validation loss:\n\n"
-     << welch.to_markdown();
+     << finals.to_markdown() << "\n"
+     << tr::test_table_note(tests) << "\n\n"
+     << welch.to_markdown() << (verdict.empty() ? "" : "\n" + verdict + "\n");
   if (!tr::DataParallel::process().main()) return s;  // rank 0 writes the report
   std::filesystem::create_directories(out);
   {
     std::ofstream f(out / "sweep.md");
     TORCH_CHECK(f << md.str(), "lr sweep: cannot write ", (out / "sweep.md").string());
   }
-  log << "\n" << grid.to_text() << "\n" << finals.to_text() << "\n" << welch.to_text();
+  log << "\n"
+      << grid.to_text() << "\n"
+      << finals.to_text() << "\n"
+      << welch.to_text() << (verdict.empty() ? "" : "\n" + verdict + "\n");
   tr::Panel panel{"Tuning loss by learning rate", "log10(lr factor)", "loss", {}};
   for (const auto& name : sweep.optimizers) {
     tr::Series series{name, {}, {}, {}};

@@ -145,9 +145,14 @@ std::vector<RunResult> compare(const TrainConfig& config, const std::vector<std:
 
 /// compare --lr-sweep: for each optimizer, every factor scales --lr (and --matrix-lr) and is
 /// scored by its final loss on a tuning split carved from the training data
-/// (DataOptions::tune_fraction; the validation split is never used), all on config's seeds; the
+/// (DataOptions::tune_fraction; the validation split is never used): on config's seed alone
+/// (sweep_seeds 1), or by the mean over the first sweep_seeds of `seeds` (seed = data seed).
+/// While an optimizer's best factor is the lowest or highest of its grid, a factor beyond that
+/// edge (the grid's own ratio there; x2 for a one-point grid) is added and scored, at most
+/// `extend` per optimizer (issue 34: x2 grids with edge extension, as resnet_train's). The
 /// lowest-loss factor is re-run on every seed of `seeds` (>= 3; seed = data seed) and compared
-/// on the validation split, with Welch's t-test between every two optimizers. Writes
+/// on the validation split, with the paired t-test (by seed) between every two optimizers: FOGO -
+/// Muon the primary test, the others secondary (common/stats.h, test_families). Writes
 /// out_dir/sweep.md, out_dir/sweep.png; runs in out_dir/sweep/<opt>-x<factor> and
 /// out_dir/<opt>-seed<seed>.
 struct SweepOptions {
@@ -156,14 +161,18 @@ struct SweepOptions {
   std::vector<int64_t> seeds;
   double tune_fraction = 0.1;
   bool plots = true;
+  int64_t sweep_seeds = 1;  ///< --sweep-seeds: 1 = config's seed; N = the first N of `seeds`
+  int64_t extend = 0;       ///< --sweep-extend: factors added beyond an edge, per optimizer
 };
 struct SweepPoint {
   std::string optimizer;
-  double factor = 0, lr = 0, tune_loss = 0;
+  double factor = 0, lr = 0, tune_loss = 0;  ///< tune_loss: the mean over seed_losses
+  std::vector<double> seed_losses;           ///< one per sweep seed
 };
 struct SweepOutcome {
-  std::vector<SweepPoint> points;
-  std::map<std::string, double> chosen;               ///< optimizer -> factor
+  std::vector<SweepPoint> points;        ///< optimizer-major, each optimizer's in ascending factor
+  std::map<std::string, double> chosen;  ///< optimizer -> factor
+  std::map<std::string, bool> at_edge;   ///< optimizer -> its best factor is still at an edge
   std::map<std::string, std::vector<double>> finals;  ///< optimizer -> final val loss per seed
 };
 SweepOutcome lr_sweep(const TrainConfig& config, const SweepOptions& sweep, std::ostream& log);

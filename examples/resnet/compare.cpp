@@ -34,6 +34,18 @@ std::string label(const std::string& metric) {
   return it == names.end() ? metric : it->second;
 }
 
+// "fogo - muon on rare_acc", "... and fogo - muon on BWT".
+std::string declared_text(const std::vector<trainer::DeclaredTest>& tests) {
+  std::string text;
+  for (size_t k = 0; k < tests.size(); ++k) {
+    text += (k == 0                  ? ""
+             : k + 1 == tests.size() ? " and "
+                                     : ", ") +
+            tests[k].a + " - " + tests[k].b + " on " + tests[k].metric + ", paired by seed";
+  }
+  return text;
+}
+
 // Mean ± sd over the seeds of one optimizer at every x of `curve`; an sd band only when the
 // seeds share their x values (they do unless a run was stopped early).
 trainer::Series series_of(const std::string& name, const std::vector<const RunResult*>& runs,
@@ -59,10 +71,10 @@ trainer::Series series_of(const std::string& name, const std::vector<const RunRe
 struct Summary {
   std::string heading;
   trainer::Table table;
-  bool incomplete = false;               ///< some run stopped early (--stop-at-step)
-  std::string verdict;                   ///< plain sentences on the headline metric (acc or AP)
-  std::vector<trainer::WelchRow> tests;  ///< every metric, every pair: one Holm family
-  std::string machine;                   ///< machine_description()
+  bool incomplete = false;              ///< some run stopped early (--stop-at-step)
+  std::string verdict;                  ///< the primary tests, then the ranking by their metric
+  std::vector<trainer::TestRow> tests;  ///< every metric, every pair: primary and secondary
+  std::string machine;                  ///< machine_description()
 };
 
 // The results of each optimizer, in run order.
@@ -73,7 +85,8 @@ std::map<std::string, std::vector<const RunResult*>> by_optimizer(
   return by_opt;
 }
 
-// Every summary metric with one group of per-seed values per optimizer (config's order).
+// Every summary metric with one group of per-seed values per optimizer (config's order), each
+// value with its seed: optimizers that ran the same seeds are compared paired by seed.
 std::vector<trainer::MetricGroups> metric_groups(const Config& config,
                                                  const std::vector<RunResult>& results) {
   const auto& names = results.front().summary_names;
@@ -83,9 +96,12 @@ std::vector<trainer::MetricGroups> metric_groups(const Config& config,
     metrics.push_back({names[k], {}});
     for (const auto& opt : config.optimizers) {
       if (by_opt[opt].empty()) continue;
-      metrics.back().groups.push_back({opt, {}});
-      for (const auto* r : by_opt[opt])
-        metrics.back().groups.back().second.push_back(r->summary[k]);
+      trainer::Group g{opt, {}, {}};
+      for (const auto* r : by_opt[opt]) {
+        g.values.push_back(r->summary[k]);
+        g.units.push_back(r->config.seed);
+      }
+      metrics.back().groups.push_back(std::move(g));
     }
   }
   return metrics;
@@ -119,18 +135,26 @@ Summary summarize(const Config& config, const std::string& data_name,
     row.push_back(trainer::format_mean_sd(trainer::mean_sd(walls), 0));
     s.table.add_row(row);
   }
-  // The verdict judges the headline metric's leader and runner-up within the table's family.
+  // The verdict: the scenario's primary tests, then the ranking by the first one's metric with
+  // its leader and runner-up judged within their family.
   std::vector<trainer::MetricGroups> metrics = metric_groups(config, results);
-  s.tests = trainer::welch_family(metrics);
   const std::string& scenario = results.front().config.scenario;
-  const std::string headline = headline_metric(scenario);
+  const std::vector<trainer::DeclaredTest> primary = primary_tests(scenario);
+  s.tests = trainer::test_families(metrics, primary);
+  const std::string& headline = primary.front().metric;
   const auto at = std::find(names.begin(), names.end(), headline);
   if (at == names.end()) {
-    throw std::logic_error("the " + scenario + " summary lacks its headline metric " + headline);
+    throw std::logic_error("the " + scenario + " summary lacks its primary metric " + headline);
   }
-  s.verdict = "Headline metric of " + scenario + " (named before the runs): " + headline + ".\n" +
+  std::string tests = trainer::primary_verdict(s.tests, label);
+  if (tests.empty()) {
+    tests = "No primary test: it compares " + primary.front().a + " with " + primary.front().b +
+            ", and this comparison lacks one of them.";
+  }
+  s.verdict = "Primary tests of " + scenario +
+              ", named before the runs: " + declared_text(primary) + ".\n" + tests + "\n" +
               trainer::plain_verdict(label(headline), metrics[at - names.begin()].groups, s.tests,
-                                     headline);
+                                     headline, higher_is_better(headline));
   const Config& first = results.front().config;
   std::ostringstream what;
   what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
@@ -145,13 +169,8 @@ Summary summarize(const Config& config, const std::string& data_name,
   return s;
 }
 
-// What the table of tests is, in one sentence (above it in summary.md and the printout).
-std::string tests_note(const Summary& summary) {
-  return "Welch's t-test between every two optimizers on every metric (" +
-         std::to_string(summary.tests.size()) +
-         " tests, one family: Holm p adjusts over all of them); the last column is the smallest "
-         "difference these seeds detect at the 5% level with 80% power.";
-}
+// What the table of tests is (above it in summary.md and the printout).
+std::string tests_note(const Summary& summary) { return trainer::test_table_note(summary.tests); }
 
 // <out>/summary.md (the table) and <out>/runs.<fmt> (one record per run).
 void write_summary(const Config& config, const Summary& summary,
@@ -162,7 +181,7 @@ void write_summary(const Config& config, const Summary& summary,
     md << summary.heading << "\n\n"
        << summary.table.to_markdown() << "\n"
        << tests_note(summary) << "\n\n"
-       << trainer::welch_family_table(summary.tests).to_markdown() << "\n"
+       << trainer::test_table(summary.tests).to_markdown() << "\n"
        << summary.verdict << "\n";
     if (!md) throw std::runtime_error("--out: cannot write " + config.out + "/summary.md");
   }
@@ -174,6 +193,8 @@ void write_summary(const Config& config, const Summary& summary,
     rec.set("completed", r.completed()).set("train_seconds", r.seconds);
     rec.set("wall_seconds", r.wall_seconds);
     for (size_t k = 0; k < names.size(); ++k) rec.set(names[k], r.summary[k]);
+    rec.set("lr", *r.config.lr).set("command", r.command).set("machine", r.machine);
+    rec.set("date", r.date);
     all.write(rec);
   }
 }
@@ -220,14 +241,26 @@ void plot_curves(const Config& config, const std::vector<RunResult>& results, st
 
 }  // namespace
 
-std::vector<trainer::WelchRow> comparison_tests(const Config& config,
-                                                const std::vector<RunResult>& results) {
+std::vector<trainer::TestRow> comparison_tests(const Config& config,
+                                               const std::vector<RunResult>& results) {
   if (results.empty()) return {};
-  return trainer::welch_family(metric_groups(config, results));
+  return trainer::test_families(metric_groups(config, results),
+                                primary_tests(results.front().config.scenario));
 }
 
-std::string headline_metric(const std::string& scenario) {
-  return scenario == "class-imbalanced" ? "acc" : "AP";
+std::vector<trainer::DeclaredTest> primary_tests(const std::string& scenario) {
+  if (scenario == "class-imbalanced") return {{"rare_acc", "fogo", "muon"}};
+  if (scenario == "domain-il") return {{"AF", "fogo", "muon"}};
+  if (scenario == "class-il") return {{"AP", "fogo", "muon"}, {"BWT", "fogo", "muon"}};
+  throw std::invalid_argument("primary_tests: unknown scenario '" + scenario + "'");
+}
+
+bool higher_is_better(const std::string& metric) {
+  for (const char* lower :
+       {"AF", "AF_clip", "rare_forgetting", "mean_rare_forgetting", "rare_forget_rate"}) {
+    if (metric == lower) return false;
+  }
+  return true;
 }
 
 std::vector<Config> plan_runs(const Config& config) {
@@ -249,7 +282,7 @@ void report_comparison(const Config& config, const std::string& data_name,
       << "\n"
       << summary.table.to_text() << "\n"
       << tests_note(summary) << "\n"
-      << trainer::welch_family_table(summary.tests).to_text();
+      << trainer::test_table(summary.tests).to_text();
   write_summary(config, summary, results);
   if (config.plots) plot_curves(config, results, out);
   out << "summary: " << config.out << "/summary.md, " << config.out << "/runs."

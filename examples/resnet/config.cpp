@@ -114,6 +114,14 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "muon/fogo: lr of the AdamW side (1-D parameters) (class-il fogo 5e-4, else 1e-3; "
            "class-il muon 2e-3)");
   cli.flag("head-lr", &c.head_lr, "fogo: lr of the head codebook groups (class-il 5e-4, else lr)");
+  cli.choice("muon-adjust", &c.muon_adjust, {"original", "match_rms"},
+             "muon: lr rule, original (lr sqrt(max(1, A/B))) or match_rms (lr 0.2 sqrt(max(A, "
+             "B)): update RMS 0.2 lr in every matrix)");
+  cli.choice("classifier", &c.classifier, {"own", "adamw"},
+             "the classifier fc: own (trained by each optimizer like the rest) or adamw (AdamW at "
+             "--classifier-lr for every optimizer, adam included)");
+  cli.flag("classifier-lr", &c.classifier_lr,
+           "--classifier adamw: lr of the classifier's AdamW (default: --adamw-lr's value)");
   cli.flag("weight-decay", &c.weight_decay, "weight decay (adamw 1e-2, others 0)");
   cli.flag("grad-clip", &c.grad_clip,
            "clip the global gradient norm to this (class-il 2.0, else off: 0)");
@@ -227,6 +235,17 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.lr) c.lr = class_il ? 2e-3 : optimizer == "muon" ? 1e-2 : 1e-3;
   if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
   if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;
+  if (c.classifier != "own" && c.classifier != "adamw") {
+    throw trainer::Cli::error("classifier", "expected own or adamw, got '" + c.classifier + "'");
+  }
+  if (c.classifier_lr && c.classifier != "adamw") {
+    throw trainer::Cli::error("classifier-lr", "applies with --classifier adamw only");
+  }
+  if (c.classifier == "adamw" && !c.classifier_lr) c.classifier_lr = *c.adamw_lr;
+  if (c.muon_adjust != "original" && c.muon_adjust != "match_rms") {
+    throw trainer::Cli::error("muon-adjust",
+                              "expected original or match_rms, got '" + c.muon_adjust + "'");
+  }
   if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
   if (c.lr_schedule == "auto") c.lr_schedule = c.width >= 64 ? "cosine" : "constant";
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
@@ -280,7 +299,8 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (*c.head_fc < 0) throw trainer::Cli::error("head-fc", "must be >= 0");
   for (const auto& [flag, v] : {std::pair<const char*, double>{"lr", *c.lr},
                                 {"adamw-lr", *c.adamw_lr},
-                                {"head-lr", *c.head_lr}}) {
+                                {"head-lr", *c.head_lr},
+                                {"classifier-lr", c.classifier_lr.value_or(1e-3)}}) {
     if (!(v > 0 && v < 10)) throw trainer::Cli::error(flag, "must be in (0, 10), got " + text(v));
   }
   if (*c.weight_decay < 0 || *c.weight_decay >= 1)
@@ -363,7 +383,12 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("autocast", c.autocast)
       .add("batch-size", c.batch_size)
       .add("eval-every", c.eval_every);
-  if (c.sync_bn) s.add("sync-bn", true);  // recorded when on: older checkpoints stay resumable
+  // Recorded when on (not the default): older checkpoints stay resumable.
+  if (c.sync_bn) s.add("sync-bn", true);
+  if (c.optimizer == "muon" && c.muon_adjust != "original") s.add("muon-adjust", c.muon_adjust);
+  if (c.classifier != "own") {
+    s.add("classifier", c.classifier).add("classifier-lr", *c.classifier_lr);
+  }
   return s;
 }
 

@@ -66,6 +66,15 @@ struct Config {
   /// --optimizer-lr name=lr,...: the lr of the optimizers named (those not named keep --lr's
   /// default); resolve() applies the entry of its optimizer and refuses it next to --lr.
   std::vector<std::string> optimizer_lr;
+  /// muon: its lr rule, original (lr sqrt(max(1, A/B)), PyTorch's) | match_rms (lr 0.2
+  /// sqrt(max(A, B)): update RMS 0.2 lr in every matrix, so sigma x lr_fogo / 0.2 matches FOGO's
+  /// update RMS layer by layer).
+  std::string muon_adjust = "original";
+  /// own (the classifier fc is a matrix of muon/fogo, of adam/adamw's one group) | adamw (fc's
+  /// weight and bias trained by AdamW at --classifier-lr for every optimizer, adam included: the
+  /// heads matched, so that a comparison isolates the backbone's update rule).
+  std::string classifier = "own";
+  std::optional<double> classifier_lr;  ///< --classifier adamw: default the run's --adamw-lr
   std::string ns_dtype = "bf16";
   std::vector<std::string> fogo_options;  ///< --fogo key=value, applied to every FOGO group
   std::string ablation = "full";          ///< --ablation (common/fogo_flags.h)  ///< muon/fogo

@@ -4,6 +4,7 @@
 
 #include "common/cli.h"
 #include "common/data_parallel.h"
+#include "common/report.h"
 #include "common/runtime.h"
 #include "config.h"
 #include "trainer.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
         "               --train-per-class 500 --test-per-class 200");
     fogo::resnet::add_flags(cli, config);
     if (!cli.parse(argc, argv)) return 0;
+    fogo::trainer::set_command_line(argc, argv);  // each run's provenance (runs.jsonl)
     // Under torchrun, rank 0 alone prints (docs/trainers.md, "Data-parallel").
     const auto& dp = fogo::trainer::DataParallel::process(
         std::chrono::seconds(config.data_parallel.dist_timeout),

@@ -28,6 +28,29 @@ fogo::FOGOOptions preset(const std::string& scenario, const std::string& stage) 
   return is_head(stage) ? p::class_imbalanced_head() : p::class_imbalanced_backbone();
 }
 
+// --classifier adamw: the classifier's parameters (fc.weight, fc.bias; not head_fc's).
+bool is_classifier(const std::string& name) { return name.rfind("fc.", 0) == 0; }
+
+// Two param groups of `params` (named as in `names`): the classifier's at `classifier_lr`, the
+// others at the options' own lr; one group when the classifier is not split off.
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> with_classifier_group(
+    const std::vector<std::string>& names, const std::vector<torch::Tensor>& params,
+    const Options& options, const Config& c) {
+  std::vector<torch::Tensor> rest, classifier;
+  for (size_t k = 0; k < params.size(); ++k) {
+    (c.classifier == "adamw" && is_classifier(names[k]) ? classifier : rest).push_back(params[k]);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!rest.empty()) groups.emplace_back(rest, std::make_unique<Options>(options));
+  if (!classifier.empty()) {
+    auto own = std::make_unique<Options>(options);
+    own->lr(*c.classifier_lr);
+    groups.emplace_back(classifier, std::move(own));
+  }
+  return groups;
+}
+
 std::string lr_text(double lr) {
   std::ostringstream out;
   out << lr;
@@ -50,34 +73,50 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   const double lr = *c.lr, wd = *c.weight_decay;
   const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model->named_parameters()) {
+      names.push_back(p.key());
+      params.push_back(p.value());
+    }
+    // --classifier adamw: Adam with weight decay 0 is AdamW with weight decay 0, the classifier
+    // rule of muon and fogo.
     if (c.optimizer == "adam") {
+      const auto options = torch::optim::AdamOptions(lr).weight_decay(wd);
       single_ = std::make_unique<torch::optim::Adam>(
-          model->parameters(), torch::optim::AdamOptions(lr).weight_decay(wd));
+          with_classifier_group(names, params, options, c), options);
     } else {
+      const auto options = torch::optim::AdamWOptions(lr).weight_decay(wd);
       single_ = std::make_unique<torch::optim::AdamW>(
-          model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(wd));
+          with_classifier_group(names, params, options, c), options);
     }
     for (const auto& g : single_->param_groups()) base_lrs_.push_back(g.options().get_lr());
-    description_ = c.optimizer + " lr " + lr_text(lr) + " on all " +
-                   std::to_string(model->parameters().size()) + " tensors";
+    description_ = c.optimizer + " lr " + lr_text(lr) + " on all " + std::to_string(params.size()) +
+                   " tensors";
+    if (c.classifier == "adamw")
+      description_ += " but the classifier's (lr " + lr_text(*c.classifier_lr) + ")";
     return;
   }
 
   // Every >= 2-D weight, the classifier included, goes to the matrix side: the paper gives the
   // classifier head its own FOGO codebook, and Muon is run on the same split for a like-for-like
   // comparison.
+  // --classifier adamw sends the classifier to the AdamW side, in a group of its own.
   fogo::ParamSplitRules rules;
   rules.rest_patterns.clear();
+  if (c.classifier == "adamw") rules.rest_patterns = {R"(^fc\.)"};
   const fogo::ParamSplit split = fogo::split_parameters(*model, rules);
   const auto adamw = torch::optim::AdamWOptions(*c.adamw_lr).weight_decay(wd);
   std::unique_ptr<torch::optim::Optimizer> matrix;
   std::vector<std::string> group_names;  // of the matrix side (empty: the hybrid's defaults)
   std::ostringstream desc;
   if (c.optimizer == "muon") {
-    matrix = std::make_unique<fogo::Muon>(split.matrix.params,
-                                          fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns));
-    desc << "muon lr " << lr << ", NS " << c.ns_dtype << ", on " << split.matrix.size()
-         << " matrices";
+    const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
+                                                     : fogo::MuonAdjustLR::Original;
+    matrix = std::make_unique<fogo::Muon>(
+        split.matrix.params, fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust));
+    desc << "muon lr " << lr << " (" << c.muon_adjust << "), NS " << c.ns_dtype << ", on "
+         << split.matrix.size() << " matrices";
   } else if (c.optimizer == "fogo") {
     // One codebook group per network stage, named by it.
     fogo::NamedGroups stages = fogo::group_by(
@@ -99,9 +138,13 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
     throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
   }
   desc << "; AdamW lr " << *c.adamw_lr << " on " << split.rest.size() << " other tensors";
+  if (c.classifier == "adamw") desc << " (the classifier's at lr " << *c.classifier_lr << ")";
   description_ = desc.str();
   std::unique_ptr<torch::optim::Optimizer> rest =
-      split.rest.size() ? std::make_unique<torch::optim::AdamW>(split.rest.params, adamw) : nullptr;
+      split.rest.size()
+          ? std::make_unique<torch::optim::AdamW>(
+                with_classifier_group(split.rest.names, split.rest.params, adamw, c), adamw)
+          : nullptr;
   hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest),
                                                     std::move(group_names));
 }
@@ -125,7 +168,11 @@ const std::vector<torch::optim::OptimizerParamGroup>& TrainOptimizer::param_grou
 }
 
 std::vector<std::string> TrainOptimizer::group_names() const {
-  if (single_) return std::vector<std::string>(single_->param_groups().size(), "all");
+  if (single_) {
+    std::vector<std::string> names{"all"};  // --classifier adamw: and "classifier"
+    if (single_->param_groups().size() > 1) names.push_back("classifier");
+    return names;
+  }
   std::vector<std::string> names;
   for (size_t g = 0; g < hybrid_->param_groups().size(); ++g)
     names.push_back(hybrid_->group_name(g));

@@ -194,6 +194,7 @@ void report_sweep(const Config& config, const SweepOutcome& s, std::ostream& out
                   trainer::format_mean_sd(trainer::mean_sd(p.seed_scores), 2), seeds,
                   chosen ? (at_edge ? "yes (grid edge)" : "yes") : ""});
   }
+  const std::vector<trainer::TestRow> tests = comparison_tests(config, s.finals);
   std::ostringstream md;
   md << "Learning-rate sweep: factors";
   for (const double f : config.lr_sweep) md << " " << trainer::flag_text(f);
@@ -207,10 +208,9 @@ void report_sweep(const Config& config, const SweepOutcome& s, std::ostream& out
      << config.seeds.size() << " seeds on the test set (summary.md: mean ± sd). \"grid edge\": "
      << "the best lr is still the lowest or highest tried, so the optimum may lie beyond it.\n\n"
      << grid.to_markdown() << "\nThe chosen lrs on the test set (" << config.seeds.size()
-     << " seeds each): Welch's t-test between every two optimizers on every metric, Holm p over "
-        "the whole table, and the smallest difference these seeds detect (5%, 80% power):\n\n"
-     << trainer::welch_family_table(comparison_tests(config, s.finals)).to_markdown()
-     << "\nmachine: " << trainer::machine_description() << "\n";
+     << " seeds each). " << trainer::test_table_note(tests) << "\n\n"
+     << trainer::test_table(tests).to_markdown() << "\nmachine: " << trainer::machine_description()
+     << "\n";
   std::filesystem::create_directories(config.out);
   {
     std::ofstream f(config.out + "/sweep.md");

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -574,4 +575,108 @@ TEST(Optimizers, FogoGroupsAreTheHybridsStagesNamed) {
       }
     }
   }
+}
+
+// --classifier adamw (issue 34: the heads matched in class-IL): for every optimizer the
+// classifier's weight and bias take exactly the step of an AdamW at --classifier-lr, and the
+// matrix side no longer holds them; head_fc stays with the optimizer.
+TEST(Optimizers, ClassifierOnAdamWTakesAdamWsStepForEveryOptimizer) {
+  Config c;
+  c.scenario = "class-il";
+  c.classifier = "adamw";
+  c.classifier_lr = 1e-3;
+  for (const char* name : {"fogo", "muon", "adam"}) {
+    const Config r = resolve(c, name, 0);
+    torch::manual_seed(0);
+    ResNet18 model(ResNetOptions{1, 10, 4, *r.head_fc});
+    TrainOptimizer opt(r, model);
+    const auto named = model->named_parameters();
+    const torch::Tensor fc_weight = named["fc.weight"], fc_bias = named["fc.bias"];
+    if (opt.matrix_optimizer()) {
+      for (const auto& group : opt.matrix_optimizer()->param_groups()) {
+        for (const auto& p : group.params()) {
+          EXPECT_FALSE(p.is_same(fc_weight)) << name;
+        }
+      }
+    }
+    // The reference: an AdamW of its own over copies of fc's tensors, with the same gradients.
+    opt.zero_grad();
+    model->forward(torch::randn({4, 1, 28, 28})).square().mean().backward();
+    std::vector<torch::Tensor> copies;
+    for (const auto& p : {fc_weight, fc_bias}) {
+      copies.push_back(p.detach().clone().requires_grad_(true));
+      copies.back().mutable_grad() = p.grad().clone();
+    }
+    torch::optim::AdamW reference(copies, torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+    opt.step();
+    reference.step();
+    EXPECT_TRUE(torch::allclose(fc_weight, copies[0], 1e-6, 1e-7)) << name;
+    EXPECT_TRUE(torch::allclose(fc_bias, copies[1], 1e-6, 1e-7)) << name;
+    if (std::string(name) == "adam") {
+      EXPECT_EQ(opt.group_names(), (std::vector<std::string>{"all", "classifier"}));
+    }
+    bool recorded = false;
+    for (const auto& [key, value] : run_signature(r).entries()) {
+      recorded = recorded || (key == "classifier" && value == "adamw");
+    }
+    EXPECT_TRUE(recorded) << name;
+  }
+  // The default keeps the classifier with the optimizer (Muon's matrices include it).
+  {
+    const Config r = resolve(Config{}, "muon", 0);
+    ResNet18 model(ResNetOptions{1, 10, 4, 0});
+    TrainOptimizer opt(r, model);
+    bool has_fc = false;
+    for (const auto& p : opt.matrix_optimizer()->param_groups().front().params()) {
+      has_fc = has_fc || p.is_same(model->named_parameters()["fc.weight"]);
+    }
+    EXPECT_TRUE(has_fc);
+  }
+  Config bad;
+  bad.classifier_lr = 1e-3;
+  EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
+            "--classifier-lr: applies with --classifier adamw only");
+  bad = Config{};
+  bad.classifier = "sgd";
+  EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
+            "--classifier: expected own or adamw, got 'sgd'");
+}
+
+// --muon-adjust match_rms (the per-layer RMS-matched control of issue 34): Muon's update has RMS
+// close to 0.2 lr in every matrix, where the original rule gives small matrices several times
+// the RMS of large ones.
+TEST(Optimizers, MuonMatchRmsGivesEveryMatrixTheSameUpdateRms) {
+  const auto update_rms = [](const std::string& adjust) {
+    Config c;
+    c.muon_adjust = adjust;
+    c.lr = 1e-2;
+    const Config r = resolve(c, "muon", 0);
+    torch::manual_seed(0);
+    ResNet18 model(ResNetOptions{1, 10, 8, 0});
+    TrainOptimizer opt(r, model);
+    std::vector<torch::Tensor> before;
+    const auto& params = opt.matrix_optimizer()->param_groups().front().params();
+    for (const auto& p : params) before.push_back(p.detach().clone());
+    opt.zero_grad();
+    model->forward(torch::randn({8, 1, 28, 28})).square().mean().backward();
+    opt.step();
+    std::vector<double> rms;
+    for (size_t k = 0; k < params.size(); ++k) {
+      rms.push_back((params[k].detach() - before[k]).square().mean().sqrt().item<double>());
+    }
+    return rms;
+  };
+  const auto matched = update_rms("match_rms");
+  for (const double v : matched) {
+    EXPECT_GT(v, 0.5 * 0.2 * 1e-2);
+    EXPECT_LT(v, 1.5 * 0.2 * 1e-2);
+  }
+  const auto original = update_rms("original");
+  EXPECT_GT(*std::max_element(original.begin(), original.end()) /
+                *std::min_element(original.begin(), original.end()),
+            4.0);
+  Config bad;
+  bad.muon_adjust = "rms";
+  EXPECT_EQ(error_of([&] { resolve(bad, "muon", 0); }),
+            "--muon-adjust: expected original or match_rms, got 'rms'");
 }

@@ -617,6 +617,13 @@ class Run {
     w.put("step", step_);
     w.put("seconds", seconds_);
     w.put("wall_seconds", wall_seconds());
+    // This session trained: the run's provenance is this session's.
+    result_.command = trainer::command_line();
+    result_.machine = session_machine_;
+    result_.date = trainer::utc_now();
+    w.put("command", result_.command);
+    w.put("machine", result_.machine);
+    w.put("date", result_.date);
     w.put("comm_seconds", comm_seconds_);
     w.put("best_rare", best_rare_);
     if (rare_correct_.defined()) w.put_tensor("rare_correct", rare_correct_);
@@ -640,6 +647,11 @@ class Run {
     // counts every evaluation but the last, stands in for it.
     wall_before_ = in.has("wall_seconds") ? in.get_double("wall_seconds") : seconds_;
     comm_seconds_ = in.has("comm_seconds") ? in.get_double("comm_seconds") : 0.0;
+    for (const auto& [key, field] :
+         {std::pair{"command", &result_.command}, std::pair{"machine", &result_.machine},
+          std::pair{"date", &result_.date}}) {
+      *field = in.has(key) ? in.get_string(key) : std::string();
+    }
     best_rare_ = in.get_double("best_rare");
     rare_correct_ = in.has("rare_correct") ? in.get_tensor("rare_correct").cpu().to(torch::kBool)
                                            : torch::Tensor();
@@ -726,9 +738,11 @@ class Run {
   void write_result() const {
     Record r;
     r.set("optimizer", c_.optimizer).set("seed", c_.seed).set("steps", step_);
+    r.set("lr", *c_.lr).set("eval_split", c_.eval_split);
     r.set("completed", result_.completed()).set("train_seconds", seconds_);
     r.set("wall_seconds", result_.wall_seconds);
     if (dp_.distributed()) r.set("communication_seconds", comm_seconds_);
+    r.set("command", result_.command).set("machine", result_.machine).set("date", result_.date);
     for (size_t k = 0; k < result_.summary.size(); ++k) {
       r.set(result_.summary_names[k], result_.summary[k]);
     }
@@ -746,6 +760,7 @@ class Run {
   // First member: the session's clock starts before the rest is built.
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   double wall_before_ = 0;  ///< wall time of the earlier sessions (checkpoint)
+  const std::string session_machine_ = trainer::machine_description();
   Config c_;
   trainer::DataParallel& dp_;
   std::ostream& log_;

@@ -41,6 +41,10 @@ struct RunResult {
   /// Wall time of the run over all its sessions (set-up, training, evaluations; a session that
   /// only reloads a finished run adds its own seconds), kept in the checkpoint.
   double wall_seconds = 0;
+  /// Provenance of the session that trained the run last (kept in the checkpoint, so a run only
+  /// reloaded keeps its own): its command line, machine_description() and the UTC time of its
+  /// last checkpoint ("" for checkpoints written before 2026-11-27).
+  std::string command, machine, date;
   bool completed() const { return steps == total_steps; }
 };
 
@@ -49,14 +53,19 @@ struct RunResult {
 /// it uses to its device.
 RunResult train_run(const Config& config, const DataSplit& data, std::ostream& log);
 
-/// Welch's t-test between every two optimizers of `results` on every summary metric: one family,
-/// Holm-adjusted over all of it (summary.md's and sweep.md's table of tests).
-std::vector<trainer::WelchRow> comparison_tests(const Config& config,
-                                                const std::vector<RunResult>& results);
+/// The tests between every two optimizers of `results` on every summary metric, paired by seed
+/// (every optimizer runs every seed): the scenario's primary tests as one family, every other
+/// test as the secondary family, each Holm-adjusted on its own (summary.md's and sweep.md's
+/// table of tests).
+std::vector<trainer::TestRow> comparison_tests(const Config& config,
+                                               const std::vector<RunResult>& results);
 
-/// The headline metric of a scenario, named before any run (issue 28): the one the printed
-/// verdict judges. class-imbalanced: acc; class-il, domain-il: AP.
-std::string headline_metric(const std::string& scenario);
+/// The primary tests of a scenario, named before any run (issue 34): FOGO - Muon, paired by seed,
+/// on the paper's claim. class-imbalanced: rare_acc; domain-il: AF; class-il: AP and BWT. The
+/// printed verdict states them first and then ranks the optimizers by the first one's metric.
+std::vector<trainer::DeclaredTest> primary_tests(const std::string& scenario);
+/// False for the metrics where lower is better (AF, AF_clip and the rare-forgetting measures).
+bool higher_is_better(const std::string& metric);
 
 /// The test images a run evaluates on (--test-per-class of every class): one fixed choice,
 /// the same for every seed and optimizer, so that runs of a comparison share one test set.
