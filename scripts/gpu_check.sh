@@ -187,10 +187,15 @@ done
 # The least time worth starting one command of a step with (a test binary, a sanitizer process,
 # a benchmark, a training run).
 least_run=${FOGO_GPU_MIN_RUN_S:-10}
+((least_run >= 1)) || least_run=1
 
 left() { echo $((deadline - reserve - SECONDS)); }  # seconds the steps may still use
 note() { echo "$*" >>"$state/notes"; }
-set_status() { echo "$2" >"$state/status-$1"; }
+set_status() {
+  echo "$2" >"$state/status-$1"
+  report_fresh=''
+}
+report_fresh=''  # the report files hold every status and log so far
 status_of() {
   if [ -f "$state/status-$1" ]; then
     cat "$state/status-$1"
@@ -208,7 +213,7 @@ bounded() {
   shift 2
   t=$((step_end - SECONDS))
   ((t < cap)) || t=$cap
-  if ((t < min)); then
+  if ((t < min || t < 1)); then  # (never `timeout 0`: it means no limit)
     echo "gpu_check: not started, $t s left of the step (needs $min): $*"
     return $SKIP
   fi
@@ -257,12 +262,12 @@ stop_tree() {
   local pids p n
   mapfile -t pids < <(echo "$1"; descendants "$1")
   kill -TERM "${pids[@]}" 2>/dev/null
-  for n in 1 2 3 4 5 6 7 8 9 10 11 12; do
+  for ((n = 0; n < 30; ++n)); do
     for p in "${pids[@]}"; do ! alive "$p" || break; done
     alive "$p" || break
-    sleep 0.25
+    sleep 0.1
   done
-  ((n < 12)) || kill -KILL "${pids[@]}" 2>/dev/null
+  ((n < 30)) || kill -KILL "${pids[@]}" 2>/dev/null
   wait "$1" 2>/dev/null  # reaped when it is this shell's child
   return 0
 }
@@ -310,6 +315,7 @@ run_step() {
     *) set_status "$name" "FAILED ($took s of $t; $(why $rc))${detail:+: $detail}" ;;
   esac
   write_report
+  report_fresh=1
 }
 
 detail() { echo "$*" >>"$state/detail-$current_step"; }  # one line of a step's status
@@ -517,9 +523,12 @@ build_python_module() {
   command -v cmake >/dev/null || { echo "no cmake"; return 2; }
   ! command -v ninja >/dev/null || gen=(-G Ninja)
   rm -rf "$dir"
+  # (Never `timeout 0`: it means no limit.)
+  ((end - SECONDS >= least_run)) || { echo "no time left to configure"; return 124; }
   timeout -k 5 $((end - SECONDS)) nice -n 10 cmake -S "$root/scripts/gpu_python" -B "$dir" "${gen[@]}" \
     -Wno-dev -DCMAKE_BUILD_TYPE=Release -DFOGO_SOURCE_DIR="$root" -DFOGO_PYTHON="$python" \
     -DFOGO_LIBRARY="$kit/libfogo.a" "-DFOGO_DEFINITIONS=$(cat "$kit/definitions")" || return
+  ((end - SECONDS >= least_run)) || { echo "no time left to compile"; return 124; }
   timeout -k 5 $((end - SECONDS)) nice -n 10 cmake --build "$dir" -j "$((jobs / 2 > 1 ? jobs / 2 : 1))" \
     --target fogo_python fogo_python_testing || return
   [ -f "$dir/python/fogo/_C$py_ext" ] || { echo "no $dir/python/fogo/_C$py_ext after the build"; return 3; }
@@ -527,7 +536,7 @@ build_python_module() {
 
 python_tests() {
   # After the C++ tests: the modules' build done (or given up), pytest until the step's end.
-  local t0=$SECONDS rc=0 t
+  local t0 rc=0 t
   if [ -n "$pybuild_pid" ]; then
     local brc=0
     wait "$pybuild_pid" || brc=$?
@@ -550,6 +559,7 @@ python_tests() {
     detail "Python tests not run: $t s left"
     return 0
   fi
+  t0=$SECONDS
   # pytest -v: a run killed at its budget still shows each test that ended (gpu_report reads it).
   # No wheel build here (test_packaging: minutes of compiling).
   (PYTHONPATH="$module_path:$carry/pylib" FOGO_SKIP_WHEEL=1 OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 \
@@ -582,10 +592,10 @@ step_test() {
   pids+=($!)
   for s in "${pids[@]}"; do wait "$s" || rc=1; done
   python_tests || rc=1
-  report_md tests >"$logs/tests.md.part"
-  detail "$(grep -m1 -oE '[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped, [0-9]+ listed but never run' "$logs/tests.md.part")"
+  report_md tests >"$state/tests.md"
+  detail "$(grep -m1 -oE '[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped, [0-9]+ listed but never run' "$state/tests.md")"
   local cuda_skips
-  cuda_skips=$(grep -m1 -oE 'CUDA tests skipped: [0-9]+' "$logs/tests.md.part" | grep -oE '[0-9]+$')
+  cuda_skips=$(grep -m1 -oE 'CUDA tests skipped: [0-9]+' "$state/tests.md" | grep -oE '[0-9]+$')
   if [ "${cuda_skips:-0}" -gt 0 ]; then
     detail "$cuda_skips CUDA test(s) skipped on a GPU machine"
     rc=1
@@ -659,12 +669,12 @@ step_sanitize() {
     done
   done
   wait "${pids[@]}"
-  report_md sanitizer >"$logs/sanitizer.md.part"
+  report_md sanitizer >"$state/sanitizer.md"
   local ours
-  ours=$(grep -oE "Reports in fogo's kernels: [0-9]+" "$logs/sanitizer.md.part" | grep -oE '[0-9]+$')
-  detail "${ours:-?} report(s) in fogo's kernels; $(grep -oE "Reports in library code: .*" "$logs/sanitizer.md.part" | head -1)"
+  ours=$(grep -oE "Reports in fogo's kernels: [0-9]+" "$state/sanitizer.md" | grep -oE '[0-9]+$')
+  detail "${ours:-?} report(s) in fogo's kernels; $(grep -oE "Reports in library code: .*" "$state/sanitizer.md" | head -1)"
   local unfinished
-  unfinished=$(grep -c 'did not finish' "$logs/sanitizer.md.part")
+  unfinished=$(grep -c 'did not finish' "$state/sanitizer.md")
   [ "$unfinished" -eq 0 ] || detail "$unfinished sanitizer run(s) did not finish (sanitizer.md)"
   [ "${ours:-1}" -eq 0 ]
 }
@@ -805,8 +815,8 @@ summary_txt() {
   fi
   echo
   local failed
-  failed=$(while read -r s; do [[ $(status_of "$s") != FAILED* ]] || printf '%s ' "$s"; done <"$state/plan")
-  if [ -n "$failed" ]; then echo "FAILED steps: $failed"; else echo "no step failed"; fi
+  failed=$(while read -r s; do [[ $(status_of "$s") != FAILED* ]] || echo "$s"; done <"$state/plan")
+  if [ -n "$failed" ]; then echo "FAILED steps:" $failed; else echo "no step failed"; fi
 }
 
 write_report() {
@@ -825,11 +835,20 @@ write_report() {
       echo "python: ${python:-none}"
     } >"$report/environment.txt"
   fi
-  { step_header test; report_md tests; } >"$report/tests.md"
-  { step_header sanitize; report_md sanitizer; } >"$report/sanitizer.md"
+  # The markdown parts, all from one gpu_report.py run, each under its step's status.
+  local parts=$work/parts kind
+  rm -rf "$parts" && mkdir -p "$parts"
+  [ -z "$report_python" ] ||
+    timeout 60 "$report_python" "$root/scripts/gpu_report.py" all "$logs" "$parts" >/dev/null 2>&1
+  for kind in tests sanitizer bench train; do
+    [ -s "$parts/$kind.md" ] ||
+      echo "(no gpu_report.py output for $kind: the logs are in logs.tgz)" >"$parts/$kind.md"
+  done
+  { step_header test; cat "$parts/tests.md"; } >"$report/tests.md"
+  { step_header sanitize; cat "$parts/sanitizer.md"; } >"$report/sanitizer.md"
   {
     step_header bench
-    report_md bench
+    cat "$parts/bench.md"
     echo
     echo "## Issue 26's targets (bench/targets.py, from this run's bench and train logs)"
     echo
@@ -846,7 +865,7 @@ write_report() {
     printf '{"benchmarks": [], "note": "no benchmark results: %s"}\n' "$(status_of bench | tr -d '"\\')" \
       >"$report/bench.json"
   fi
-  { step_header train; report_md train; } >"$report/train.md"
+  { step_header train; cat "$parts/train.md"; } >"$report/train.md"
   pack_logs
 }
 
@@ -854,27 +873,22 @@ pack_logs() {
   # logs.tgz: every text log, each cut to its first and last MiB when longer than 2 MiB, the
   # whole at most 15 MiB (the biggest left out until it fits). Built outside $OUT, then moved.
   local stage=$work/logs-stage f size
-  rm -rf "$stage" && mkdir -p "$stage/logs"
-  for f in "$logs"/*; do
-    [ -f "$f" ] || continue
+  rm -rf "$stage" && mkdir -p "$stage" && cp -r "$logs" "$stage/logs"
+  find "$stage/logs" -type f -size +2M | while read -r f; do
     size=$(stat -c %s "$f")
-    if ((size > 2 * 1048576)); then
-      {
-        head -c 1048576 "$f"
-        printf '\n[... gpu_check: %s bytes cut ...]\n' "$((size - 2 * 1048576))"
-        tail -c 1048576 "$f"
-      } >"$stage/logs/${f##*/}"
-    else
-      cp "$f" "$stage/logs/"
-    fi
+    {
+      head -c 1048576 "$f"
+      printf '\n[... gpu_check: %s bytes cut ...]\n' "$((size - 2 * 1048576))"
+      tail -c 1048576 "$f"
+    } >"$f.cut" && mv "$f.cut" "$f"
   done
   while :; do
     tar -C "$stage" -czf "$work/logs.tgz" logs 2>/dev/null
     (($(stat -c %s "$work/logs.tgz") > 15 * 1048576)) || break
-    f=$(ls -S "$stage/logs" | head -1)
-    [ -n "$f" ] || break
-    echo "left out of logs.tgz (too big): $f ($(stat -c %s "$stage/logs/$f") bytes)" >>"$stage/logs/LEFT-OUT.txt"
-    rm -f "$stage/logs/$f"
+    f=$(find "$stage/logs" -type f -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+    [ -n "$f" ] && [ "${f##*/}" != LEFT-OUT.txt ] || break
+    echo "left out of logs.tgz (too big): ${f##*/} ($(stat -c %s "$f") bytes)" >>"$stage/logs/LEFT-OUT.txt"
+    rm -f "$f"
   done
   mv -f "$work/logs.tgz" "$report/logs.tgz"
   rm -rf "$stage"
@@ -887,7 +901,8 @@ finish() {
   finished=1
   [ -z "$step_pid" ] || stop_tree "$step_pid"
   [ -z "$watchdog_pid" ] || stop_tree "$watchdog_pid"
-  write_report
+  # After the last step's own write only the summary has changed (its time, how it ended).
+  if [ -n "$report_fresh" ]; then summary_txt >"$report/summary.txt"; else write_report; fi
   local files
   files=$(find "$out" -type f | wc -l)
   ((files <= 8)) ||

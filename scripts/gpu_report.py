@@ -5,6 +5,7 @@
     gpu_report.py sanitizer LOGS   -> markdown from compute-sanitizer's logs
     gpu_report.py bench LOGS       -> markdown from fogo_bench's JSON and torch_muon_step's text
     gpu_report.py train LOGS       -> markdown from the trainers' and the eager reference's logs
+    gpu_report.py all LOGS DIR     -> the four into DIR/tests.md, sanitizer.md, bench.md, train.md
 
 Each writes to stdout. Counts come from the gtest XML (typed and parameterised tests included,
 child processes' output never counted), checked against `--gtest_list_tests`, so that a binary that
@@ -414,12 +415,25 @@ def report_train(logs):
     return "\n".join(out) + "\n"
 
 
+KINDS = {"tests": report_tests, "sanitizer": report_sanitizer, "bench": report_bench,
+         "train": report_train}
+
+
 def main(argv):
-    kinds = {"tests": report_tests, "sanitizer": report_sanitizer, "bench": report_bench,
-             "train": report_train}
-    if len(argv) != 3 or argv[1] not in kinds:
-        sys.exit(f"usage: {argv[0]} {{{','.join(kinds)}}} LOGS")
-    sys.stdout.write(kinds[argv[1]](argv[2]))
+    if len(argv) == 4 and argv[1] == "all":
+        # Every part at once into DIR/<kind>.md (one interpreter start: gpu_check.sh rewrites the
+        # report after every step); a part that fails says so in its file.
+        for kind, report in KINDS.items():
+            try:
+                text = report(argv[2])
+            except Exception as e:  # noqa: BLE001 - the other parts must still be written
+                text = f"(gpu_report.py {kind} failed: {type(e).__name__}: {e})\n"
+            with open(os.path.join(argv[3], kind + ".md"), "w") as f:
+                f.write(text)
+        return
+    if len(argv) != 3 or argv[1] not in KINDS:
+        sys.exit(f"usage: {argv[0]} {{{','.join(KINDS)}}} LOGS | all LOGS DIR")
+    sys.stdout.write(KINDS[argv[1]](argv[2]))
 
 
 if __name__ == "__main__":

@@ -249,8 +249,10 @@ class Sandbox:
         write(self.carry / "python" / "fogo" / f"_C{ext}", "not a module")
 
     def start(self, *steps, **env):
+        # A session of its own: whatever the script leaves behind can be found by its group.
         return subprocess.Popen(["bash", str(SCRIPT), *steps], env={**self.env, **env},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
 
     def run(self, *steps, **env):
         proc = self.start(*steps, **env)
@@ -375,6 +377,28 @@ def test_term_in_the_middle_of_a_step_stops_it_and_still_reports(box):
     assert box.step_line(report, "sanitize") == "not run: the script ended before it"
     assert box.step_line(report, "check").startswith("ok (")
     assert not box.leftovers()
+
+
+def test_sigkill_leaves_the_report_of_the_steps_before_and_names_the_one_it_killed(box):
+    # No trap runs on SIGKILL (what the device tool does after TERM): the report written after
+    # every step, and the summary written when a step starts, are what comes back.
+    box.module(EXT)
+    proc = box.start("check", "bench", REHEARSE_FOGO_BENCH="hang")
+    seen, t0 = "", time.time()
+    while "=== gpu_check: bench" not in seen and time.time() - t0 < 30:
+        seen += proc.stdout.readline()
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(timeout=10)
+    try:  # what the killed script left running (its watchdog, the hanging benchmark's timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.stdout.close()
+    report = box.report()
+    assert box.step_line(report, "check").startswith("ok (")
+    assert box.step_line(report, "bench").startswith("did not finish: the script was killed during it")
+    assert "fogo_tests holds" not in report["summary.txt"] and "FAILED" not in report["summary.txt"]
 
 
 def test_a_failed_check_writes_the_report_saying_why_and_skips_the_gpu_steps(box):

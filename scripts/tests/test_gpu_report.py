@@ -240,3 +240,20 @@ def test_pytest_run_killed_before_its_xml_keeps_its_outcomes(tmp_path):
     assert "**1 passed, 1 failed, 1 skipped, 0 listed but never run.**" in md
     assert "no XML: killed at its time budget while running python/tests/test_api.py::test_slow" in md
     assert "CUDA tests skipped: 1 " in md
+
+
+def test_all_writes_the_four_parts_and_a_failing_part_says_so(tmp_path, monkeypatch):
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    logs.mkdir()
+    out.mkdir()
+    (logs / "runs.tsv").write_text("python_tests\tnot run\t0\tnot run: no python3 with torch\n")
+
+    def broken(_):
+        raise ValueError("bad log")
+
+    monkeypatch.setitem(gpu_report.KINDS, "bench", broken)
+    gpu_report.main(["gpu_report.py", "all", str(logs), str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["bench.md", "sanitizer.md", "tests.md",
+                                                     "train.md"]
+    assert "**Python tests: not run: no python3 with torch**" in (out / "tests.md").read_text()
+    assert (out / "bench.md").read_text() == "(gpu_report.py bench failed: ValueError: bad log)\n"
