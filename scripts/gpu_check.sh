@@ -944,7 +944,9 @@ case "$1" in
   prepare) prepare; exit ;;
   rehearse)
     shift
-    exec "${FOGO_PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$root/scripts/tests/test_gpu_check.py" "$@"
+    py=${FOGO_PYTHON:-python3}
+    [ -n "${FOGO_PYTHON:-}" ] || [ ! -x "$root/.venv/bin/python" ] || py=$root/.venv/bin/python
+    exec "$py" -m pytest -q -p no:cacheprovider "$root/scripts/tests/test_gpu_check.py" "$@"
     ;;
 esac
 steps=()
