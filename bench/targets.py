@@ -53,7 +53,8 @@ def load_bench(path):
     for b in data.get("benchmarks", []):
         if b.get("error_occurred") or "real_time" not in b:
             continue
-        name = b.get("run_name", b.get("name", ""))
+        # fogo_bench's benchmarks use real time: Google Benchmark names them ".../real_time".
+        name = re.sub(r"/(real|manual)_time$", "", b.get("run_name", b.get("name", "")))
         ms = float(b["real_time"]) * scale.get(b.get("time_unit", "ns"), 1e-6)
         if b.get("run_type") == "aggregate":
             if b.get("aggregate_name") == "median":

@@ -36,6 +36,19 @@ def test_bench_json_medians_ignore_means_failures_and_convert_units():
     assert "BM_Step_AdamW/0/1/0" not in medians  # error_occurred
 
 
+def test_bench_names_with_the_real_time_suffix_fogo_bench_gives_them(tmp_path):
+    # fogo_bench registers every benchmark with UseRealTime(): its JSON names them
+    # "BM_Step_FOGO/0/1/0/real_time" (one repetition: no aggregates).
+    (tmp_path / "bench.json").write_text(
+        '{"benchmarks": [{"name": "BM_Step_FOGO/0/1/0/real_time", '
+        '"run_name": "BM_Step_FOGO/0/1/0/real_time", "run_type": "iteration", '
+        '"real_time": 12.0, "time_unit": "ms"}, {"name": "BM_Stage_FOGO/0/1/0/1/real_time", '
+        '"run_name": "BM_Stage_FOGO/0/1/0/1/real_time", "run_type": "iteration", '
+        '"real_time": 9.0, "time_unit": "ms"}]}')
+    medians = targets.load_bench(str(tmp_path / "bench.json"))
+    assert medians == {"BM_Step_FOGO/0/1/0": 12.0, "BM_Stage_FOGO/0/1/0/1": 9.0}
+
+
 def test_every_row_from_the_fixture():
     rows, _ = run(FULL)
     assert len(rows) == 9

@@ -1,45 +1,59 @@
 #!/usr/bin/env bash
-# fogo's GPU checks in one invocation on a bare GPU machine: every test (the CUDA parity tests must
-# run, not skip), compute-sanitizer memcheck, racecheck and synccheck over the CUDA tests, the step
-# benchmarks next to torch.optim.Muon, and training throughput of both trainers next to an eager
-# PyTorch GPT-2. Made for the `device` tool's machines (GPU, nvcc, cmake, ninja, a python3 with
-# torch 2.11; no GoogleTest, no Google Benchmark, no internet; nothing survives between calls).
+# fogo's GPU checks in one command on a bare GPU machine, made to fit one call of the `device`
+# tool (at most 600 s a command, at most 8 files of 16 MiB back from $OUT) and to report whatever
+# happens: the checks, the tests (C++ then Python; the CUDA tests must run, not skip),
+# compute-sanitizer over fogo's kernels, the step benchmarks the speed targets need, and a
+# shortened training run per optimizer next to an eager PyTorch GPT-2.
 #
-# Building there costs minutes of scarce GPU time, so the usual way is to build here, on a CPU
-# machine with the same torch 2.11+cu130 and nvcc 13.0, and ship the binaries:
+#   scripts/gpu_check.sh pack        # here, after a build: binaries, libraries, the Python
+#                                    # modules and what rebuilds them, data, into .device/
+#   scripts/gpu_check.sh             # there (carry .device): check test sanitize bench train
+#   scripts/gpu_check.sh rehearse    # here: the same control flow against stand-ins of the GPU
+#                                    # commands (scripts/tests/test_gpu_check.py, a ctest entry)
 #
-#   scripts/gpu_check.sh pack        # here, after scripts/build.sh: binaries and the libraries
-#                                    # they need that the GPU machine lacks, into .device/
-#   scripts/gpu_check.sh             # there (carry .device): check, test, sanitize, bench, train
+# Building there would cost minutes of scarce GPU time, so the binaries are built here (same torch
+# 2.11+cu130, nvcc 13.0) and shipped; they load the GPU machine's torch. The Python modules are the
+# exception when the GPU machine's python3 is another CPython (an extension module imports only
+# into the CPython whose ABI tag, cpython-3XY, it carries): the test step then builds fogo._C and
+# fogo._testing there against the shipped libfogo.a (scripts/gpu_python/CMakeLists.txt; two
+# files compiled, in the background of the C++ tests). Fallback, building everything there:
+# `scripts/gpu_check.sh prepare` here, then `scripts/gpu_check.sh build all` there.
 #
-# The binaries then load the GPU machine's torch (LD_LIBRARY_PATH is pointed at its torch/lib).
-# Fallback, building there: `scripts/gpu_check.sh prepare` here (GoogleTest sources and Debian's
-# Google Benchmark into .device/), then `scripts/gpu_check.sh build all` there.
+# Time: everything is counted against a deadline from this script's start (FOGO_GPU_DEADLINE_S,
+# default 570: one 600 s command with room to spare), of which FOGO_GPU_RESERVE_S (20) is kept for
+# writing the report. Steps run in order of value, each under a budget (FOGO_GPU_BUDGET_<STEP>,
+# seconds) cut to what is left, and are skipped, saying so, when less than their minimum
+# (FOGO_GPU_MIN_<STEP>) is left; every command inside runs under `timeout` of what is left of its
+# step. A failing step does not stop the later ones; a failed `check` skips every GPU step.
 #
-# Steps run in the order given (default: all = check test sanitize bench train). A failing step
-# does not stop the later ones; the script exits non-zero if any failed. What comes back is a
-# compact report meant to be committed as it is (docs/gpu-runs/<date>-<gpu>-<sha>/): tests.md,
-# sanitizer.md, bench.md + bench.json, train.md, environment.txt, summary.txt, and logs.tgz (the
-# text logs; never a checkpoint: the trainers' run folders live outside them), under
-# $OUT/<date>-<gpu>-<sha>/ (the device tool brings back at most 8 files of 16 MiB); without $OUT,
-# under build-gpu/results/. tests.md and sanitizer.md are also printed last, so they survive in
-# the command's output if a file is lost. scripts/gpu_report.py writes the markdown.
+# Report: $OUT/<date>-<gpu>-<sha>/ (without $OUT: build-gpu/results/...), exactly 8 files, meant
+# to be committed as they are under docs/gpu-runs/: summary.txt, environment.txt, tests.md,
+# sanitizer.md, bench.md, bench.json, train.md and logs.tgz (the text logs, each cut to 2 MiB,
+# never a checkpoint). It is rewritten after every step and, by a trap on EXIT, TERM and INT,
+# at the end whatever ends the script (a kill, a crash, a failed check); tests.md, sanitizer.md
+# and summary.txt are also printed last. scripts/gpu_report.py writes the markdown.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-carry=.device
-out=${OUT:-$root/build-gpu/results}
-logs=$root/build-gpu/logs
+cd "$root" || exit
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$root/$1" ;; esac; }
+carry=$(absolute "${FOGO_GPU_CARRY:-.device}")  # what `pack` fills here and the call carries
+work=$(absolute "${FOGO_GPU_WORK:-build-gpu}")   # logs, run folders, a rebuilt module: not sent back
+out=$(absolute "${OUT:-$work/results}")
+bin=$carry/bin
+logs=$work/logs
+state=$work/state  # step statuses and notes, written by the steps' subshells
+runs=$work/runs    # the trainers' run folders (checkpoints): never in what comes back
 python=$(command -v "${FOGO_PYTHON:-python3}" || true)
 jobs=$(nproc)
-failed=()
-summary=()
+# The Python tests, most valuable first (pytest keeps the order of the files it is given).
+py_tests=${FOGO_GPU_PYTHON_TESTS:-python/tests/test_cuda.py $(for f in python/tests/test_*.py; do
+  [ "$f" = python/tests/test_cuda.py ] || printf '%s ' "$f"; done)}
+SKIP=222  # a step's or command's "did not fit" (not a failure)
 
 die() {
   echo "gpu_check: $*" >&2
   exit 1
 }
-note() { summary+=("$1"); }
 
 # --------------------------------------------------------------------------------------------
 # Here (CPU machine)
@@ -50,14 +64,14 @@ shipped_binaries=(tests/fogo_tests tests/fogo_dist_tests bench/fogo_bench exampl
                   examples/common/trainer_common_tests)
 
 pack() {
-  # Binaries of build/ (scripts/build.sh), and every library they load that is neither torch's
-  # (the GPU machine has its own, the same version) nor the system's.
+  # Binaries of build/, and every library they load that is neither torch's (the GPU machine has
+  # its own, the same version) nor the system's.
   local build=$root/build
   command -v nvcc >/dev/null || die "pack: nvcc is missing here: fogo would build without its kernels"
   grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
     die "pack: build/ is not configured with FOGO_WITH_CUDA=ON (run scripts/build.sh)"
-  rm -rf "$carry/bin" "$carry/lib" "$carry/data"
-  mkdir -p "$carry/bin" "$carry/lib" "$carry/data/fashion-mnist"
+  rm -rf "${carry:?}/bin" "${carry:?}/lib" "${carry:?}/data" "${carry:?}/pymodule"
+  mkdir -p "$carry/bin" "$carry/lib" "$carry/data/fashion-mnist" "$carry/pymodule"
   for b in "${shipped_binaries[@]}"; do
     [ -x "$build/$b" ] || die "pack: $build/$b is missing (run scripts/build.sh)"
     cp "$build/$b" "$carry/bin/"
@@ -75,9 +89,17 @@ pack() {
   grep -qE '^FOGO_CUDA_ARCHITECTURES:STRING=.*\b90' "$build/CMakeCache.txt" &&
     [[ $(readelf -S "$carry/bin/fogo_tests") == *.nv_fatbin* ]] ||
     die "pack: fogo_tests holds no sm_90 kernels (FOGO_CUDA_ARCHITECTURES)"
+  # What building fogo's Python modules there takes (scripts/gpu_python): the library as built
+  # here and the FOGO_* definitions the modules were compiled with; their sources travel in the tree.
+  cp "$build/src/libfogo.a" "$carry/pymodule/" || die "pack: $build/src/libfogo.a is missing"
+  awk '/^build python\/CMakeFiles\/fogo_python\.dir\/src\/module\.cpp\.o:/ {f = 1}
+       f && /^  DEFINES = / {print; exit}' "$build/build.ninja" | grep -oE -- '-DFOGO_[A-Za-z0-9_]+(=[^ ]*)?' |
+    sed 's/^-D//' | tr '\n' ';' | sed 's/;$//' >"$carry/pymodule/definitions"
+  grep -q FOGO_WITH_CUDA "$carry/pymodule/definitions" ||
+    die "pack: no FOGO_WITH_CUDA among the Python module's definitions in $build/build.ninja"
   # xz-compressed (about 7x): the uncompressed binaries alone come near the device tool's 64 MiB.
   # `environment` unpacks them there (with Python's lzma: nothing else is assumed).
-  xz -T2 -6 -f "$carry"/bin/* || die "pack: xz failed"
+  xz -T2 -6 -f "$carry"/bin/* "$carry/pymodule/libfogo.a" || die "pack: xz failed"
   # The test data directory is compiled in as an absolute path of this checkout.
   echo "$root" >"$carry/bin/SOURCE_ROOT"
   # The commit the binaries were built from names the report (the GPU machine gets no .git).
@@ -85,17 +107,16 @@ pack() {
   sha=$(git -C "$root" rev-parse --short=7 HEAD 2>/dev/null || echo unknown)
   [ -z "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] || sha="$sha-dirty"
   echo "$sha" >"$carry/bin/SOURCE_SHA"
-  # The Python package with its extension module, and pytest (pure Python) to run its tests:
-  # the GPU machine has torch but no pytest and no internet.
+  # The Python package with its extension modules (used there as they are when its python3 is
+  # this CPython), and pytest (pure Python): the GPU machine has torch but no pytest, no internet.
   rm -rf "$carry/python" "$carry/pylib"
   mkdir -p "$carry/python" "$carry/pylib"
   if [ -d "$build/python/fogo" ] && compgen -G "$build/python/fogo/_C*.so" >/dev/null; then
     cp -rL "$build/python/fogo" "$carry/python/"
     rm -rf "$carry/python/fogo/__pycache__"
-    # fogo._C and the tests' fogo._testing (built with the tests), xz-compressed as the binaries.
     xz -T2 -6 -f "$carry"/python/fogo/*.so || die "pack: xz failed"
   else
-    echo "pack: no Python module in $build/python/fogo: the GPU's pytest step will say so" >&2
+    echo "pack: no Python module in $build/python/fogo: the GPU's test step will build it" >&2
   fi
   local site
   site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -151,49 +172,180 @@ prepare() {
 }
 
 # --------------------------------------------------------------------------------------------
-# There (GPU machine)
+# There (GPU machine): time, steps, statuses
 
-build() {
-  # Fallback: builds into build-gpu/ and makes it the source of binaries.
-  local build=$root/build-gpu/tree deps=$root/build-gpu/deps
-  command -v nvcc >/dev/null || die "build: nvcc is missing: the CUDA kernels cannot be compiled"
-  [ -d "$carry/googletest" ] || die "build: $carry/googletest missing (scripts/gpu_check.sh prepare)"
-  if [ ! -f "$deps/.done" ]; then
-    cmake -S "$carry/googletest" -B "$root/build-gpu/googletest" -G Ninja \
-      -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$deps" \
-      -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null || die "build: GoogleTest"
-    ninja -C "$root/build-gpu/googletest" -j "$jobs" install >/dev/null || die "build: GoogleTest"
-    touch "$deps/.done"
+deadline=${FOGO_GPU_DEADLINE_S:-570}
+reserve=${FOGO_GPU_RESERVE_S:-20}
+# Per step: the most it may take, and the least worth starting it with.
+declare -A budget=([build]=100000 [check]=60 [test]=200 [sanitize]=180 [bench]=80 [train]=120)
+declare -A least=([build]=60 [check]=5 [test]=60 [sanitize]=45 [bench]=30 [train]=40)
+for s in "${!budget[@]}"; do
+  v=FOGO_GPU_BUDGET_${s^^} && budget[$s]=${!v:-${budget[$s]}}
+  v=FOGO_GPU_MIN_${s^^} && least[$s]=${!v:-${least[$s]}}
+done
+
+# The least time worth starting one command of a step with (a test binary, a sanitizer process,
+# a benchmark, a training run).
+least_run=${FOGO_GPU_MIN_RUN_S:-10}
+((least_run >= 1)) || least_run=1
+
+left() { echo $((deadline - reserve - SECONDS)); }  # seconds the steps may still use
+note() { echo "$*" >>"$state/notes"; }
+set_status() {
+  echo "$2" >"$state/status-$1"
+  report_fresh=''
+}
+report_fresh=''  # the report files hold every status and log so far
+status_of() {
+  if [ -f "$state/status-$1" ]; then
+    cat "$state/status-$1"
+  elif grep -qx "$1" "$state/plan" 2>/dev/null; then
+    echo "not run: the script ended before it"
+  else
+    echo "not asked for (steps: $(tr '\n' ' ' <"$state/plan" 2>/dev/null))"
   fi
-  cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_CUDA_ARCHITECTURES=90 \
-    -DFOGO_PYTHON="$python" -DCMAKE_PREFIX_PATH="$deps" \
-    -Dbenchmark_DIR="$root/$carry/benchmark/usr/lib/x86_64-linux-gnu/cmake/benchmark" \
-    >"$root/build-gpu/configure.log" 2>&1 || {
-    cat "$root/build-gpu/configure.log"
-    die "build: configure failed"
-  }
-  grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" && grep -q "CUDA kernels ON" \
-    "$root/build-gpu/configure.log" || die "build: configured without the CUDA kernels"
-  ninja -C "$build" -j "$jobs" || die "build: compilation failed"
-  rm -rf "$carry/bin"
-  mkdir -p "$carry/bin" "$carry/lib"
-  for b in "${shipped_binaries[@]}"; do cp "$build/$b" "$carry/bin/"; done
-  cp -a "$carry"/benchmark/usr/lib/x86_64-linux-gnu/libbenchmark.so* "$carry/lib/" 2>/dev/null
-  echo "$root" >"$carry/bin/SOURCE_ROOT"
 }
 
-bin=$root/$carry/bin
+# bounded CAP MIN COMMAND...: COMMAND under `timeout` of CAP seconds, or of what is left of the
+# step if that is less; not started (returns $SKIP, saying so) when less than MIN is left.
+bounded() {
+  local cap=$1 min=$2 t
+  shift 2
+  t=$((step_end - SECONDS))
+  ((t < cap)) || t=$cap
+  if ((t < min || t < 1)); then  # (never `timeout 0`: it means no limit)
+    echo "gpu_check: not started, $t s left of the step (needs $min): $*"
+    return $SKIP
+  fi
+  timeout -k 5 "$t" "$@"
+}
 
+# why RC: what an exit status says, for the report.
+why() {
+  case "$1" in
+    0) echo ok ;; 124) echo "killed at its time budget" ;; 137) echo "killed (SIGKILL)" ;;
+    "$SKIP") echo "not started: no time left" ;; 134) echo "aborted (SIGABRT)" ;;
+    136) echo "SIGFPE" ;; 139) echo "segmentation fault" ;; *) echo "exit $1" ;;
+  esac
+}
+
+# Every process below PID (read from /proc: the steps' `timeout`s put their commands in process
+# groups of their own, so only the tree finds them all).
+descendants() {
+  local -A parent=()
+  local f line pid ppid p queue=("$1")
+  for f in /proc/[0-9]*/stat; do
+    read -r line 2>/dev/null <"$f" || continue
+    pid=${line%% *}
+    read -r _ ppid _ <<<"${line##*) }"
+    parent[$pid]=$ppid
+  done
+  while ((${#queue[@]})); do
+    p=${queue[0]}
+    queue=("${queue[@]:1}")
+    for pid in "${!parent[@]}"; do
+      [ "${parent[$pid]}" != "$p" ] || { echo "$pid"; queue+=("$pid"); }
+    done
+  done
+}
+
+alive() {  # PID runs (a zombie does not)
+  local line
+  read -r line 2>/dev/null <"/proc/$1/stat" || return 1
+  line=${line##*) }
+  [ "${line%% *}" != Z ]
+}
+
+# stop_tree PID: TERM to PID and everything below it (collected first: orphans are reparented),
+# then KILL to whatever is left 3 s later.
+stop_tree() {
+  local pids p n
+  mapfile -t pids < <(echo "$1"; descendants "$1")
+  kill -TERM "${pids[@]}" 2>/dev/null
+  for ((n = 0; n < 30; ++n)); do
+    for p in "${pids[@]}"; do ! alive "$p" || break; done
+    alive "$p" || break
+    sleep 0.1
+  done
+  ((n < 30)) || kill -KILL "${pids[@]}" 2>/dev/null
+  wait "$1" 2>/dev/null  # reaped when it is this shell's child
+  return 0
+}
+
+step_pid=
+watchdog_pid=
+current_step=
+step_t0=0
+blocked=  # why the GPU steps cannot run (a failed check), or empty
+
+# run_step NAME: step_NAME in a subshell (a crash there ends that step only), under its budget.
+run_step() {
+  local name=$1 t rc=0 took
+  current_step=$name
+  step_t0=$SECONDS
+  if [ -n "$blocked" ] && [ "$name" != check ]; then
+    set_status "$name" "skipped: $blocked"
+    return
+  fi
+  t=$(left)
+  if ((t < ${least[$name]})); then
+    set_status "$name" "skipped: it needs at least ${least[$name]} s and $t s were left before the deadline"
+    echo "=== gpu_check: $name skipped ($t s left, needs ${least[$name]})"
+    return
+  fi
+  ((t < ${budget[$name]})) || t=${budget[$name]}
+  step_end=$((SECONDS + t))
+  echo "=== gpu_check: $name (budget $t s; $(left) s left of the deadline)"
+  set_status "$name" "did not finish: the script was killed during it (budget $t s, started at $SECONDS s)"
+  summary_txt >"$report/summary.txt" 2>/dev/null  # what a SIGKILL would leave
+  ("step_$name") &
+  step_pid=$!
+  # A backstop: every command of a step is bounded, but a step must not outlive its budget.
+  (sleep $((t + 10)) && echo "gpu_check: $name overran its budget; stopping it" && stop_tree "$step_pid") &
+  watchdog_pid=$!
+  wait "$step_pid" || rc=$?
+  stop_tree "$watchdog_pid"
+  step_pid='' watchdog_pid=''
+  took=$((SECONDS - step_t0))
+  local detail
+  detail=$(paste -sd ';' "$state/detail-$name" 2>/dev/null | sed 's/;/; /g')
+  case $rc in
+    0) set_status "$name" "ok ($took s of $t)${detail:+: $detail}" ;;
+    "$SKIP") set_status "$name" "skipped: ${detail:-(no reason given)}" ;;
+    *) set_status "$name" "FAILED ($took s of $t; $(why $rc))${detail:+: $detail}" ;;
+  esac
+  write_report
+  report_fresh=1
+}
+
+detail() { echo "$*" >>"$state/detail-$current_step"; }  # one line of a step's status
+
+# --------------------------------------------------------------------------------------------
+# There: environment and check
+
+bin_built=  # the binaries were found and unpacked
 environment() {
-  [ -n "$python" ] || die "no python3 with torch (set FOGO_PYTHON)"
-  torchlib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
-    die "$python cannot import torch"
+  # What every step needs; a problem found here is reported by `check` (nothing dies).
+  local problems=()
+  if [ -z "$python" ]; then
+    problems+=("no python3 (set FOGO_PYTHON)")
+  else
+    torchlib=$(timeout 120 "$python" -c \
+      'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>"$logs/torch-import.log") ||
+      problems+=("$python cannot import torch: $(tail -1 "$logs/torch-import.log")")
+    py_ext=$(timeout 60 "$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+  fi
   # torch's own CUDA runtime first: the binaries would otherwise take the toolkit's copy.
-  cudalib=$(cd "$torchlib/../../nvidia/cu13/lib" 2>/dev/null && pwd) ||
-    die "no nvidia/cu13/lib beside $torchlib: not a CUDA 13 torch wheel"
-  export LD_LIBRARY_PATH="$torchlib:$cudalib:$root/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # Binaries and the Python modules carried xz-compressed (pack): unpacked once, in place.
-  "$python" - "$bin" "$root/$carry/python/fogo" <<'PY' || die "cannot unpack the binaries in $bin"
+  cudalib=
+  if [ -n "${torchlib:-}" ]; then
+    cudalib=$(cd "$torchlib/../../nvidia/cu13/lib" 2>/dev/null && pwd) ||
+      problems+=("no nvidia/cu13/lib beside $torchlib: not a CUDA 13 torch wheel")
+    export LD_LIBRARY_PATH="$torchlib${cudalib:+:$cudalib}:$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  # Binaries, modules and the library carried xz-compressed (pack): unpacked once, in place.
+  if compgen -G "$bin/*.xz" >/dev/null || compgen -G "$carry/python/fogo/*.xz" >/dev/null ||
+    compgen -G "$carry/pymodule/*.xz" >/dev/null; then
+    if [ -z "$python" ] || ! timeout 120 "$python" - "$bin" "$carry/python/fogo" "$carry/pymodule" <<'PY' >"$logs/unpack.log" 2>&1; then
 import glob, lzma, os, sys
 for packed in [p for folder in sys.argv[1:] for p in glob.glob(os.path.join(folder, "*.xz"))]:
     with lzma.open(packed) as src, open(packed[:-3], "wb") as dst:
@@ -201,228 +353,392 @@ for packed in [p for folder in sys.argv[1:] for p in glob.glob(os.path.join(fold
     os.chmod(packed[:-3], 0o755)
     os.remove(packed)
 PY
+      problems+=("cannot unpack the binaries in $bin: $(tail -1 "$logs/unpack.log" 2>/dev/null)")
+    fi
+  fi
   # The tests read data from the checkout they were built in; point that path here.
   local built_in
-  built_in=$(cat "$bin/SOURCE_ROOT" 2>/dev/null) || die "no binaries in $bin: run 'pack' here first, or 'build'"
-  if [ "$built_in" != "$root" ] && [ ! -e "$built_in" ]; then
-    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in"
+  if built_in=$(cat "$bin/SOURCE_ROOT" 2>/dev/null); then
+    bin_built=1
+    if [ "$built_in" != "$root" ] && [ ! -e "$built_in" ]; then
+      mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in"
+    fi
+  else
+    problems+=("no binaries in $bin: run 'scripts/gpu_check.sh pack' here first, or 'build'")
   fi
-  # The report's folder: <date>-<gpu>-<sha>, e.g. 2026-11-25-h100-da0f8fb.
-  local gpu sha
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
-    grep -oiE '[a-z][0-9]{2,4}[a-z]?' | head -1 | tr 'A-Z' 'a-z')
-  sha=$(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown)
-  report=$out/$(date -u +%F)-${gpu:-gpu}-$sha
-  runs=$root/build-gpu/runs  # trainers' run folders (checkpoints): never in what comes back
-  rm -rf "$logs" "$runs"
-  mkdir -p "$out" "$logs" "$report" "$runs"
-  # Where the tests look for what the project ships: the trainers beside the test binaries
-  # (.device/bin), the Fashion-MNIST subset, torchrun (a wrapper when the image has none on PATH).
-  export FOGO_FASHION_MNIST_DIR=$root/$carry/data/fashion-mnist
-  if ! command -v torchrun >/dev/null; then
-    mkdir -p "$root/build-gpu/bin"
-    printf '#!/bin/sh\nexec "%s" -m torch.distributed.run "$@"\n' "$python" >"$root/build-gpu/bin/torchrun"
-    chmod +x "$root/build-gpu/bin/torchrun"
-    export FOGO_TORCHRUN=$root/build-gpu/bin/torchrun
+  # Where the tests look for what the project ships: the trainers beside the test binaries, the
+  # Fashion-MNIST subset, torchrun (a wrapper when the image has none on PATH).
+  export FOGO_FASHION_MNIST_DIR=$carry/data/fashion-mnist
+  if ! command -v torchrun >/dev/null && [ -n "$python" ]; then
+    mkdir -p "$work/bin"
+    printf '#!/bin/sh\nexec "%s" -m torch.distributed.run "$@"\n' "$python" >"$work/bin/torchrun"
+    chmod +x "$work/bin/torchrun"
+    export FOGO_TORCHRUN=$work/bin/torchrun
   fi
-  export PYTHONPATH=$root/$carry/python:$root/$carry/pylib${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$carry/python:$carry/pylib${PYTHONPATH:+:$PYTHONPATH}
+  printf '%s\n' "${problems[@]}" >"$state/environment-problems"
 }
+
+# The Python module's ABI tag (cpython-312) from a file name or an EXT_SUFFIX.
+abi_tag() {
+  local t=${1##*/}
+  t=${t#*.}
+  echo "${t%%-*}-$(t=${t#*-} && echo "${t%%-*}")"
+}
+carried_module() { compgen -G "$carry/python/fogo/_C.*.so" | head -1; }
 
 environment_txt() {
   # What the numbers depend on and what the tests could find.
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown) (the binaries' build)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
+  echo "gpu: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
   echo "cpu isa: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile|fma)$' | sort | tr '\n' ' ')"
-  "$python" - <<'PY' 2>&1
-import platform, torch
-print("python:", platform.python_version())
+  [ -z "$python" ] || timeout 120 "$python" - <<'PY' 2>&1
+import platform, sysconfig, torch
+print("python:", platform.python_version(), sysconfig.get_config_var("EXT_SUFFIX"))
 print("torch:", torch.__version__, "cuda", torch.version.cuda, "cpu capability",
       torch.backends.cpu.get_cpu_capability())
 print("device:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
-try:
-    import fogo
-    print("fogo python module: imports (" + fogo.__file__ + ")")
-except Exception as e:
-    print("fogo python module: does not import:", type(e).__name__, e)
 try:
     import pytest
     print("pytest:", pytest.__version__)
 except Exception as e:
     print("pytest: missing:", e)
 PY
+  local carried
+  carried=$(carried_module)
+  if [ -z "$carried" ]; then
+    echo "fogo python module: none carried (the test step builds it here)"
+  elif [ "${carried##*/_C}" = "${py_ext:-?}" ]; then
+    echo "fogo python module: carried $(basename "$carried") matches $python ($(abi_tag "$py_ext"))"
+  else
+    echo "fogo python module: ABI MISMATCH: carried $(basename "$carried") ($(abi_tag "$carried")), $python is $(abi_tag "${py_ext:-?}"): the test step builds it here against the carried libfogo.a"
+  fi
   echo "nvcc: $(nvcc --version 2>/dev/null | tail -1 || echo 'missing (not needed for shipped binaries)')"
-  echo "compute-sanitizer: $(compute-sanitizer --version 2>/dev/null | grep -i version | head -1 || echo missing)"
+  echo "cmake: $(cmake --version 2>/dev/null | head -1 || echo missing), ninja: $(ninja --version 2>/dev/null || echo missing)"
+  echo "compute-sanitizer: $(timeout 20 compute-sanitizer --version 2>/dev/null | grep -i version | head -1 || echo missing)"
   echo "torchrun: $(command -v torchrun || echo "${FOGO_TORCHRUN:-missing}")"
   echo "fashion-mnist: $FOGO_FASHION_MNIST_DIR ($(ls "$FOGO_FASHION_MNIST_DIR" 2>/dev/null | wc -l) files)"
-  echo "kjv: $(ls -s "$root/$carry/data/kjv.txt" 2>/dev/null || echo missing)"
+  echo "kjv: $(ls -s "$carry/data/kjv.txt" 2>/dev/null || echo missing)"
+  echo "deadline: $deadline s from the script's start (FOGO_GPU_DEADLINE_S), $reserve s kept for the report"
+  local s
+  for s in check test sanitize bench train; do printf '%s ' "$s: budget ${budget[$s]} s, min ${least[$s]} s;"; done
+  echo
 }
 
-check() {
-  # Refuses to go on with a setup whose results would mean nothing.
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
-    die "check: no GPU (nvidia-smi failed)"
-  environment_txt | tee "$logs/environment.txt"
-  [[ $(cuobjdump --list-elf "$bin/fogo_tests") == *sm_90* ]] ||
-    die "check: fogo_tests holds no sm_90 kernels: fogo was built without its CUDA kernels"
-  local b missing runtimes
-  for b in "$bin"/*; do
-    [ -x "$b" ] && [ -f "$b" ] || continue
-    ldd "$b" >"$logs/ldd-$(basename "$b").txt"
-    missing=$(grep 'not found' "$logs/ldd-$(basename "$b").txt")
-    [ -z "$missing" ] || die "check: $(basename "$b") cannot load: $missing"
-    # One CUDA runtime: the shared one torch loads. A second copy (another libcudart soname, or
-    # one linked in statically) would keep its own state and kernels could fail to launch.
-    runtimes=$(grep -o 'libcudart[^ ]* => [^ ]*' "$logs/ldd-$(basename "$b").txt" | sort -u)
-    [ "$(printf '%s' "$runtimes" | grep -c libcudart)" -le 1 ] ||
-      die "check: $(basename "$b") loads two CUDA runtimes: $runtimes"
-    [ -z "$runtimes" ] || [[ "$runtimes" == *"=> $cudalib/"* ]] ||
-      die "check: $(basename "$b") loads a CUDA runtime other than torch's ($cudalib): $runtimes"
-    [ -z "$(readelf -Ws "$b" | awk '$7 != "UND" && $8 == "cudaLaunchKernel"')" ] ||
-      die "check: $(basename "$b") has a static CUDA runtime besides torch's shared one"
-  done
-  echo "check: binaries load, one CUDA runtime ($(grep -ho 'libcudart[^ ]* => [^ ]*' "$logs"/ldd-*.txt | sort -u | tr '\n' ' '))"
+step_check() {
+  # Refuses to go on with a setup whose results would mean nothing; says why in the report.
+  local problems=() p
+  while read -r p; do [ -z "$p" ] || problems+=("$p"); done <"$state/environment-problems"
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
+    problems+=("no GPU (nvidia-smi failed)")
+  environment_txt >"$logs/environment.txt" 2>&1
+  cat "$logs/environment.txt"
+  if [ -n "$bin_built" ]; then
+    [[ $(timeout 60 cuobjdump --list-elf "$bin/fogo_tests" 2>&1) == *sm_90* ]] ||
+      problems+=("fogo_tests holds no sm_90 kernels (cuobjdump): fogo was built without its CUDA kernels")
+    local b missing runtimes l
+    for b in "$bin"/*; do
+      [ -x "$b" ] && [ -f "$b" ] || continue
+      l=$logs/ldd-$(basename "$b").txt
+      ldd "$b" >"$l" 2>&1
+      missing=$(grep 'not found' "$l")
+      [ -z "$missing" ] || problems+=("$(basename "$b") cannot load: $missing")
+      # One CUDA runtime: the shared one torch loads. A second copy (another libcudart soname, or
+      # one linked in statically) would keep its own state and kernels could fail to launch.
+      runtimes=$(grep -o 'libcudart[^ ]* => [^ ]*' "$l" | sort -u)
+      [ "$(printf '%s' "$runtimes" | grep -c libcudart)" -le 1 ] ||
+        problems+=("$(basename "$b") loads two CUDA runtimes: $runtimes")
+      [ -z "$runtimes" ] || [[ "$runtimes" == *"=> ${cudalib:-?}/"* ]] ||
+        problems+=("$(basename "$b") loads a CUDA runtime other than torch's (${cudalib:-?}): $runtimes")
+      [ -z "$(readelf -Ws "$b" 2>/dev/null | awk '$7 != "UND" && $8 == "cudaLaunchKernel"')" ] ||
+        problems+=("$(basename "$b") has a static CUDA runtime besides torch's shared one")
+    done
+  fi
+  if ((${#problems[@]})); then
+    printf '%s\n' "${problems[@]}" >"$state/check-problems"
+    detail "${problems[0]}$( ((${#problems[@]} == 1)) || echo " (and $((${#problems[@]} - 1)) more: summary.txt)")"
+    for p in "${problems[@]}"; do note "check: $p"; done
+    return 1
+  fi
+  detail "binaries load, one CUDA runtime ($(grep -ho 'libcudart[^ ]* => [^ ]*' "$logs"/ldd-*.txt 2>/dev/null | sort -u | tr '\n' ' '))"
 }
+
+# --------------------------------------------------------------------------------------------
+# There: tests
 
 run_gtest() {
-  # One gtest binary run: its test list, its XML, its log, and a line of runs.tsv (name, exit
-  # code, seconds): what gpu_report.py counts from. Extra environment in the arguments before
-  # the binary (VAR=value ...), then the binary, then its flags.
-  local name=$1 t0=$SECONDS rc=0
-  shift
-  env "$@" --gtest_list_tests >"$logs/$name.list" 2>/dev/null
-  env "$@" --gtest_output="xml:$logs/$name.xml" >"$logs/$name.log" 2>&1 || rc=$?
+  # run_gtest NAME END VAR=value... BINARY [FLAGS]: one gtest binary run until END (seconds of
+  # the script), with its test list, XML, log and a line of runs.tsv (name, exit status, seconds):
+  # what gpu_report.py counts from.
+  local name=$1 end=$2 t0=$SECONDS rc=0 t
+  shift 2
+  t=$((end - SECONDS))
+  if ((t < least_run)); then
+    printf '%s\tnot run\t0\tnot run: %s s left in the step\n' "$name" "$t" >>"$logs/runs.tsv"
+    return 0
+  fi
+  timeout 30 env "$@" --gtest_list_tests >"$logs/$name.list" 2>/dev/null
+  timeout -k 5 "$t" env "$@" --gtest_output="xml:$logs/$name.xml" >"$logs/$name.log" 2>&1 || rc=$?
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
   return $rc
 }
 
-test_() {
-  # Every test (the CPU ones too), sharded over processes; then the other binaries; then the
-  # Python tests (python/tests, the CUDA ones included). The CUDA tests must run, not skip.
-  local shards=4 s rc=0
+module_path=  # where the tests import fogo from, once decided
+module_why=   # why the Python tests cannot run, if they cannot
+pybuild_pid=
+
+python_module_prepare() {
+  # The carried fogo._C if its ABI tag is the interpreter's; otherwise a build here, started in
+  # the background (the C++ tests leave most cores idle), until BUILD_END.
+  local build_end=$1 carried
+  [ -n "$python" ] && [ -n "${py_ext:-}" ] || {
+    module_why="no python3 with torch"
+    return
+  }
+  carried=$(carried_module)
+  if [ -n "$carried" ] && [ "${carried##*/_C}" = "$py_ext" ]; then
+    module_path=$carry/python
+    note "python: the carried fogo._C matches $python ($(abi_tag "$py_ext"))"
+    return
+  fi
+  if [ -n "$carried" ]; then
+    module_why="ABI mismatch: the carried fogo._C is for $(abi_tag "$carried"), $python is $(abi_tag "$py_ext")"
+  else
+    module_why="no fogo._C carried"
+  fi
+  note "python: $module_why; building it here (scripts/gpu_python)"
+  build_python_module "$build_end" >"$logs/python-module-build.log" 2>&1 &
+  pybuild_pid=$!
+}
+
+build_python_module() {
+  # fogo._C and fogo._testing for this python3, against the carried libfogo.a.
+  local end=$1 dir=$work/pymodule kit=$carry/pymodule gen=()
+  [ -f "$kit/libfogo.a" ] && [ -f "$kit/definitions" ] || {
+    echo "no libfogo.a or definitions in $kit (pack ships them)"
+    return 2
+  }
+  command -v cmake >/dev/null || { echo "no cmake"; return 2; }
+  ! command -v ninja >/dev/null || gen=(-G Ninja)
+  rm -rf "$dir"
+  # (Never `timeout 0`: it means no limit.)
+  ((end - SECONDS >= least_run)) || { echo "no time left to configure"; return 124; }
+  timeout -k 5 $((end - SECONDS)) nice -n 10 cmake -S "$root/scripts/gpu_python" -B "$dir" "${gen[@]}" \
+    -Wno-dev -DCMAKE_BUILD_TYPE=Release -DFOGO_SOURCE_DIR="$root" -DFOGO_PYTHON="$python" \
+    -DFOGO_LIBRARY="$kit/libfogo.a" "-DFOGO_DEFINITIONS=$(cat "$kit/definitions")" || return
+  ((end - SECONDS >= least_run)) || { echo "no time left to compile"; return 124; }
+  timeout -k 5 $((end - SECONDS)) nice -n 10 cmake --build "$dir" -j "$((jobs / 2 > 1 ? jobs / 2 : 1))" \
+    --target fogo_python fogo_python_testing || return
+  [ -f "$dir/python/fogo/_C$py_ext" ] || { echo "no $dir/python/fogo/_C$py_ext after the build"; return 3; }
+}
+
+python_tests() {
+  # After the C++ tests: the modules' build done (or given up), pytest until the step's end.
+  local t0 rc=0 t
+  if [ -n "$pybuild_pid" ]; then
+    local brc=0
+    wait "$pybuild_pid" || brc=$?
+    if [ "$brc" -eq 0 ]; then
+      module_path=$work/pymodule/python
+      module_why=
+      note "python: fogo._C and fogo._testing built here for $(abi_tag "$py_ext"), ready $((SECONDS - step_t0)) s into the test step (log: python-module-build.log)"
+    else
+      module_why+="; building it here failed ($(why $brc)): $(grep -v '^\s*$' "$logs/python-module-build.log" | tail -1 | cut -c1-200)"
+    fi
+  fi
+  if [ -z "$module_path" ]; then
+    printf 'python_tests\tnot run\t0\t%s\n' "not run: $module_why" >>"$logs/runs.tsv"
+    detail "Python tests not run: $module_why"
+    return 0
+  fi
+  t=$((step_end - SECONDS))
+  if ((t < least_run)); then
+    printf 'python_tests\tnot run\t0\tnot run: %s s left in the step\n' "$t" >>"$logs/runs.tsv"
+    detail "Python tests not run: $t s left"
+    return 0
+  fi
+  t0=$SECONDS
+  # pytest -v: a run killed at its budget still shows each test that ended (gpu_report reads it).
+  # No wheel build here (test_packaging: minutes of compiling).
+  (PYTHONPATH="$module_path:$carry/pylib" FOGO_SKIP_WHEEL=1 OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 \
+    timeout -k 5 "$t" "$python" -m pytest -v -p no:cacheprovider $py_tests \
+    --junitxml="$logs/python_tests.xml" >"$logs/python_tests.log" 2>&1) || rc=$?
+  printf '%s\t%s\t%s\n' python_tests "$rc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
+  return $rc
+}
+
+step_test() {
+  # Every gtest binary (the CPU tests too; fogo_tests in four shards, the others one after another
+  # beside them), then the Python tests. The CUDA tests must run, not skip.
+  local shards=4 s rc=0 pids=() t
+  local cpp_end=$((SECONDS + (step_end - SECONDS) * 65 / 100))
   : >"$logs/runs.tsv"
+  python_module_prepare $((cpp_end + (step_end - cpp_end) / 4))
   for ((s = 0; s < shards; ++s)); do
-    run_gtest "fogo_tests-$s" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s \
-      OMP_NUM_THREADS=$((jobs / shards)) timeout 450 "$bin/fogo_tests" &
+    run_gtest "fogo_tests-$s" "$cpp_end" GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s \
+      OMP_NUM_THREADS=2 "$bin/fogo_tests" &
+    pids+=($!)
   done
-  for ((s = 0; s < shards; ++s)); do wait -n || rc=1; done
   # fogo_dist_tests: NCCL on the GPU (DistributedCuda) and the CPU ranks' tests.
-  for t in fogo_dist_tests gpt2_tests resnet_tests trainer_common_tests; do
-    run_gtest "$t" OMP_NUM_THREADS=4 timeout 300 "$bin/$t" || rc=1
-  done
-  local t0=$SECONDS prc=0
-  (cd "$root" && OMP_NUM_THREADS=4 timeout 300 "$python" -m pytest -q -p no:cacheprovider \
-    python/tests --junitxml="$logs/python_tests.xml" >"$logs/python_tests.log" 2>&1) || prc=$?
-  printf '%s\t%s\t%s\n' python_tests "$prc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
-  [ "$prc" -eq 0 ] || rc=1
-  "$python" "$root/scripts/gpu_report.py" tests "$logs" >"$report/tests.md"
-  note "tests: $(grep -m1 -oE '[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped, [0-9]+ listed but never run' "$report/tests.md")"
+  (
+    r=0
+    for t in fogo_dist_tests gpt2_tests resnet_tests trainer_common_tests; do
+      run_gtest "$t" "$cpp_end" OMP_NUM_THREADS=4 "$bin/$t" || r=1
+    done
+    exit $r
+  ) &
+  pids+=($!)
+  for s in "${pids[@]}"; do wait "$s" || rc=1; done
+  python_tests || rc=1
+  report_md tests >"$state/tests.md"
+  detail "$(grep -m1 -oE '[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped, [0-9]+ listed but never run' "$state/tests.md")"
   local cuda_skips
-  cuda_skips=$(grep -m1 -oE 'CUDA tests skipped: [0-9]+' "$report/tests.md" | grep -oE '[0-9]+$')
+  cuda_skips=$(grep -m1 -oE 'CUDA tests skipped: [0-9]+' "$state/tests.md" | grep -oE '[0-9]+$')
   if [ "${cuda_skips:-0}" -gt 0 ]; then
-    echo "gpu_check: $cuda_skips CUDA test(s) were skipped on a GPU machine (tests.md)" >&2
+    detail "$cuda_skips CUDA test(s) skipped on a GPU machine"
     rc=1
   fi
   return $rc
 }
 
-sanitize() {
-  # The CUDA tests under compute-sanitizer, in two passes of memcheck, racecheck and synccheck.
-  # 1. The kernels' parity tests with PyTorch's caching allocator off: it hands out pieces of
-  #    large blocks, so an out-of-bounds access inside a block is invisible unless it is off.
-  # 2. CudaSync and CudaGraph with caching on: a CUDA graph's memory comes from the caching
-  #    allocator's pools and cannot be captured without it.
-  # Every report is named by kernel and source line (fogo's kernels carry -lineinfo) in
-  # sanitizer.md; fogo's own kernels must have none.
-  local rc=0 tool pass
-  local -A pid
-  local -A filter=([uncached]='CudaParity.*:NewtonSchulzProjected.OnCuda*:Muon.LoadMovesStateToTheParametersDevice'
-                   [cached]='CudaSync.*:CudaGraph.*')
-  for pass in uncached cached; do
-    for tool in memcheck racecheck synccheck; do
-      local caching=(env)
-      [ "$pass" = cached ] || caching=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-      "${caching[@]}" OMP_NUM_THREADS=2 timeout 400 \
-        compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 200 \
-        "$bin/fogo_tests" --gtest_filter="${filter[$pass]}" >"$logs/sanitize-$tool-$pass.log" 2>&1 &
-      pid[$tool-$pass]=$!
-    done
-    for tool in memcheck racecheck synccheck; do
-      local r=0
-      wait "${pid[$tool-$pass]}" || r=$?
-      local summary_line
-      summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool-$pass.log" | tail -1)
-      note "$tool ($pass): exit $r; ${summary_line:-no summary}; $(grep -cE '^\[       OK \]' "$logs/sanitize-$tool-$pass.log") tests ok"
-      [ "$r" -eq 0 ] || rc=1
+# --------------------------------------------------------------------------------------------
+# There: compute-sanitizer
+
+fogo_kernels() {
+  # The names of fogo's kernels, from its sources (cuda/*.cu travel with the tree).
+  cat "$root"/cuda/*.cu | tr '\n' ' ' |
+    grep -oE '__global__ +void +(__launch_bounds__\([^)]*\) +)?[A-Za-z_][A-Za-z_0-9]* *\(' |
+    sed -E 's/ *\($//; s/.* //' | sort -u
+}
+
+sanitize_run() {
+  # sanitize_run TOOL PASS SHARD SHARDS FILTER END [OPTIONS...]: one compute-sanitizer process over
+  # a shard of the gtest FILTER; its log, and its exit status beside it (gpu_report reads both).
+  local tool=$1 pass=$2 shard=$3 shards=$4 filter=$5 end=$6 rc=0 t
+  shift 6
+  local log=$logs/sanitize-$tool-$pass-$shard
+  local caching=()
+  [ "$pass" != uncached ] || caching=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+  t=$((end - SECONDS))
+  if ((t < least_run)); then
+    echo "$SKIP" >"$log.exit"
+    return 0
+  fi
+  env "${caching[@]}" GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$shard" OMP_NUM_THREADS=2 \
+    timeout -k 5 "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 200 "$@" \
+    "$bin/fogo_tests" --gtest_filter="$filter" >"$log.log" 2>&1 || rc=$?
+  echo "$rc" >"$log.exit"
+}
+
+step_sanitize() {
+  # memcheck first, over every kernel (an out-of-bounds access in cuBLAS or ATen can be fogo
+  # passing wrong sizes): the kernels' parity tests with PyTorch's caching allocator off (it hands
+  # out pieces of large blocks, so an access past a tensor inside a block is invisible unless it
+  # is off) in three shards, and CudaSync and CudaGraph with caching on (a CUDA graph's memory
+  # comes from the caching allocator's pools). Then racecheck and synccheck on fogo's kernels
+  # only (each shares memory or shuffles within warps, so each can race; ATen's and cuBLAS's
+  # kernels are not checked: they are slow to check and not ours), over all of those tests.
+  # Only a report in fogo's kernels fails the step; library ones are listed apart (sanitizer.md).
+  command -v compute-sanitizer >/dev/null || {
+    detail "compute-sanitizer is not on PATH"
+    return $SKIP
+  }
+  local parity='CudaParity.*:NewtonSchulzProjected.OnCuda*:Muon.LoadMovesStateToTheParametersDevice'
+  local graphs='CudaSync.*:CudaGraph.*'
+  local mem_end=$((SECONDS + (step_end - SECONDS) * 55 / 100)) k tool pids=() filter=() n
+  for k in 0 1 2; do
+    sanitize_run memcheck uncached "$k" 3 "$parity" "$mem_end" &
+    pids+=($!)
+  done
+  sanitize_run memcheck cached 0 1 "$graphs" "$mem_end" &
+  pids+=($!)
+  wait "${pids[@]}"
+  if [[ $(timeout 20 compute-sanitizer --help 2>&1) == *--kernel-name* ]]; then
+    for n in $(fogo_kernels); do filter+=(--kernel-name "kns=$n"); done
+  fi
+  if ((${#filter[@]} == 0)); then
+    note "sanitize: no kernel filter (no --kernel-name, or no kernels found in cuda/): racecheck and synccheck check every kernel"
+  fi
+  pids=()
+  for tool in racecheck synccheck; do
+    for k in 0 1; do
+      sanitize_run "$tool" fogo-kernels "$k" 2 "$parity:$graphs" "$step_end" "${filter[@]}" &
+      pids+=($!)
     done
   done
-  "$python" "$root/scripts/gpu_report.py" sanitizer "$logs" >"$report/sanitizer.md"
+  wait "${pids[@]}"
+  report_md sanitizer >"$state/sanitizer.md"
   local ours
-  ours=$(grep -oE "Reports in fogo's kernels: [0-9]+" "$report/sanitizer.md" | grep -oE '[0-9]+$')
-  note "sanitizer: ${ours:-?} report(s) in fogo's kernels (sanitizer.md)"
-  [ "${ours:-1}" -eq 0 ] || rc=1
+  ours=$(grep -oE "Reports in fogo's kernels: [0-9]+" "$state/sanitizer.md" | grep -oE '[0-9]+$')
+  detail "${ours:-?} report(s) in fogo's kernels; $(grep -oE "Reports in library code: .*" "$state/sanitizer.md" | head -1)"
+  local unfinished
+  unfinished=$(grep -c 'did not finish' "$state/sanitizer.md")
+  [ "$unfinished" -eq 0 ] || detail "$unfinished sanitizer run(s) did not finish (sanitizer.md)"
+  [ "${ours:-1}" -eq 0 ]
+}
+
+# --------------------------------------------------------------------------------------------
+# There: benchmarks and training
+
+step_bench() {
+  # Only the rows bench/targets.py reads (issue 26's targets), one repetition each: FOGO and
+  # fogo::Muon in every form on both sets (bf16 NS), FOGO's NS stage; then torch.optim.Muon.
+  local rc=0 set r
+  local rows='^BM_(Step_(FOGO|Muon)(Graph|Auto|Gram)?/[01]/1/0|Stage_FOGO/0/1/0/1)(/|$)'
+  bounded 75 "$least_run" "$bin/fogo_bench" --benchmark_filter="$rows" --benchmark_min_time=0.5 \
+    --benchmark_repetitions=1 --benchmark_out="$logs/bench.json" --benchmark_out_format=json \
+    >"$logs/bench.log" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || detail "fogo_bench: $(why $rc)"
+  : >"$logs/torch_muon.txt"
+  for set in gpt2-small resnet18; do
+    r=0
+    bounded 40 "$least_run" "$python" "$root/bench/torch_muon_step.py" --set "$set" --device cuda --steps 50 \
+      >>"$logs/torch_muon.txt" 2>&1 || r=$?
+    [ $r -eq 0 ] || { detail "torch_muon_step $set: $(why $r)"; rc=1; }
+  done
   return $rc
 }
 
-bench() {
-  # The step benchmarks alone on the GPU (nothing else running), then torch.optim.Muon.
-  "$bin/fogo_bench" --benchmark_filter='^BM_(Step|Stage)_[A-Za-z0-9]+/[01]/1/' \
-    --benchmark_min_time=0.5 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
-    --benchmark_out="$logs/bench.json" --benchmark_out_format=json 2>&1 | tee "$logs/bench.log" ||
-    return 1
-  for set in gpt2-small resnet18; do
-    "$python" bench/torch_muon_step.py --set "$set" --device cuda --steps 100 || return 1
-  done 2>&1 | tee "$logs/torch_muon.txt"
-  cp "$logs/bench.json" "$report/bench.json"
-  "$python" "$root/scripts/gpu_report.py" bench "$logs" >"$report/bench.md"
-  targets | tee -a "$report/bench.md"
+train_run() {
+  # train_run NAME CAP MIN COMMAND...: one training run with its log; says what became of it.
+  local name=$1 cap=$2 min=$3 r=0
+  shift 3
+  bounded "$cap" "$min" "$@" >"$logs/$name.log" 2>&1 || r=$?
+  [ $r -eq 0 ] || detail "$name: $(why $r)"
+  [ $r -eq 0 ] || [ $r -eq $SKIP ]
 }
 
-targets() {
-  # Issue 26's targets table (bench/targets.py) from whatever this run has measured so far: every
-  # row printed with its H100 baseline and target, "not measured" where an input is missing.
-  local args=(--bench "$logs/bench.json" --torch-muon "$logs/torch_muon.txt"
-              --gpt2-eager "$logs/gpt2-eager.log") opt
-  for opt in adamw muon fogo; do args+=(--gpt2 "$opt=$logs/gpt2-$opt.log"); done
-  echo
-  "$python" "$root/bench/targets.py" "${args[@]}"
-}
-
-train() {
-  # Training throughput: GPT-2 124M (paper architecture, context 1024, bf16 autocast) per
-  # optimizer, the same model in eager PyTorch, and ResNet-18 at width 64 per optimizer.
-  local rc=0 opt
-  local kjv=$root/$carry/data/kjv.txt
-  [ -f "$kjv" ] || "$bin/gpt2" prepare-kjv --out "$kjv" >/dev/null || return 1
-  # Throughput without deterministic kernels, as the eager reference runs; then one short run in
-  # the trainer's default (deterministic) mode, which must work too.
+step_train() {
+  # Shortened: GPT-2 124M (paper architecture, context 1024, bf16 autocast) per optimizer, 20
+  # steps (the steady state is read from step 6 on), and the same model in eager PyTorch: what
+  # the training-step targets need. Then, while time is left: FOGO from a CUDA graph with Mask,
+  # with ns_form=auto, in the trainer's default deterministic mode, and ResNet-18 images/s.
+  local rc=0 opt kjv=$carry/data/kjv.txt
+  local common=(--model 124m --device cuda --data "$kjv" --eval-every 1000000 --eval-sequences 8)
+  [ -f "$kjv" ] || bounded 30 5 "$bin/gpt2" prepare-kjv --out "$kjv" >/dev/null || return 1
   for opt in adamw muon fogo; do
-    "$bin/gpt2" train --model 124m --device cuda --optimizer "$opt" --data "$kjv" \
-      --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-$opt" \
-      >"$logs/gpt2-$opt.log" 2>&1 || rc=1
+    train_run "gpt2-$opt" 60 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer "$opt" \
+      --no-deterministic --steps 20 --out "$runs/gpt2-$opt" || rc=1
   done
-  # FOGO's steady-state steps replayed from a CUDA graph, sync-free (Mask).
-  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
-    --fogo cuda_graph=true --fogo nonfinite=mask --no-deterministic --steps 40 \
-    --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-fogo-graph" \
-    >"$logs/gpt2-fogo-graph.log" 2>&1 || rc=1
-  # Both streams through the Gram form with restarts where cheaper (the default-form decision).
-  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
-    --fogo ns_form=auto --no-deterministic --steps 40 --eval-every 1000000 --eval-sequences 8 \
-    --out "$runs/gpt2-fogo-auto" >"$logs/gpt2-fogo-auto.log" 2>&1 || rc=1
-  "$bin/gpt2" train --model 124m --device cuda --optimizer fogo --data "$kjv" \
-    --steps 8 --eval-every 1000000 --eval-sequences 8 --out "$runs/gpt2-fogo-deterministic" \
-    >"$logs/gpt2-fogo-deterministic.log" 2>&1 || rc=1
-  "$python" bench/gpt2_eager.py --device cuda --steps 40 --warmup 5 >"$logs/gpt2-eager.log" 2>&1 ||
-    rc=1
+  train_run gpt2-eager 60 "$least_run" "$python" "$root/bench/gpt2_eager.py" --device cuda --steps 20 \
+    --warmup 5 || rc=1
+  train_run gpt2-fogo-graph 60 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
+    --fogo cuda_graph=true --fogo nonfinite=mask --no-deterministic --steps 20 \
+    --out "$runs/gpt2-fogo-graph" || rc=1
+  train_run gpt2-fogo-auto 60 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
+    --fogo ns_form=auto --no-deterministic --steps 20 --out "$runs/gpt2-fogo-auto" || rc=1
+  train_run gpt2-fogo-deterministic 60 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
+    --steps 8 --out "$runs/gpt2-fogo-deterministic" || rc=1
   for opt in adam muon fogo; do
-    "$bin/resnet_train" --data-dir "$root/$carry/data/fashion-mnist" --device cuda --width 64 \
-      --optimizers "$opt" --seeds 0 --epochs 2 --no-plots --out "$runs/resnet-$opt" \
-      >"$logs/resnet-$opt.log" 2>&1 || rc=1
+    train_run "resnet-$opt" 60 "$least_run" "$bin/resnet_train" --data-dir "$carry/data/fashion-mnist" \
+      --device cuda --width 64 --optimizers "$opt" --seeds 0 --epochs 1 --no-plots \
+      --out "$runs/resnet-$opt" || { rc=1; continue; }
+    [ -f "$runs/resnet-$opt/$opt-seed0/train.jsonl" ] || continue
     # Steady-state images/s from the training records (time_s excludes nothing but evaluation
     # at the epoch's end): from step 20 to the last record.
-    "$python" - "$runs/resnet-$opt/$opt-seed0/train.jsonl" "$opt" <<'PY' >>"$logs/resnet-$opt.log" || rc=1
+    timeout 30 "$python" - "$runs/resnet-$opt/$opt-seed0/train.jsonl" "$opt" <<'PY' >>"$logs/resnet-$opt.log" 2>&1 || rc=1
 import json, sys
 recs = [json.loads(line) for line in open(sys.argv[1])]
 first = next(r for r in recs if r["step"] >= 20)
@@ -431,61 +747,253 @@ batch = 128
 print(f"resnet18 width 64 {sys.argv[2]}: {batch * (last['step'] - first['step']) / (last['time_s'] - first['time_s']):.0f} images/s (steps {first['step']}-{last['step']})")
 PY
   done
-  "$python" "$root/scripts/gpu_report.py" train "$logs" >"$report/train.md"
-  targets >>"$report/train.md"
-  cat "$report/train.md"
   return $rc
 }
 
-finish() {
-  {
-    echo "gpu_check summary ($(date -u +%FT%TZ)):"
-    printf '  %s\n' "${summary[@]}"
-    [ ${#failed[@]} -eq 0 ] && echo "  all steps passed" || echo "  FAILED steps: ${failed[*]}"
-  } | tee "$report/summary.txt"
-  [ -f "$logs/environment.txt" ] || environment_txt >"$logs/environment.txt"
-  cp "$logs/environment.txt" "$report/"
-  # The text logs (no run folders, no checkpoints), if they fit what the device tool brings back.
-  tar -C "$root/build-gpu" -czf "$report/logs.tgz" logs 2>/dev/null
-  if [ "$(stat -c %s "$report/logs.tgz" 2>/dev/null || echo 0)" -gt $((15 * 1048576)) ]; then
-    echo "gpu_check: logs.tgz over 15 MiB: left out (the markdown report holds the findings)" >&2
-    rm -f "$report/logs.tgz"
+step_build() {
+  # Fallback: builds into build-gpu/tree and makes it the source of binaries.
+  local build=$work/tree deps=$work/deps
+  command -v nvcc >/dev/null || die "build: nvcc is missing: the CUDA kernels cannot be compiled"
+  [ -d "$carry/googletest" ] || die "build: $carry/googletest missing (scripts/gpu_check.sh prepare)"
+  if [ ! -f "$deps/.done" ]; then
+    cmake -S "$carry/googletest" -B "$work/googletest" -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$deps" \
+      -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null || die "build: GoogleTest"
+    ninja -C "$work/googletest" -j "$jobs" install >/dev/null || die "build: GoogleTest"
+    touch "$deps/.done"
   fi
+  cmake -S . -B "$build" -G Ninja -Wno-dev -DFOGO_CUDA_ARCHITECTURES=90 \
+    -DFOGO_PYTHON="$python" -DCMAKE_PREFIX_PATH="$deps" \
+    -Dbenchmark_DIR="$carry/benchmark/usr/lib/x86_64-linux-gnu/cmake/benchmark" \
+    >"$logs/configure.log" 2>&1 || {
+    cat "$logs/configure.log"
+    die "build: configure failed"
+  }
+  grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" && grep -q "CUDA kernels ON" \
+    "$logs/configure.log" || die "build: configured without the CUDA kernels"
+  ninja -C "$build" -j "$jobs" || die "build: compilation failed"
+  rm -rf "$bin"
+  mkdir -p "$bin" "$carry/lib" "$carry/python"
+  for b in "${shipped_binaries[@]}"; do cp "$build/$b" "$bin/"; done
+  cp -a "$carry"/benchmark/usr/lib/x86_64-linux-gnu/libbenchmark.so* "$carry/lib/" 2>/dev/null
+  rm -rf "$carry/python/fogo" && cp -rL "$build/python/fogo" "$carry/python/"
+  echo "$root" >"$bin/SOURCE_ROOT"
+  echo unknown >"$bin/SOURCE_SHA"
+}
+
+# --------------------------------------------------------------------------------------------
+# There: the report
+
+report_python=  # any python3 runs gpu_report.py (standard library only)
+
+report_md() {
+  # KIND: gpu_report.py's markdown from the logs so far, or why there is none.
+  if [ -n "$report_python" ]; then
+    timeout 60 "$report_python" "$root/scripts/gpu_report.py" "$1" "$logs" 2>&1 ||
+      echo "(gpu_report.py $1 failed: the logs are in logs.tgz)"
+  else
+    echo "(no python3 to write this part: the logs are in logs.tgz)"
+  fi
+}
+
+step_header() {  # the step's status, on top of its part of the report
+  echo "Step \`$1\`: $(status_of "$1")"
+  echo
+}
+
+summary_txt() {
+  echo "gpu_check report, $(date -u +%FT%TZ): commit $sha, ${gpu_name:-no GPU found}"
+  echo "deadline $deadline s from the start (FOGO_GPU_DEADLINE_S; $reserve s kept for the report); now at $SECONDS s${ended:+; $ended}"
+  echo
+  echo "steps:"
+  local s
+  while read -r s; do printf '  %-9s %s\n' "$s" "$(status_of "$s")"; done <"$state/plan"
+  if [ -s "$state/notes" ]; then
+    echo
+    echo "notes:"
+    sed 's/^/  /' "$state/notes"
+  fi
+  echo
+  local failed
+  failed=$(while read -r s; do [[ $(status_of "$s") != FAILED* ]] || echo "$s"; done <"$state/plan")
+  if [ -n "$failed" ]; then echo "FAILED steps:" $failed; else echo "no step failed"; fi
+}
+
+write_report() {
+  # All 8 files of the report from what the logs hold now; called after every step and at the end.
+  mkdir -p "$report"
+  summary_txt >"$report/summary.txt"
+  if [ -s "$logs/environment.txt" ]; then
+    cp "$logs/environment.txt" "$report/environment.txt"
+  else
+    {
+      echo "(check did not run: only what needs no tool)"
+      echo "date: $(date -u +%FT%TZ)"
+      echo "commit: $sha"
+      echo "gpu: ${gpu_name:-none found}"
+      echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+      echo "python: ${python:-none}"
+    } >"$report/environment.txt"
+  fi
+  # The markdown parts, all from one gpu_report.py run, each under its step's status.
+  local parts=$work/parts kind
+  rm -rf "$parts" && mkdir -p "$parts"
+  [ -z "$report_python" ] ||
+    timeout 60 "$report_python" "$root/scripts/gpu_report.py" all "$logs" "$parts" >/dev/null 2>&1
+  for kind in tests sanitizer bench train; do
+    [ -s "$parts/$kind.md" ] ||
+      echo "(no gpu_report.py output for $kind: the logs are in logs.tgz)" >"$parts/$kind.md"
+  done
+  { step_header test; cat "$parts/tests.md"; } >"$report/tests.md"
+  { step_header sanitize; cat "$parts/sanitizer.md"; } >"$report/sanitizer.md"
+  {
+    step_header bench
+    cat "$parts/bench.md"
+    echo
+    echo "## Issue 26's targets (bench/targets.py, from this run's bench and train logs)"
+    echo
+    if [ -n "$report_python" ]; then
+      local args=(--bench "$logs/bench.json" --torch-muon "$logs/torch_muon.txt"
+                  --gpt2-eager "$logs/gpt2-eager.log") opt
+      for opt in adamw muon fogo; do args+=(--gpt2 "$opt=$logs/gpt2-$opt.log"); done
+      timeout 60 "$report_python" "$root/bench/targets.py" "${args[@]}" 2>/dev/null
+    fi
+  } >"$report/bench.md"
+  if [ -s "$logs/bench.json" ]; then
+    cp "$logs/bench.json" "$report/bench.json"
+  else
+    printf '{"benchmarks": [], "note": "no benchmark results: %s"}\n' "$(status_of bench | tr -d '"\\')" \
+      >"$report/bench.json"
+  fi
+  { step_header train; cat "$parts/train.md"; } >"$report/train.md"
+  pack_logs
+}
+
+pack_logs() {
+  # logs.tgz: every text log, each cut to its first and last MiB when longer than 2 MiB, the
+  # whole at most 15 MiB (the biggest left out until it fits). Built outside $OUT, then moved.
+  local stage=$work/logs-stage f size
+  rm -rf "$stage" && mkdir -p "$stage" && cp -r "$logs" "$stage/logs"
+  find "$stage/logs" -type f -size +2M | while read -r f; do
+    size=$(stat -c %s "$f")
+    {
+      head -c 1048576 "$f"
+      printf '\n[... gpu_check: %s bytes cut ...]\n' "$((size - 2 * 1048576))"
+      tail -c 1048576 "$f"
+    } >"$f.cut" && mv "$f.cut" "$f"
+  done
+  while :; do
+    tar -C "$stage" -czf "$work/logs.tgz" logs 2>/dev/null
+    (($(stat -c %s "$work/logs.tgz") > 15 * 1048576)) || break
+    f=$(find "$stage/logs" -type f -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+    [ -n "$f" ] && [ "${f##*/}" != LEFT-OUT.txt ] || break
+    echo "left out of logs.tgz (too big): ${f##*/} ($(stat -c %s "$f") bytes)" >>"$stage/logs/LEFT-OUT.txt"
+    rm -f "$f"
+  done
+  mv -f "$work/logs.tgz" "$report/logs.tgz"
+  rm -rf "$stage"
+}
+
+finished=
+finish() {
+  # The report, whatever ended the script; printed last so that it survives in the output.
+  [ -z "$finished" ] || return 0
+  finished=1
+  [ -z "$step_pid" ] || stop_tree "$step_pid"
+  [ -z "$watchdog_pid" ] || stop_tree "$watchdog_pid"
+  # After the last step's own write only the summary has changed (its time, how it ended).
+  if [ -n "$report_fresh" ]; then summary_txt >"$report/summary.txt"; else write_report; fi
+  local files
+  files=$(find "$out" -type f | wc -l)
+  ((files <= 8)) ||
+    echo "gpu_check: $files files under $out: the device tool brings back 8 ($(find "$out" -type f | tr '\n' ' '))" >&2
+  echo
   echo "=== gpu_check report: $report ($(ls "$report" | tr '\n' ' '))"
-  for f in tests.md sanitizer.md; do
-    [ -f "$report/$f" ] && { echo "--- $f"; cat "$report/$f"; }
+  local f
+  for f in tests.md sanitizer.md summary.txt; do
+    echo "--- $f"
+    cat "$report/$f"
   done
 }
 
-run_step() {
-  local step=$1 t0=$SECONDS rc=0
-  echo "=== gpu_check: $step"
-  "$2" || rc=$?
-  note "$step: $([ $rc -eq 0 ] && echo ok || echo FAILED) ($((SECONDS - t0)) s)"
-  [ $rc -eq 0 ] || failed+=("$step")
+on_signal() {
+  trap '' TERM INT
+  ended="interrupted by SIG$1${current_step:+ during $current_step}"
+  echo "gpu_check: $ended at $SECONDS s; writing the report" >&2
+  if [ -n "$step_pid" ]; then
+    set_status "$current_step" "interrupted by SIG$1 after $((SECONDS - step_t0)) s (what it had done is in the report)"
+  fi
+  exit "$2"
 }
+
+on_exit() {
+  local rc=$?
+  set +u
+  trap '' TERM INT
+  [ -n "$ended" ] || [ "$rc" -eq 0 ] || [ -n "$normal_end" ] ||
+    ended="the script ended early (exit $rc)${current_step:+ in $current_step}"
+  finish
+  exit "$rc"
+}
+
+# --------------------------------------------------------------------------------------------
 
 [ $# -gt 0 ] || set -- all
 case "$1" in
   pack) pack; exit ;;
   prepare) prepare; exit ;;
+  rehearse)
+    shift
+    py=${FOGO_PYTHON:-python3}
+    [ -n "${FOGO_PYTHON:-}" ] || [ ! -x "$root/.venv/bin/python" ] || py=$root/.venv/bin/python
+    exec "$py" -m pytest -q -p no:cacheprovider "$root/scripts/tests/test_gpu_check.py" "$@"
+    ;;
 esac
 steps=()
 for step in "$@"; do
   case "$step" in
     all) steps+=(check test sanitize bench train) ;;
     build | check | test | sanitize | bench | train) steps+=("$step") ;;
-    *) die "unknown step '$step' (pack, prepare, build, check, test, sanitize, bench, train, all)" ;;
+    *) die "unknown step '$step' (pack, prepare, rehearse, build, check, test, sanitize, bench, train, all)" ;;
   esac
 done
-[ "${steps[0]}" != build ] || { build; steps=("${steps[@]:1}"); }
-environment
+
+ended=
+normal_end=
+rm -rf "$logs" "$runs" "$state"
+mkdir -p "$logs" "$runs" "$state"
+printf '%s\n' "${steps[@]}" >"$state/plan"
+report_python=$(command -v "${FOGO_PYTHON:-python3}" || command -v python3 || true)
+# The report's folder: <date>-<gpu>-<sha>, e.g. 2026-11-25-h100-da0f8fb.
+gpu_name=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpu=$(echo "$gpu_name" | grep -oiE '[a-z][0-9]{2,4}[a-z]?' | head -1 | tr 'A-Z' 'a-z')
+sha=$(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown)
+report=$out/$(date -u +%F)-${gpu:-gpu}-$sha
+mkdir -p "$report"
+trap on_exit EXIT
+trap 'on_signal TERM 143' TERM
+trap 'on_signal INT 130' INT
+
 for step in "${steps[@]}"; do
-  case "$step" in
-    check) check ;;  # dies: nothing after it would mean anything
-    test) run_step test test_ ;;
-    *) run_step "$step" "$step" ;;
-  esac
+  if [ "$step" = build ]; then
+    run_step build
+    sha=$(cat "$bin/SOURCE_SHA" 2>/dev/null || echo unknown)
+    continue
+  fi
+  if [ -z "${environment_done:-}" ]; then
+    environment
+    environment_done=1
+    # Without check, a broken environment still stops the steps that need it.
+    if [[ " ${steps[*]} " != *" check "* ]] && [ -s "$state/environment-problems" ]; then
+      blocked="environment: $(head -1 "$state/environment-problems")"
+      note "environment: $(tr '\n' ';' <"$state/environment-problems")"
+    fi
+  fi
+  run_step "$step"
+  if [ "$step" = check ] && [[ $(status_of check) == FAILED* ]]; then
+    blocked="check failed: $(head -1 "$state/check-problems" 2>/dev/null || echo "see summary.txt")"
+  fi
 done
-finish
-[ ${#failed[@]} -eq 0 ]
+normal_end=1
+failed=$(while read -r s; do [[ $(status_of "$s") != FAILED* ]] || echo "$s"; done <"$state/plan")
+[ -z "$failed" ] && [ -z "$blocked" ]

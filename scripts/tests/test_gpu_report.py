@@ -82,8 +82,8 @@ def test_counts_come_from_the_xml_and_name_every_failure_and_skip(logs):
     assert "> Expected equality of these values:" in md
     assert "`Inst/Param.Case/1` (fogo_tests-0): a.cpp:9" in md
     assert "`CudaParity.Update` (fogo_tests-0): tests/test_cuda_parity.cpp:37 no CUDA device" in md
-    assert "no XML: the binary crashed or was killed while running Dist.Second" in md
-    assert "`Dist.Second` (fogo_dist_tests): crashed or killed while running (exit 139)" in md
+    assert "no XML: segmentation fault while running Dist.Second" in md
+    assert "`Dist.Second` (fogo_dist_tests): crashed or killed while running (segmentation fault)" in md
     assert "- fogo_dist_tests (1 run(s)): 1 listed test(s) never ran, first Dist.Third" in md
     assert "CUDA tests skipped: 1 " in md
     # A child's FAILED line in a log is not a test of this binary.
@@ -141,11 +141,13 @@ def test_sanitizer_report_deduplicates_by_kernel_and_location_and_names_ours(tmp
     md = gpu_report.report_sanitizer(str(tmp_path))
     assert "RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)" in md
     assert "distinct reports: 2 (1 in fogo's kernels)" in md  # racecheck: two merged into one
-    assert "×2 (96 hazard(s)/error(s)) in `void at::native::reduce_kernel<512, 1>" in md
-    assert "at `/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021` — not fogo's" in md
+    assert ("- ATen (PyTorch): **Error: Race reported between Write access** ×2 (96 hazard(s)/error(s)) "
+            "in `void at::native::reduce_kernel<512, 1>") in md
+    assert "at `/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021`" in md
     assert "in `fogo::cuda::rms_update_kernel(Table)` at `/work/main/cuda/update.cu:120`" in md
     assert "in `flush_kernel(float*, int)` at `/work/main/cuda/codebook.cu:119`" in md
     assert "Reports in fogo's kernels: 2." in md
+    assert "Reports in library code: 1 (ATen (PyTorch) 1)." in md
     assert "1 ok, 0 failed under the tool" in md
 
 
@@ -170,3 +172,88 @@ def test_bench_and_train_reports(tmp_path):
     assert "| gpt2-fogo | steady state (steps 6-40)" in md
     assert "| gpt2-muon | FAILED: gpt2: error: CUDA out of memory |" in md
     assert "gpt2_eager tokens_per_s=41000" in md
+
+
+MEMCHECK_CUBLAS = """========= COMPUTE-SANITIZER
+[ RUN      ] CudaParity.Update
+========= Invalid __global__ read of size 16 bytes
+=========     at sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1+0x5f0
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f00 is out of bounds
+[       OK ] CudaParity.Update (40 ms)
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_sanitizer_shards_merge_and_unfinished_or_unstarted_runs_show(tmp_path):
+    # Two shards of one tool and pass are one section; a shard killed at its budget (no summary,
+    # exit 124) and one never started (exit 222, no log) are named; a cuBLAS kernel is cuBLAS's.
+    (tmp_path / "sanitize-memcheck-uncached-0.log").write_text(MEMCHECK_CUBLAS)
+    (tmp_path / "sanitize-memcheck-uncached-0.exit").write_text("3\n")
+    (tmp_path / "sanitize-memcheck-uncached-1.log").write_text(
+        "========= COMPUTE-SANITIZER\n[ RUN      ] CudaParity.Slow\n")
+    (tmp_path / "sanitize-memcheck-uncached-1.exit").write_text("124\n")
+    (tmp_path / "sanitize-racecheck-fogo-kernels-0.exit").write_text("222\n")
+    md = gpu_report.report_sanitizer(str(tmp_path))
+    assert "## memcheck-uncached (2 process(es))" in md
+    assert "- sanitize-memcheck-uncached-1: did not finish (killed at its time budget)" in md
+    assert "## racecheck-fogo-kernels (1 process(es))" in md
+    assert "- sanitize-racecheck-fogo-kernels-0: not started (no time left)" in md
+    assert "- cuBLAS/cuBLASLt: **Invalid __global__ read of size 16 bytes** ×1" in md
+    assert "Reports in fogo's kernels: 0." in md
+    assert "Reports in library code: 1 (cuBLAS/cuBLASLt 1)." in md
+    assert "sanitize-memcheck-uncached-0: did not finish" not in md  # it printed its summary
+
+
+def test_ours_is_fogo_by_name_or_by_a_project_source_never_atens():
+    assert gpu_report.is_ours("fogo::cuda::(anonymous namespace)::momenta_kernel<float>(Table)",
+                              "(unknown location)")
+    assert gpu_report.is_ours("flush_kernel(float*, int)", "/work/wt-x/cuda/reduce.cuh:33")
+    assert not gpu_report.is_ours("void at::native::reduce_kernel<512, 1>(...)",
+                                  "/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021")
+    assert not gpu_report.is_ours("kernel", "/usr/local/cuda-13.0/include/cuda/std/x.cuh:4")
+
+
+def test_runs_not_started_are_named_and_never_counted_as_failures(tmp_path):
+    (tmp_path / "b.xml").write_text(XML)
+    (tmp_path / "b.list").write_text(LIST)
+    (tmp_path / "runs.tsv").write_text(
+        "b\t1\t3\npython_tests\tnot run\t0\tnot run: ABI mismatch: the carried fogo._C is for "
+        "cpython-311, python3 is cpython-312\n")
+    md = gpu_report.report_tests(str(tmp_path))
+    assert "**3 passed, 2 failed, 1 skipped, 0 listed but never run.**" in md
+    assert ("**Python tests: not run: ABI mismatch: the carried fogo._C is for cpython-311, "
+            "python3 is cpython-312** (not counted above, not a failure)") in md
+    assert "| python_tests |" not in md
+
+
+PYTEST_KILLED = """============================= test session starts ==============================
+python/tests/test_cuda.py::test_cuda_step_matches_cpu[cls0-options0] PASSED [ 10%]
+python/tests/test_cuda.py::test_cuda_step_matches_cpu[cls1-options1] SKIPPED (no CUDA) [ 20%]
+python/tests/test_api.py::test_slow """
+
+
+def test_pytest_run_killed_before_its_xml_keeps_its_outcomes(tmp_path):
+    (tmp_path / "python_tests.log").write_text(PYTEST_KILLED)
+    (tmp_path / "runs.tsv").write_text("python_tests\t124\t60\n")
+    md = gpu_report.report_tests(str(tmp_path))
+    assert "**1 passed, 1 failed, 1 skipped, 0 listed but never run.**" in md
+    assert "no XML: killed at its time budget while running python/tests/test_api.py::test_slow" in md
+    assert "CUDA tests skipped: 1 " in md
+
+
+def test_all_writes_the_four_parts_and_a_failing_part_says_so(tmp_path, monkeypatch):
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    logs.mkdir()
+    out.mkdir()
+    (logs / "runs.tsv").write_text("python_tests\tnot run\t0\tnot run: no python3 with torch\n")
+
+    def broken(_):
+        raise ValueError("bad log")
+
+    monkeypatch.setitem(gpu_report.KINDS, "bench", broken)
+    gpu_report.main(["gpu_report.py", "all", str(logs), str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["bench.md", "sanitizer.md", "tests.md",
+                                                     "train.md"]
+    assert "**Python tests: not run: no python3 with torch**" in (out / "tests.md").read_text()
+    assert (out / "bench.md").read_text() == "(gpu_report.py bench failed: ValueError: bad log)\n"

@@ -1,0 +1,433 @@
+"""A rehearsal of scripts/gpu_check.sh on a CPU machine: the script itself, unchanged, against
+stand-ins of what only a GPU machine has (nvidia-smi, cuobjdump, compute-sanitizer, the shipped
+test binaries, the benchmark, the trainers, torch's CUDA scripts, cmake for the Python module), so
+that its control flow is tried here and not on a scarce GPU loan: the deadline and the steps'
+budgets, skipping, the trap on TERM in the middle of a step, a crash and a hang in a step, a failed
+check, the ABI-mismatch and module-build paths, the report and its 8-file limit. Needs neither a
+GPU nor a build of fogo (`scripts/gpu_check.sh rehearse` runs it; ctest: gpu_check_rehearsal)."""
+import os
+import pathlib
+import signal
+import stat
+import subprocess
+import sys
+import sysconfig
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+REPORT_FILES = {"summary.txt", "environment.txt", "tests.md", "sanitizer.md", "bench.md",
+                "bench.json", "train.md", "logs.tgz"}
+EXT = sysconfig.get_config_var("EXT_SUFFIX")  # this interpreter's, e.g. .cpython-311-x86_64-linux-gnu.so
+
+# A gtest binary: three tests (sharded as gtest shards them), XML and console output; what it does
+# comes from REHEARSE_<NAME>_<SHARD> or REHEARSE_<NAME>: pass, fail, crash, hang, big.
+GTEST = r"""#!/usr/bin/env bash
+name=$(basename "$0" | tr 'a-z-' 'A-Z_')
+shard=${GTEST_SHARD_INDEX:-0} total=${GTEST_TOTAL_SHARDS:-1}
+v=REHEARSE_${name}_$shard w=REHEARSE_$name
+mode=${!v:-${!w:-pass}}
+xml=
+for a in "$@"; do
+  case $a in
+    --gtest_list_tests) printf 'Fake.\n  Passes\n  CudaRuns\n  Third\n'; exit 0 ;;
+    --gtest_output=xml:*) xml=${a#--gtest_output=xml:} ;;
+  esac
+done
+echo $$ >>"$REHEARSE_PIDS"
+tests=(Passes CudaRuns Third) mine=()
+for i in 0 1 2; do ((i % total != shard)) || mine+=("${tests[$i]}"); done
+((${#mine[@]})) && echo "[ RUN      ] Fake.${mine[0]}"
+case $mode in
+  hang) exec sleep 300 ;;
+  crash) kill -SEGV $$ ;;
+  big) head -c 6000000 /dev/urandom | base64 ;;
+esac
+{
+  echo '<?xml version="1.0" encoding="UTF-8"?><testsuites><testsuite name="Fake">'
+  for t in "${mine[@]}"; do
+    if [ "$mode" = fail ] && [ "$t" = Third ]; then
+      echo "<testcase name=\"$t\" classname=\"Fake\"><failure message=\"fake.cpp:1&#x0A;boom\"/></testcase>"
+    else
+      echo "<testcase name=\"$t\" classname=\"Fake\" status=\"run\" result=\"completed\"/>"
+    fi
+  done
+  echo '</testsuite></testsuites>'
+} >"${xml:-/dev/null}"
+((${#mine[@]})) && echo "[       OK ] Fake.${mine[0]} (1 ms)"
+[ "$mode" != fail ]
+"""
+
+# compute-sanitizer: runs the binary after its options; REHEARSE_SANITIZER_<TOOL> adds a report
+# in ATen's kernels (aten), in fogo's (ours), or hangs (hang).
+SANITIZER = r"""#!/usr/bin/env bash
+case "${1:-}" in
+  --help) echo "  --kernel-name arg   filter the kernels checked"; exit 0 ;;
+  --version) echo "Version 2025.3.0 (stand-in)"; exit 0 ;;
+esac
+args="$*" tool=memcheck
+while [ $# -gt 0 ]; do
+  case $1 in
+    --tool) tool=$2; shift 2 ;;
+    --error-exitcode | --print-limit | --kernel-name) shift 2 ;;
+    --*) shift ;;
+    *) break ;;
+  esac
+done
+v=REHEARSE_SANITIZER_${tool^^}
+echo "========= COMPUTE-SANITIZER"
+echo "stand-in args: $args"
+"$@"
+case ${!v:-clean} in
+  hang) echo $$ >>"$REHEARSE_PIDS"; exec sleep 300 ;;
+  aten)
+    echo "========= Error: Race reported between Write access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1a40 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021"
+    echo "=========     and Read access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1b20 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1030 [64 hazards]"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 3 ;;
+  ours)
+    echo "========= Error: Race reported between Write access at fogo::cuda::(anonymous namespace)::momenta_kernel<float>(Table)+0x200 in /x/cuda/momenta.cu:62"
+    echo "=========     and Read access at fogo::cuda::(anonymous namespace)::momenta_kernel<float>(Table)+0x260 in /x/cuda/momenta.cu:69 [4 hazards]"
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 3 ;;
+esac
+echo "========= ERROR SUMMARY: 0 errors"
+"""
+
+BENCH = r"""#!/usr/bin/env bash
+out=
+for a in "$@"; do case $a in --benchmark_out=*) out=${a#*=} ;; esac; done
+echo "$*" >"$REHEARSE_DIR/bench-args"
+[ "${REHEARSE_FOGO_BENCH:-pass}" != hang ] || { echo $$ >>"$REHEARSE_PIDS"; exec sleep 300; }
+cat >"$out" <<'JSON'
+{"context": {"host_name": "stand-in", "date": "today"}, "benchmarks": [
+ {"name": "BM_Step_FOGO/0/1/0/real_time", "run_name": "BM_Step_FOGO/0/1/0/real_time",
+  "run_type": "iteration", "real_time": 12.0, "time_unit": "ms"},
+ {"name": "BM_Step_Muon/0/1/0/real_time", "run_name": "BM_Step_Muon/0/1/0/real_time",
+  "run_type": "iteration", "real_time": 8.0, "time_unit": "ms"}]}
+JSON
+"""
+
+GPT2 = r"""#!/usr/bin/env bash
+case $1 in
+  prepare-kjv) echo "In the beginning" >"$3" ;;
+  train) echo "steady state (steps 6-20): median step 100.00 ms, optimizer 12.00 ms (12.0% of the step), 40960 tokens/s, MFU 30.1%" ;;
+esac
+"""
+
+RESNET = r"""#!/usr/bin/env bash
+out= opt=
+while [ $# -gt 0 ]; do
+  case $1 in --out) out=$2; shift 2 ;; --optimizers) opt=$2; shift 2 ;; *) shift ;; esac
+done
+mkdir -p "$out/$opt-seed0"
+for s in 0 20 40 60; do echo "{\"step\": $s, \"time_s\": $s.0}"; done >"$out/$opt-seed0/train.jsonl"
+"""
+
+NVIDIA_SMI = r"""#!/usr/bin/env bash
+if [ -n "${REHEARSE_NO_GPU:-}" ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+  exit 9
+fi
+case "$*" in
+  *name,driver_version*) echo "NVIDIA H100 80GB HBM3, 580.65, 81559 MiB, 1980 MHz" ;;
+  *) echo "NVIDIA H100 80GB HBM3" ;;
+esac
+"""
+
+CUOBJDUMP = """#!/usr/bin/env bash
+echo "ELF file    1: fogo_tests.1.sm_90.cubin"
+"""
+
+# cmake for the Python modules' build: fails when REHEARSE_CMAKE=fail, else makes a package whose
+# extension modules carry the interpreter's tag (from -DFOGO_PYTHON) and says where it was made.
+CMAKE = r"""#!/usr/bin/env bash
+[ "${1:-}" != --version ] || { echo "cmake version 3.31 (stand-in)"; exit 0; }
+if [ "${REHEARSE_CMAKE:-ok}" = fail ]; then
+  echo "CMake Error: Could NOT find Python3 (missing: Development.Module) (stand-in)" >&2
+  exit 1
+fi
+if [ "$1" = --build ]; then
+  ext=$(cat "$2/ext")
+  mkdir -p "$2/python/fogo"
+  echo 'WHERE = "built here"' >"$2/python/fogo/__init__.py"
+  touch "$2/python/fogo/_C$ext" "$2/python/fogo/_testing$ext"
+  exit 0
+fi
+dir= py=
+while [ $# -gt 0 ]; do
+  case $1 in -B) dir=$2; shift 2 ;; -DFOGO_PYTHON=*) py=${1#*=}; shift ;; *) shift ;; esac
+done
+mkdir -p "$dir"
+"$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' >"$dir/ext"
+"""
+
+# python3: the real interpreter with a stand-in torch, except torch's CUDA scripts.
+PYTHON = r"""#!/usr/bin/env bash
+case "${1:-}" in
+  */bench/torch_muon_step.py) echo "torch.optim.Muon $3 cuda: median 20.00 ms, mean 21.00 ms"; exit 0 ;;
+  */bench/gpt2_eager.py) echo "gpt2_eager tokens_per_s=41000 mfu=0.31"; exit 0 ;;
+esac
+PYTHONPATH=@SITE@${PYTHONPATH:+:$PYTHONPATH} exec @PYTHON@ "$@"
+"""
+
+TORCH = '''"""Stand-in torch: what gpu_check.sh asks of it."""
+import types
+__version__ = "2.11.0+cu130 (stand-in)"
+version = types.SimpleNamespace(cuda="13.0")
+cuda = types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda: "stand-in H100")
+backends = types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=lambda: "AVX512"))
+'''
+
+PYTESTS = '''import os
+
+import fogo
+
+
+def test_imports_the_module_the_script_chose():
+    assert fogo.WHERE == os.environ["REHEARSE_EXPECT_FOGO"]
+
+
+def test_another():
+    pass
+'''
+
+
+def write(path, text, executable=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if executable:
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+class Sandbox:
+    def __init__(self, tmp):
+        self.tmp, self.carry, self.out = tmp, tmp / "carry", tmp / "out"
+        fake = tmp / "fakebin"
+        for name, text in (("nvidia-smi", NVIDIA_SMI), ("cuobjdump", CUOBJDUMP),
+                           ("compute-sanitizer", SANITIZER), ("cmake", CMAKE)):
+            write(fake / name, text, executable=True)
+        write(fake / "python3", PYTHON.replace("@SITE@", str(tmp / "site"))
+              .replace("@PYTHON@", sys.executable), executable=True)
+        write(tmp / "site" / "torch" / "__init__.py", TORCH)
+        (tmp / "site" / "torch" / "lib").mkdir()
+        (tmp / "site" / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+        bin_ = self.carry / "bin"
+        for name in ("fogo_tests", "fogo_dist_tests", "gpt2_tests", "resnet_tests",
+                     "trainer_common_tests"):
+            write(bin_ / name, GTEST, executable=True)
+        write(bin_ / "fogo_bench", BENCH, executable=True)
+        write(bin_ / "gpt2", GPT2, executable=True)
+        write(bin_ / "resnet_train", RESNET, executable=True)
+        subprocess.run(["xz", "-f", str(bin_ / "fogo_bench")], check=True)  # as `pack` ships them
+        write(bin_ / "SOURCE_ROOT", f"{ROOT}\n")
+        write(bin_ / "SOURCE_SHA", "abc1234\n")
+        (self.carry / "lib").mkdir()
+        write(self.carry / "pymodule" / "libfogo.a", "!<arch>\n")
+        write(self.carry / "pymodule" / "definitions", "FOGO_WITH_CUDA=1;FOGO_WITH_DISTRIBUTED=1\n")
+        write(self.carry / "data" / "fashion-mnist" / "train-images-idx3-ubyte.gz", "")
+        write(self.carry / "data" / "kjv.txt", "In the beginning\n")
+        write(tmp / "pytests" / "test_fake.py", PYTESTS)
+        self.pids = tmp / "pids"
+        self.pids.write_text("")
+        self.env = dict(os.environ)
+        for key in list(self.env):
+            if key.startswith(("FOGO_", "REHEARSE_", "GTEST_")) or key in ("OUT", "PYTHONPATH"):
+                del self.env[key]
+        self.env.update(
+            PATH=f"{fake}:{os.environ['PATH']}", FOGO_PYTHON=str(fake / "python3"),
+            FOGO_GPU_CARRY=str(self.carry), FOGO_GPU_WORK=str(tmp / "work"), OUT=str(self.out),
+            FOGO_GPU_PYTHON_TESTS=str(tmp / "pytests"), REHEARSE_PIDS=str(self.pids),
+            REHEARSE_DIR=str(tmp), FOGO_GPU_DEADLINE_S="120", FOGO_GPU_RESERVE_S="5",
+            # Seconds, not minutes: the least a step or one command is started with.
+            FOGO_GPU_MIN_TEST="2", FOGO_GPU_MIN_SANITIZE="2", FOGO_GPU_MIN_BENCH="1",
+            FOGO_GPU_MIN_TRAIN="1", FOGO_GPU_MIN_RUN_S="1")
+
+    def module(self, ext):
+        """The carried fogo._C, for the interpreter whose tag `ext` is."""
+        write(self.carry / "python" / "fogo" / "__init__.py", 'WHERE = "carried"\n')
+        write(self.carry / "python" / "fogo" / f"_C{ext}", "not a module")
+
+    def start(self, *steps, **env):
+        # A session of its own: whatever the script leaves behind can be found by its group.
+        return subprocess.Popen(["bash", str(SCRIPT), *steps], env={**self.env, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+    def run(self, *steps, **env):
+        proc = self.start(*steps, **env)
+        output, _ = proc.communicate(timeout=90)
+        return proc.returncode, output
+
+    def report(self):
+        """The report's files, after checking that they are all that came under $OUT (at most 8,
+        each well under the device tool's 16 MiB)."""
+        files = [p for p in self.out.rglob("*") if p.is_file()]
+        assert len(files) <= 8, files
+        (folder,) = self.out.iterdir()
+        assert folder.name.endswith("-h100-abc1234") or folder.name.endswith("-gpu-abc1234")
+        assert {p.name for p in files} == REPORT_FILES
+        assert all(p.parent == folder and p.stat().st_size < 15 * 2**20 for p in files)
+        return {p.name: (p.read_text() if p.suffix != ".tgz" else p) for p in files}
+
+    def step_line(self, report, step):
+        line = [l for l in report["summary.txt"].splitlines() if l.strip().startswith(step + " ")]
+        assert len(line) == 1, report["summary.txt"]
+        return line[0].split(None, 1)[1]
+
+    def leftovers(self):
+        """Stand-in processes still alive (a hang the script should have stopped)."""
+        alive = []
+        for pid in self.pids.read_text().split():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        return alive
+
+
+@pytest.fixture
+def box(tmp_path):
+    b = Sandbox(tmp_path)
+    yield b
+    for pid in b.leftovers():  # never leave a stand-in behind, whatever the test's outcome
+        os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_passing_run_builds_the_module_for_another_cpython_and_reports_in_8_files(box):
+    box.module(".cpython-399-x86_64-linux-gnu.so")  # what `pack` shipped: not this interpreter's
+    rc, output = box.run(REHEARSE_EXPECT_FOGO="built here", REHEARSE_SANITIZER_RACECHECK="aten")
+    assert rc == 0, output
+    report = box.report()
+    for step in ("check", "test", "sanitize", "bench", "train"):
+        assert box.step_line(report, step).startswith("ok ("), report["summary.txt"]
+    assert "no step failed" in report["summary.txt"]
+    tag = "-".join(EXT.lstrip(".").split("-")[:2])
+    assert (f"python: ABI mismatch: the carried fogo._C is for cpython-399, {box.env['FOGO_PYTHON']} "
+            f"is {tag}; building it here") in report["summary.txt"]
+    assert f"python: fogo._C and fogo._testing built here for {tag}" in report["summary.txt"]
+    # 9 gtest tests per binary set (3 over 4 shards, 3 in each of 4 others) + the 2 Python tests.
+    assert "**17 passed, 0 failed, 0 skipped, 0 listed but never run.**" in report["tests.md"]
+    assert "| python_tests | 0 |" in report["tests.md"]
+    assert "ABI MISMATCH: carried _C.cpython-399" in report["environment.txt"]
+    # The sanitizer: ATen's hazard named apart, not a failure; racecheck on fogo's kernels only.
+    assert "Reports in fogo's kernels: 0." in report["sanitizer.md"]
+    assert "- ATen (PyTorch): **Error: Race reported between Write access**" in report["sanitizer.md"]
+    logs = box.tmp / "work" / "logs"
+    race = (logs / "sanitize-racecheck-fogo-kernels-0.log").read_text()
+    assert "--kernel-name kns=momenta_kernel" in race and "kns=muon_update_kernel" in race
+    assert "--kernel-name" not in (logs / "sanitize-memcheck-uncached-0.log").read_text()
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in race
+    # The bench: only the targets' rows, one repetition; bench.json as fogo_bench wrote it.
+    args = (box.tmp / "bench-args").read_text()
+    assert "--benchmark_repetitions=1" in args and "Stage_FOGO/0/1/0/1" in args
+    assert '"BM_Step_FOGO/0/1/0/real_time"' in report["bench.json"]
+    assert "| gpt2-fogo | steady state (steps 6-20)" in report["train.md"]
+    assert "resnet18 width 64 fogo: 128 images/s" in report["train.md"]
+    # Printed last: the summary survives in the output's tail.
+    assert output.rstrip().endswith("no step failed")
+
+
+def test_crash_hang_failed_build_fogo_hazard_and_skips_are_reported_not_fatal(box):
+    box.module(".cpython-399-x86_64-linux-gnu.so")
+    rc, output = box.run(
+        REHEARSE_CMAKE="fail", REHEARSE_FOGO_TESTS_1="crash", REHEARSE_FOGO_TESTS_2="hang",
+        REHEARSE_GPT2_TESTS="big", REHEARSE_SANITIZER_MEMCHECK="hang",
+        REHEARSE_SANITIZER_RACECHECK="ours", FOGO_GPU_BUDGET_TEST="5",
+        FOGO_GPU_BUDGET_SANITIZE="4", FOGO_GPU_MIN_TRAIN="1000")
+    assert rc == 1, output
+    report = box.report()
+    tests = report["tests.md"]
+    assert "no XML: segmentation fault while running Fake.CudaRuns" in tests
+    assert "no XML: killed at its time budget while running Fake.Third" in tests
+    assert ("**Python tests: not run: ABI mismatch: the carried fogo._C is for cpython-399") in tests
+    assert "building it here failed (exit 1): CMake Error: Could NOT find Python3" in tests
+    assert box.step_line(report, "test").startswith("FAILED (")
+    sanitize = box.step_line(report, "sanitize")
+    assert sanitize.startswith("FAILED (") and "1 report(s) in fogo's kernels" in sanitize
+    assert "sanitize-memcheck-uncached-0: did not finish (killed at its time budget)" in report["sanitizer.md"]
+    assert "momenta_kernel" in report["sanitizer.md"]
+    assert box.step_line(report, "bench").startswith("ok (")
+    assert box.step_line(report, "train").startswith("skipped: it needs at least 1000 s and ")
+    assert "FAILED steps: test sanitize" in report["summary.txt"]
+    # The 8 MiB log went into logs.tgz cut to its first and last MiB.
+    listing = subprocess.run(["tar", "-tvzf", str(report["logs.tgz"])], capture_output=True,
+                             text=True, check=True).stdout
+    big = [l for l in listing.splitlines() if l.endswith("logs/gpt2_tests.log")]
+    assert big and int(big[0].split()[2]) < 2.1 * 2**20, listing
+    assert not box.leftovers()
+
+
+def test_term_in_the_middle_of_a_step_stops_it_and_still_reports(box):
+    box.module(EXT)
+    proc = box.start("check", "test", "sanitize", REHEARSE_FOGO_TESTS="hang")
+    seen, t0 = "", time.time()
+    while "=== gpu_check: test" not in seen and time.time() - t0 < 30:
+        seen += proc.stdout.readline()
+    time.sleep(1.0)  # the shards are hanging now
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    assert time.time() - t0 < 25, "the trap should end the run at once"
+    assert proc.returncode == 143, seen + output
+    report = box.report()
+    assert "interrupted by SIGTERM during test" in report["summary.txt"]
+    assert box.step_line(report, "test").startswith("interrupted by SIGTERM after")
+    assert box.step_line(report, "sanitize") == "not run: the script ended before it"
+    assert box.step_line(report, "check").startswith("ok (")
+    assert not box.leftovers()
+
+
+def test_sigkill_leaves_the_report_of_the_steps_before_and_names_the_one_it_killed(box):
+    # No trap runs on SIGKILL (what the device tool does after TERM): the report written after
+    # every step, and the summary written when a step starts, are what comes back.
+    box.module(EXT)
+    proc = box.start("check", "bench", REHEARSE_FOGO_BENCH="hang")
+    seen, t0 = "", time.time()
+    while "=== gpu_check: bench" not in seen and time.time() - t0 < 30:
+        seen += proc.stdout.readline()
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(timeout=10)
+    try:  # what the killed script left running (its watchdog, the hanging benchmark's timeout)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.stdout.close()
+    report = box.report()
+    assert box.step_line(report, "check").startswith("ok (")
+    assert box.step_line(report, "bench").startswith("did not finish: the script was killed during it")
+    assert "fogo_tests holds" not in report["summary.txt"] and "FAILED" not in report["summary.txt"]
+
+
+def test_a_failed_check_writes_the_report_saying_why_and_skips_the_gpu_steps(box):
+    box.module(EXT)
+    rc, output = box.run(REHEARSE_NO_GPU="1")
+    assert rc == 1, output
+    report = box.report()
+    assert box.step_line(report, "check").startswith("FAILED (") and "no GPU (nvidia-smi failed)" in report["summary.txt"]
+    for step in ("test", "sanitize", "bench", "train"):
+        assert box.step_line(report, step) == "skipped: check failed: no GPU (nvidia-smi failed)"
+    assert "No test runs recorded" in report["tests.md"]
+    assert '"benchmarks": []' in report["bench.json"]
+
+
+def test_missing_binaries_are_an_environment_problem_reported_not_a_death(box):
+    (box.carry / "bin" / "SOURCE_ROOT").unlink()
+    rc, output = box.run("test")
+    assert rc == 1, output
+    report = box.report()
+    assert box.step_line(report, "test").startswith("skipped: environment: no binaries in ")
+    assert "run 'scripts/gpu_check.sh pack' here first" in report["summary.txt"]
+
+
+def test_a_matching_module_is_used_as_carried_and_the_deadline_cuts_budgets(box):
+    box.module(EXT)
+    rc, output = box.run("check", "test", REHEARSE_EXPECT_FOGO="carried", FOGO_GPU_DEADLINE_S="40")
+    assert rc == 0, output
+    budget = int(output.split("=== gpu_check: test (budget ", 1)[1].split(" ", 1)[0])
+    assert budget <= 35  # 40 s deadline - 5 s reserve - what check took, not the 200 s budget
+    report = box.report()
+    assert "python: the carried fogo._C matches" in report["summary.txt"]
+    assert "| python_tests | 0 |" in report["tests.md"]
