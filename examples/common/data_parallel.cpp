@@ -99,6 +99,7 @@ DataParallel& DataParallel::process(std::chrono::seconds timeout,
       dp->rank_ = group.rank();
       dp->world_size_ = group.world_size();
       dp->local_rank_ = group.local_rank();
+      dp->cuda_device_ = group.cuda_device();
       dp->impl_ = std::make_shared<Impl>(std::move(group));
     }
     g_process = dp;  // kept to the end of the process: shutdown_process() releases the group

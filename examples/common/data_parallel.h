@@ -70,6 +70,9 @@ class DataParallel {
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
   int64_t local_rank() const { return local_rank_; }
+  /// The GPU the job's process group settled on for this rank (cuda:0 when the rank sees one GPU,
+  /// else cuda:LOCAL_RANK; ProcessGroup::cuda_device); none in a world of one or a CPU job.
+  std::optional<torch::Device> cuda_device() const { return cuda_device_; }
   bool distributed() const { return world_size_ > 1; }
   /// Rank 0: the one that logs, writes metrics, plots and checkpoints.
   bool main() const { return rank_ == 0; }
@@ -133,6 +136,7 @@ class DataParallel {
 
  private:
   int64_t rank_ = 0, world_size_ = 1, local_rank_ = 0;
+  std::optional<torch::Device> cuda_device_;
   std::shared_ptr<Impl> impl_;
 };
 

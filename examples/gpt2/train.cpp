@@ -286,9 +286,12 @@ torch::Device set_up_runtime(const TrainConfig& cfg, const tr::DataParallel& dp)
   validate(cfg);
   validate(cfg.optimizer);
   torch::Device device = tr::parse_device(cfg.device);
-  // One GPU per rank: --device cuda (or auto) means cuda:LOCAL_RANK under torchrun.
+  // One GPU per rank: --device cuda (or auto) means the GPU the job's group settled on for this
+  // rank (cuda:0 when the rank sees one GPU, as CUDA_VISIBLE_DEVICES per rank gives it; else
+  // cuda:LOCAL_RANK).
   if (dp.distributed() && device.is_cuda() && !device.has_index()) {
-    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dp.local_rank()));
+    device = dp.cuda_device().value_or(
+        torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dp.local_rank())));
   }
   tr::set_threads(cfg.threads);
   if (cfg.deterministic) tr::make_deterministic(cfg.seed);
