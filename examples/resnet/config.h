@@ -66,7 +66,7 @@ struct Config {
   /// --optimizer-lr name=lr,...: the lr of the optimizers named (those not named keep --lr's
   /// default); resolve() applies the entry of its optimizer and refuses it next to --lr.
   std::vector<std::string> optimizer_lr;
-  std::string ns_dtype = "bf16";
+  std::string ns_dtype = "auto";
   std::vector<std::string> fogo_options;  ///< --fogo key=value, applied to every FOGO group
   std::string ablation = "full";          ///< --ablation (common/fogo_flags.h)  ///< muon/fogo
                                           ///< Newton–Schulz compute dtype: bf16 | fp32
