@@ -10,7 +10,8 @@
 //
 //   fogo_bench --benchmark_filter='Step|Stage'                            everything
 //   fogo_bench --benchmark_filter='/1/' --benchmark_min_time=0.01          (CPU: one step each)
-// Args: set (0 GPT-2, 1 ResNet-18), device (0 CPU, 1 CUDA), NS dtype (0 bf16, 1 fp32)[, stage].
+// Args: set (0 GPT-2, 1 ResNet-18), device (0 CPU, 1 CUDA), NS dtype (0 bf16, 1 fp32, 2 auto:
+// the optimizers' default; steps only)[, stage].
 #include <benchmark/benchmark.h>
 #include <fogo/fogo.h>
 #include <fogo/ops.h>
@@ -41,13 +42,15 @@ struct Setup {
 Setup setup(benchmark::State& state) {
   Setup s;
   s.device = state.range(1) == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
-  s.ns_dtype = state.range(2) == 0 ? torch::kBFloat16 : torch::kFloat;
+  s.ns_dtype = state.range(2) == 0   ? torch::kBFloat16
+               : state.range(2) == 1 ? torch::kFloat
+                                     : fogo::kNSDtypeAuto;
   if (s.device.is_cuda() && !torch::cuda::is_available()) {
     state.SkipWithError("no CUDA device");
     s.ok = false;
   }
   state.SetLabel(std::string(set_name(state.range(0))) + (s.device.is_cuda() ? " cuda" : " cpu") +
-                 (s.ns_dtype == torch::kFloat ? " ns-fp32" : " ns-bf16"));
+                 " ns-" + fogo::ns_dtype_name(s.ns_dtype));
   return s;
 }
 
@@ -155,7 +158,9 @@ void optimizer_step(benchmark::State& state, const Factory& make) {
   time_steps(state, s.device, 2, [&] { opt->step(); });
   const auto& options = opt->param_groups()[0].options();
   if (const auto* f = dynamic_cast<const fogo::FOGOOptions*>(&options)) {
-    set_traffic(state, 0, fogo_ns_flops(state.range(0), *f));
+    fogo::FOGOOptions resolved = *f;  // auto as the step resolved it (the routes depend on it)
+    resolved.ns_dtype(fogo::resolve_ns_dtype(f->ns_dtype(), s.device));
+    set_traffic(state, 0, fogo_ns_flops(state.range(0), resolved));
   } else if (const auto* m = dynamic_cast<const fogo::MuonOptions*>(&options)) {
     set_traffic(state, 0, muon_ns_flops(state.range(0), *m));
   }
@@ -459,7 +464,7 @@ void BM_Stage_FOGO(benchmark::State& state) {
 void step_args(benchmark::internal::Benchmark* b) {
   for (int64_t device : {0, 1})
     for (int64_t set : {0, 1})
-      for (int64_t dtype : {0, 1}) b->Args({set, device, dtype});
+      for (int64_t dtype : {0, 1, 2}) b->Args({set, device, dtype});
 }
 void graph_args(benchmark::internal::Benchmark* b) {
   for (int64_t set : {0, 1})

@@ -3,6 +3,7 @@
 #include <torch/serialize/archive.h>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/ns_dtype_record.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo_state.h"
 
@@ -27,6 +28,7 @@ void check_same_layout(size_t group, const FOGOOptions& mine, const FOGOOptions&
 }
 
 constexpr const char* kChecksum = "fogo/checksum";
+constexpr const char* kNSDtypes = "fogo/ns_dtype_resolved";  // detail/ns_dtype_record.h
 
 // Every group's options and every parameter's momenta, in group order (the memory follows, added
 // by save and load as they write and read it).
@@ -35,9 +37,11 @@ detail::Checksum options_and_momenta(const FOGO& fogo) {
   for (const auto& group : fogo.param_groups()) {
     const auto& o = static_cast<const FOGOOptions&>(group.options());
 #define FOGO_SUM_OPTION(T, name, ...) sum.option(o.name());
+#define FOGO_SUM_ENUM(T, name, ...) sum.add(detail::archived_enum(o.name()));
     FOGO_RANGED_OPTIONS(FOGO_SUM_OPTION)
     FOGO_PLAIN_OPTIONS(FOGO_SUM_OPTION)
-    FOGO_ENUM_OPTIONS(FOGO_SUM_OPTION)
+    FOGO_ENUM_OPTIONS(FOGO_SUM_ENUM)
+#undef FOGO_SUM_ENUM
 #undef FOGO_SUM_OPTION
     for (const auto& p : group.params()) {
       const auto it = fogo.state().find(p.unsafeGetTensorImpl());
@@ -78,6 +82,7 @@ void FOGO::save(torch::serialize::OutputArchive& archive) const {
     archive.write("fogo/group/" + std::to_string(g), a);
   }
   detail::write_checksum(archive, kChecksum, sum.value());
+  detail::write_ns_dtypes(archive, kNSDtypes, detail::group_ns_dtypes<FOGOOptions>(param_groups_));
 }
 
 namespace {
@@ -188,6 +193,8 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
         st.fast_momentum(st.fast_momentum().to(p.device()));
       });
   impl_->groups = std::move(loaded);
+  detail::warn_on_changed_ns_dtypes(archive, kNSDtypes, "FOGO",
+                                    detail::group_ns_dtypes<FOGOOptions>(param_groups_));
 }
 
 }  // namespace fogo

@@ -38,7 +38,7 @@ void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
   FOGO_PLAIN_OPTIONS(FOGO_WRITE)
 #undef FOGO_WRITE
 #define FOGO_WRITE_ENUM(T, name, def) \
-  archive.write(#name, c10::IValue(static_cast<int64_t>(name())));
+  archive.write(#name, c10::IValue(detail::archived_enum(name())));
   FOGO_ENUM_OPTIONS(FOGO_WRITE_ENUM)
 #undef FOGO_WRITE_ENUM
 }
@@ -53,7 +53,7 @@ void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
   FOGO_PLAIN_OPTIONS(FOGO_READ)
 #undef FOGO_READ
 #define FOGO_READ_ENUM(T, name, def) \
-  if (archive.try_read(#name, value)) name(static_cast<T>(value.toInt()));
+  if (archive.try_read(#name, value)) name(detail::enum_from_archive<T>(value.toInt()));
   FOGO_ENUM_OPTIONS(FOGO_READ_ENUM)
 #undef FOGO_READ_ENUM
 }

@@ -30,15 +30,21 @@ ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter) {
 
 namespace stages {
 
+// The dtype the group's Newton–Schulz computes in on `device`: ns_dtype, auto resolved.
+at::ScalarType compute_dtype(const FOGOOptions& o, const c10::Device& device) {
+  return resolve_ns_dtype(o.ns_dtype(), device);
+}
+
 const at::Tensor& lift_matrix(const Projection& proj, const FOGOOptions& o) {
-  return o.ns_dtype() == at::kBFloat16 ? proj.K_bf16 : proj.K;
+  return compute_dtype(o, proj.K.device()) == at::kBFloat16 ? proj.K_bf16 : proj.K;
 }
 
 bool fast_stream_takes_gram(const at::Tensor& Bf, const Projection& proj, const FOGOOptions& o) {
-  const bool full_precision = o.ns_dtype() == at::kFloat || o.ns_dtype() == at::kDouble;
+  const at::ScalarType dtype = compute_dtype(o, Bf.device());
+  const bool full_precision = dtype == at::kFloat || dtype == at::kDouble;
   if (!full_precision && (o.ns_form() == NSForm::Plain || o.ns_gram_restart() == 0)) return false;
-  // ns_form Auto decides as Auto decides (timed on the GPU at the first sight of the shape, the
-  // cost model on the CPU: the same answer as below there); otherwise the cost model.
+  // ns_form Auto decides as Auto decides (timed at the first sight of the shape on the GPU and
+  // the CPU); otherwise the cost model.
   if (o.ns_form() == NSForm::Auto) {
     return newton_schulz_projected_auto(Bf, proj.Pi, ns_config(o, o.ns_steps_fast()));
   }
@@ -227,7 +233,7 @@ std::vector<at::Tensor> ns_inputs(const Sharing& share, const FOGOOptions& o) {
   for (const auto& [begin, end] : runs) {
     inputs.push_back(
         at::empty({2 * static_cast<int64_t>(end - begin), work[begin].m, work[begin].n},
-                  work[begin].slow.options().dtype(o.ns_dtype())));
+                  work[begin].slow.options().dtype(compute_dtype(o, work[begin].slow.device()))));
   }
   return inputs;
 }

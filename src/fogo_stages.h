@@ -92,7 +92,7 @@ void update_momenta(const std::vector<Work>& work, const Sharing& share,
 /// Gram iterations with its projection (fewer multiply-adds; with bf16/fp16 compute only when
 /// ns_form lets it in, with restarts: without them the Gram matrix squares the conditioning and low
 /// precision loses the small directions), or the plain chain then the projection. ns_form Auto:
-/// timed on the GPU at the first sight of the shape; otherwise, and on the CPU, the cost model.
+/// timed at the first sight of the shape (GPU and CPU); otherwise the cost model.
 bool fast_stream_takes_gram(const at::Tensor& Bf, const Projection& proj, const FOGOOptions& o);
 
 /// Step 3 for a run: the rows of O [P, m, n] times Pi into `out` [P m, d] fp32. With unit-scale Pi
@@ -108,6 +108,10 @@ struct RunStreams {
   at::Tensor Os, Of, Pf;
 };
 RunStreams orthogonalize_run(const at::Tensor& input, const Projection* gram, const FOGOOptions& o);
+
+/// The dtype the group's Newton–Schulz computes in on `device`: ns_dtype, auto resolved
+/// (ns_dtype.h).
+at::ScalarType compute_dtype(const FOGOOptions& o, const c10::Device& device);
 
 /// Step 8's lift matrix K of `proj` at the step's precision (bf16 products when NS computes in
 /// bf16).

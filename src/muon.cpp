@@ -13,6 +13,7 @@
 
 #include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
+#include "fogo/detail/ns_dtype_record.h"
 #include "fogo/muon_update.h"
 #include "fogo/newton_schulz.h"
 #include "fogo/ops.h"
@@ -229,8 +230,9 @@ detail::Runs shape_runs(const std::vector<at::Tensor>& params, std::vector<size_
 }
 
 // Newton–Schulz of one run's momenta `inputs` (same matrix shape), batched: [count, rows, cols]
-// in the compute dtype (the cast done by the copy).
-at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, const NSConfig& ns) {
+// in the compute dtype (the cast done by the copy; ns_dtype auto as it resolves on their device).
+at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, NSConfig ns) {
+  ns.compute_dtype = resolve_ns_dtype(ns.compute_dtype, inputs.front().device());
   const int64_t rows = inputs.front().size(0),
                 cols = inputs.front().numel() / std::max<int64_t>(rows, 1);
   at::Tensor X = at::empty({static_cast<int64_t>(inputs.size()), rows, cols},
@@ -303,6 +305,7 @@ void Muon::set_step_shard(StepShard shard) {
 namespace {
 
 constexpr const char* kMuonChecksum = "muon/checksum";
+constexpr const char* kMuonNSDtypes = "muon/ns_dtype_resolved";  // detail/ns_dtype_record.h
 
 // Every group's options and every parameter's momentum buffer, in group order: what a checkpoint
 // stores and load() recomputes from what it read.
@@ -327,6 +330,8 @@ uint64_t state_checksum(const Muon& muon) {
 void Muon::save(torch::serialize::OutputArchive& archive) const {
   serialize(*this, archive);
   detail::write_checksum(archive, kMuonChecksum, state_checksum(*this));
+  detail::write_ns_dtypes(archive, kMuonNSDtypes,
+                          detail::group_ns_dtypes<MuonOptions>(param_groups_));
 }
 
 void Muon::load(torch::serialize::InputArchive& archive) {
@@ -362,6 +367,8 @@ void Muon::load(torch::serialize::InputArchive& archive) {
         static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
         st.momentum_buffer(buf.to(p.device()));  // archives load onto the CPU
       });
+  detail::warn_on_changed_ns_dtypes(archive, kMuonNSDtypes, "Muon",
+                                    detail::group_ns_dtypes<MuonOptions>(param_groups_));
 }
 
 }  // namespace fogo

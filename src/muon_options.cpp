@@ -18,7 +18,7 @@ namespace {
 template <class T>
 auto printable(const T& v) {
   if constexpr (std::is_same_v<T, c10::ScalarType>) {
-    return std::string(c10::toString(v));
+    return ns_dtype_name(v);
   } else if constexpr (std::is_enum_v<T>) {
     return static_cast<int64_t>(v);
   } else {
@@ -60,11 +60,22 @@ void check(const char* name, const T& v, const option_rules::OneOf<T, N>& rule) 
               printable(v));
 }
 
-// An option's archive value: enumerations (dtypes included) as int64, the rest as themselves.
+// An option as a checkpoint and its checksum hold it: a dtype as its ns_dtype_code (auto -1:
+// c10's number for it moves between LibTorch versions), the rest as themselves.
+template <class T>
+auto archived(const T& v) {
+  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+    return ns_dtype_code(v);
+  } else {
+    return v;
+  }
+}
+
+// An option's archive value: enumerations as int64, the rest as themselves.
 template <class T>
 c10::IValue to_ivalue(const T& v) {
   if constexpr (std::is_enum_v<T>) {
-    return c10::IValue(static_cast<int64_t>(v));
+    return c10::IValue(static_cast<int64_t>(archived(v)));
   } else {
     return c10::IValue(v);
   }
@@ -72,7 +83,9 @@ c10::IValue to_ivalue(const T& v) {
 
 template <class T>
 T from_ivalue(const c10::IValue& v) {
-  if constexpr (std::is_enum_v<T>) {
+  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+    return ns_dtype_from_code(v.toInt());
+  } else if constexpr (std::is_enum_v<T>) {
     return static_cast<T>(v.toInt());
   } else {
     return v.to<T>();
@@ -134,7 +147,7 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
 void MuonOptions::add_to_checksum(detail::Checksum& sum) const {
 #define FOGO_MUON_SUM(T, name, def, valid, stored)                                     \
   if (MuonArchived::stored != MuonArchived::AddedAfterChecksum || !(name() == T(def))) \
-    sum.option(name());
+    sum.option(archived(name()));
   FOGO_MUON_OPTIONS(FOGO_MUON_SUM)
 #undef FOGO_MUON_SUM
 }

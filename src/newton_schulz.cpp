@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <sstream>
@@ -138,8 +139,11 @@ void validate(const NSConfig& config) {
   TORCH_CHECK(std::isfinite(config.eps) && config.eps > 0,
               "NSConfig.eps must be finite and > 0, got ", config.eps);
   TORCH_CHECK(config.compute_dtype == at::kFloat || config.compute_dtype == at::kBFloat16 ||
-                  config.compute_dtype == at::kDouble || config.compute_dtype == at::kHalf,
-              "NSConfig.compute_dtype must be a real floating dtype, got ", config.compute_dtype);
+                  config.compute_dtype == at::kDouble || config.compute_dtype == at::kHalf ||
+                  config.compute_dtype == kNSDtypeAuto,
+              "NSConfig.compute_dtype (ns_dtype) must be a real floating dtype or kNSDtypeAuto, "
+              "got ",
+              ns_dtype_name(config.compute_dtype));
   TORCH_CHECK(
       config.form == NSForm::Plain || config.form == NSForm::Gram || config.form == NSForm::Auto,
       "NSConfig.form (ns_form) is not a known value");
@@ -209,6 +213,32 @@ double time_on_cuda(const std::function<void()>& run, const c10::Device& device)
 double time_on_cuda(const std::function<void()>&, const c10::Device&) { return NAN; }
 #endif
 
+// One warm-up run (allocations, oneDNN's primitive cache), then the median of 3 runs with a
+// steady clock: the median, as other processes may share the cores.
+double time_on_cpu(const std::function<void()>& run) {
+  run();
+  constexpr int kRuns = 3;
+  std::array<double, kRuns> ms{};
+  for (double& t : ms) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[kRuns / 2];
+}
+
+// The default timer: CUDA events on CUDA devices, the steady clock on the CPU, NaN elsewhere.
+double time_on_device(const std::function<void()>& run, const c10::Device& device) {
+  return device.is_cpu() ? time_on_cpu(run) : time_on_cuda(run, device);
+}
+
+// `config` with an Auto compute dtype resolved for `device` (ns_dtype.h).
+NSConfig resolved(NSConfig config, const c10::Device& device) {
+  config.compute_dtype = resolve_ns_dtype(config.compute_dtype, device);
+  return config;
+}
+
 struct AutoDecisions {
   std::mutex mutex;
   std::vector<NSFormChoice> kept;  // in the order made
@@ -248,7 +278,7 @@ bool decide(NSFormChoice key, const c10::Device& device, const std::function<voi
     for (const NSFormChoice& c : state.kept) {
       if (same_key(c, key)) return c.gram;
     }
-    if (state.timing) timer = state.timer ? state.timer : NSFormTimer(time_on_cuda);
+    if (state.timing) timer = state.timer ? state.timer : NSFormTimer(time_on_device);
   }
   // Timed outside the lock (the candidates run newton_schulz themselves).
   key.plain_ms = timer ? timer(plain, device) : NAN;
@@ -340,6 +370,8 @@ void set_ns_form_timing(bool enabled) {
 
 bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
                                   const NSConfig& config) {
+  if (config.compute_dtype == kNSDtypeAuto)
+    return newton_schulz_projected_auto(B, Pi, resolved(config, B.device()));
   const int64_t m = B.size(-2), n = B.size(-1), d = Pi.size(-1);
   return decide(
       key_of(B, d, config, schedule_key(config)), B.device(),
@@ -352,6 +384,7 @@ bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
 }
 
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
+  if (config.compute_dtype == kNSDtypeAuto) return newton_schulz(B, resolved(config, B.device()));
   validate(config);
   TORCH_CHECK(B.dim() == 2 || B.dim() == 3,
               "newton_schulz: input must be [m, n] or [batch, m, n], got shape ", B.sizes());
@@ -403,6 +436,8 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
 
 at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
                                    const NSConfig& config) {
+  if (config.compute_dtype == kNSDtypeAuto)
+    return newton_schulz_projected(B, Pi, resolved(config, B.device()));
   validate(config);
   TORCH_CHECK(B.dim() == 2 || B.dim() == 3,
               "newton_schulz_projected: input must be [m, n] or [batch, m, n], got shape ",

@@ -113,8 +113,8 @@ TEST(FOGO, MemoryDisabledIsSlowStreamMuonWithRmsScaling) {
   // ALGORITHM.md's first check: Ohat == O_s up to the eps terms of the row normalisations
   // (relative difference below 1e-6). The parameter is reset to zero before each step (the state
   // does not depend on it), so with weight decay 0 it then holds exactly -lr gamma_t Ohat.
-  // With bf16 Newton–Schulz (the default) as with fp32: O_s enters the update in the compute
-  // dtype, and the lift's bf16 products change only the eps-sized dz.
+  // With bf16 Newton–Schulz (auto's answer on CPUs with bf16 units) as with fp32: O_s enters the
+  // update in the compute dtype, and the lift's bf16 products change only the eps-sized dz.
   for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
     torch::manual_seed(1);
     for (auto shape : {std::vector<int64_t>{24, 64}, {64, 24}, {16, 4, 3, 3}}) {
@@ -802,7 +802,7 @@ std::string preset_text(const std::string& preset, const fogo::FOGOOptions& o) {
       const auto [a, b, c] = v;
       return exact(a) + "," + exact(b) + "," + exact(c);
     } else if constexpr (std::is_enum_v<T>) {
-      return std::to_string(static_cast<int64_t>(v));
+      return std::to_string(fogo::detail::archived_enum(v));  // ns_dtype auto: -1
     } else {
       return std::to_string(v);
     }
@@ -820,7 +820,8 @@ std::string preset_text(const std::string& preset, const fogo::FOGOOptions& o) {
 TEST(FOGOPresets, EveryOptionAsRecorded) {
   // tests/data/presets.txt: every option of every preset as the presets produced them when they
   // were written by hand (commit b6a7e9f), recorded before they moved into one table. A preset
-  // changed on purpose is re-recorded with it; any other change fails here.
+  // changed on purpose is re-recorded with it; any other change fails here. (Re-recorded with
+  // ns_dtype auto, -1, when auto became the default: issue 37.)
   std::ifstream in(FOGO_TEST_DATA_DIR "/presets.txt");
   ASSERT_TRUE(in.good());
   const std::string recorded((std::istreambuf_iterator<char>(in)),
@@ -1114,8 +1115,15 @@ TEST(FOGO, Bf16GramRoutesWithRestartUpdateAsThePlainChain) {
   torch::manual_seed(25);
   auto w = torch::randn({8, 48}).requires_grad_(true);
   const auto options = [](fogo::NSForm form) {
-    return fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8).ns_form(form).ns_gram_restart(3);
+    return fogo::FOGOOptions(0.01)
+        .proj_dim(16)
+        .codebook_size(8)
+        .ns_dtype(torch::kBFloat16)
+        .ns_form(form)
+        .ns_gram_restart(3);
   };
+  fogo::set_ns_form_timing(false);  // Auto by the cost model: Gram for this shape
+  fogo::clear_ns_form_choices();
   fogo::FOGO plain({w}, options(fogo::NSForm::Plain));
   double worst = 0.0;
   for (int step = 0; step < 5; ++step) {
@@ -1140,6 +1148,8 @@ TEST(FOGO, Bf16GramRoutesWithRestartUpdateAsThePlainChain) {
     worst = std::max(worst, ((dv - du).norm() / du.norm()).item<double>());
   }
   EXPECT_LT(worst, 0.05);
+  fogo::set_ns_form_timing(true);
+  fogo::clear_ns_form_choices();
 }
 
 // --- fusion_only (issue 28): the slow-fast fusion without the memory, at its own cost.
@@ -1324,8 +1334,14 @@ TEST(FOGOFusionOnly, TaskBoundariesCheckpointsAndTheOptionRoundTrip) {
 // projected route is taken (listed with Pi's d) and the step moves by rounding only.
 TEST(FOGO, AutoDecidesTheFastStreamsRouteByTheTimer) {
   ASSERT_TRUE(fogo::newton_schulz_projected_is_cheaper(8, 48, 16, 5, 3));  // the model: Gram
+  // bf16, where ns_form Plain never takes the Gram route (fp32's Plain takes it by the model).
   const auto options = [](fogo::NSForm form) {
-    return fogo::FOGOOptions(0.01).proj_dim(16).codebook_size(8).ns_form(form).ns_gram_restart(3);
+    return fogo::FOGOOptions(0.01)
+        .proj_dim(16)
+        .codebook_size(8)
+        .ns_dtype(torch::kBFloat16)
+        .ns_form(form)
+        .ns_gram_restart(3);
   };
   const auto run = [&](fogo::NSForm form) {
     torch::manual_seed(26);

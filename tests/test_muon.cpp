@@ -27,9 +27,12 @@ c10::IValue load_reference() {
   return torch::pickle_load(bytes);
 }
 
+// torch.optim.Muon's options as fogo's, Newton–Schulz in bf16 as torch.optim.Muon always
+// computes it (fogo's default, auto, is fp32 on CPUs without bf16 units).
 fogo::MuonOptions options_from(const c10::Dict<c10::IValue, c10::IValue>& o) {
   auto coefficients = o.at("ns_coefficients").toTuple()->elements();
   return fogo::MuonOptions(o.at("lr").toDouble())
+      .ns_dtype(torch::kBFloat16)
       .weight_decay(o.at("weight_decay").toDouble())
       .momentum(o.at("momentum").toDouble())
       .nesterov(o.at("nesterov").toBool())
@@ -502,8 +505,11 @@ TEST(Muon, OptionsAndStatesCompareAndTheOptimizerMoves) {
 
 // The Gram form through the optimizer: with fp32 Newton–Schulz the same trajectory as the plain
 // chain up to fp32 rounding (~1e-6 relative in the update, ~1e-8 in parameters moved by lr
-// 0.02), its options compared and checkpointed; Auto takes it for the wide matrix only.
+// 0.02), its options compared and checkpointed; Auto by the cost model (timing off) takes it for
+// the wide matrix only.
 TEST(Muon, GramFormStepsAsThePlainChain) {
+  fogo::set_ns_form_timing(false);  // Auto by the cost model (a timed Auto may take either form)
+  fogo::clear_ns_form_choices();
   torch::manual_seed(21);
   const auto wide0 = torch::randn({8, 64}, torch::kDouble),
              square0 = torch::randn({8, 8}, torch::kDouble);
@@ -533,6 +539,8 @@ TEST(Muon, GramFormStepsAsThePlainChain) {
   EXPECT_TRUE(torch::equal(final[2].slice(0, 8 * 64), final[0].slice(0, 8 * 64)));  // square
   EXPECT_FALSE(fogo::MuonOptions().ns_form(fogo::NSForm::Gram) == fogo::MuonOptions());
   EXPECT_FALSE(fogo::MuonOptions().ns_gram_restart(2) == fogo::MuonOptions());
+  fogo::set_ns_form_timing(true);
+  fogo::clear_ns_form_choices();
 }
 
 TEST(Muon, LoadMovesStateToTheParametersDevice) {
@@ -796,8 +804,9 @@ TEST(MuonOptions, CheckpointsFromBeforeTheTableLoad) {
   fogo::Muon opt(std::vector<torch::optim::OptimizerParamGroup>{
       torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})});
   opt.load(archive);
+  // The defaults of then, ns_dtype bf16 included (stored explicitly: the run stays in bf16).
   EXPECT_TRUE(static_cast<const fogo::MuonOptions&>(opt.param_groups()[0].options()) ==
-              fogo::MuonOptions(0.02));
+              fogo::MuonOptions(0.02).ns_dtype(torch::kBFloat16));
   const auto expected = fogo::MuonOptions(0.01)
                             .weight_decay(0.05)
                             .momentum(0.9)

@@ -61,10 +61,11 @@ coefficients_t parse(const std::string& text, coefficients_t*) {
 }
 
 c10::ScalarType parse(const std::string& text, c10::ScalarType*) {
+  if (text == "auto") return kNSDtypeAuto;
   if (text == "bf16" || text == "bfloat16") return c10::kBFloat16;
   if (text == "fp32" || text == "float32") return c10::kFloat;
   if (text == "fp64" || text == "float64") return c10::kDouble;
-  throw std::invalid_argument("expected bf16, fp32 or fp64, got '" + text + "'");
+  throw std::invalid_argument("expected auto, bf16, fp32 or fp64, got '" + text + "'");
 }
 
 NSForm parse(const std::string& text, NSForm*) {

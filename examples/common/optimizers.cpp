@@ -3,6 +3,7 @@
 #include <fogo/fogo.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "common/cli.h"
 #include "common/metrics.h"
@@ -10,14 +11,36 @@
 namespace fogo::trainer {
 
 void add_ns_dtype_flag(Cli& cli, std::string* target) {
-  cli.choice("ns-dtype", target, {"bf16", "fp32"},
-             "compute dtype of the Newton-Schulz iterations of muon and fogo (others: unused)");
+  cli.choice("ns-dtype", target, {"auto", "bf16", "fp32"},
+             "compute dtype of the Newton-Schulz iterations of muon and fogo: auto (bf16 where "
+             "the device computes it faster, else fp32; FOGO_NS_DTYPE fixes it), bf16 or fp32 "
+             "(others: unused)");
 }
 
 c10::ScalarType parse_ns_dtype(const std::string& value) {
+  if (value == "auto") return fogo::kNSDtypeAuto;
   if (value == "bf16") return c10::kBFloat16;
   if (value == "fp32") return c10::kFloat;
-  throw Cli::error("ns-dtype", "expected one of bf16,fp32, got '" + value + "'");
+  throw Cli::error("ns-dtype", "expected one of auto,bf16,fp32, got '" + value + "'");
+}
+
+std::string resolved_ns_dtype(const std::string& value, const c10::Device& device) {
+  return fogo::ns_dtype_name(fogo::resolve_ns_dtype(parse_ns_dtype(value), device));
+}
+
+std::string describe_ns_dtype(const std::string& value, const c10::Device& device) {
+  if (parse_ns_dtype(value) != fogo::kNSDtypeAuto) return value;
+  const std::string dtype = resolved_ns_dtype(value, device);
+  for (const fogo::NSDtypeChoice& c : fogo::ns_dtype_choices()) {
+    if (c.device != device.str() && !(device.is_cuda() && c.device.rfind("cuda", 0) == 0)) continue;
+    char times[96] = "";
+    if (std::isfinite(c.bf16_ms) && std::isfinite(c.fp32_ms)) {
+      std::snprintf(times, sizeof times, ": bf16 GEMM %.3g ms, fp32 %.3g ms", c.bf16_ms, c.fp32_ms);
+    }
+    return "auto: " + dtype + " (" + c.device + ", " + c.reason + times +
+           (c.isa.empty() ? "" : "; " + c.isa) + ")";
+  }
+  return "auto: " + dtype;
 }
 
 void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid) {

@@ -471,14 +471,25 @@ TEST(Optimizers, NsDtypeFlagAndParsing) {
   ASSERT_TRUE(parse(cli, {"--ns-dtype", "fp32"}));
   EXPECT_EQ(parse_ns_dtype(ns), c10::kFloat);
   EXPECT_EQ(parse_ns_dtype("bf16"), c10::kBFloat16);
+  EXPECT_EQ(parse_ns_dtype("auto"), fogo::kNSDtypeAuto);
   EXPECT_EQ(error_of(cli, {"--ns-dtype", "fp16"}),
-            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+            "--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'");
   try {
     parse_ns_dtype("fp16");
     ADD_FAILURE() << "accepted fp16";
   } catch (const CliError& e) {
-    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'");
   }
+  // auto as a run records it (its signature) and says it (its start-up line); explicit values
+  // as they are.
+  const c10::Device cpu(c10::kCPU);
+  EXPECT_EQ(resolved_ns_dtype("fp32", cpu), "fp32");
+  EXPECT_EQ(describe_ns_dtype("bf16", cpu), "bf16");
+  fogo::set_ns_auto_dtype(c10::kFloat);  // as the distributed layer would; forgets kept choices
+  EXPECT_EQ(resolved_ns_dtype("auto", cpu), "fp32");
+  const std::string said = describe_ns_dtype("auto", cpu);
+  EXPECT_EQ(said.rfind("auto: fp32 (cpu, set_ns_auto_dtype; ", 0), 0u) << said;
+  fogo::set_ns_auto_dtype(fogo::kNSDtypeAuto);
 }
 
 TEST(Optimizers, FogoTelemetryFieldsPerGroupUnderTheHybridsGroupNames) {
@@ -581,7 +592,8 @@ TEST(FogoFlags, BadKeysAndValuesNameTheFlagAndTheKey) {
   EXPECT_EQ(err("codebook_size=2.5"), "--fogo: codebook_size: expected an integer, got '2.5'");
   EXPECT_EQ(err("spectral_scaling=maybe"),
             "--fogo: spectral_scaling: expected true or false, got 'maybe'");
-  EXPECT_EQ(err("ns_dtype=fp16"), "--fogo: ns_dtype: expected bf16, fp32 or fp64, got 'fp16'");
+  EXPECT_EQ(err("ns_dtype=fp16"),
+            "--fogo: ns_dtype: expected auto, bf16, fp32 or fp64, got 'fp16'");
   EXPECT_EQ(err("ns_coefficients=1,2"),
             "--fogo: ns_coefficients: expected quintic, cubic or a,b,c, got '1,2'");
   // Out of its range: FOGOOptions::validate names the option.

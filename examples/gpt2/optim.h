@@ -29,7 +29,7 @@ struct OptimizerConfig {
   /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does) or "original".
   std::string muon_adjust = "match_rms";
   /// Newton–Schulz compute dtype of Muon and FOGO: "bf16" (the library default) or "fp32".
-  std::string ns_dtype = "bf16";
+  std::string ns_dtype = "auto";
   /// fogo: --fogo key=value (any FOGOOptions field) and --ablation (common/fogo_flags.h),
   /// applied after presets::gpt2() and the flags above.
   std::vector<std::string> fogo_options;

@@ -11,6 +11,7 @@
 
 #include "common/checkpoint.h"
 #include "common/cli.h"
+#include "common/optimizers.h"
 #include "common/report.h"
 #include "common/testing.h"
 #include "test_util.h"
@@ -345,14 +346,23 @@ TEST_F(Training, ResumeNamesTheFormerCheckpointFile) {
   EXPECT_NO_THROW(train(c, log_));
 }
 
+// The signature holds --ns-dtype with auto resolved (the dtype the run computed in): the other
+// dtype is refused, the same one given explicitly continues the run.
 TEST_F(Training, ResumeRejectsAnotherNewtonSchulzDtype) {
   TrainConfig c = config("muon", "ns");
+  ASSERT_EQ(c.optimizer.ns_dtype, "auto");
+  const std::string here = fogo::trainer::resolved_ns_dtype("auto", torch::Device(torch::kCPU));
+  const std::string other = here == "bf16" ? "fp32" : "bf16";
   c.max_steps = 4;
   c.stop_at_step = 2;
   train(c, log_);
   c.resume = true;
-  c.optimizer.ns_dtype = "fp32";
-  test::expect_error([&] { train(c, log_); }, {"--resume", "--ns-dtype was bf16, now fp32"});
+  c.optimizer.ns_dtype = other;
+  test::expect_error([&] { train(c, log_); },
+                     {"--resume", "--ns-dtype was " + here + ", now " + other});
+  c.optimizer.ns_dtype = here;
+  c.stop_at_step = 3;
+  EXPECT_NO_THROW(train(c, log_));
 }
 
 // Each of these changes the trajectory while keeping the tokens per step (and so the step
@@ -522,7 +532,7 @@ TEST(StepTimes, SummaryIsTheMedianAfterTheFirstFiveSteps) {
 
 TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
   GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
-  EXPECT_EQ(parse_train_flags({}).optimizer.ns_dtype, "bf16");  // the library defaults
+  EXPECT_EQ(parse_train_flags({}).optimizer.ns_dtype, "auto");  // the library defaults
   for (const char* name : {"muon", "fogo"}) {
     for (const auto& [flag, dtype] :
          {std::pair{"bf16", c10::kBFloat16}, std::pair{"fp32", c10::kFloat}}) {
@@ -533,7 +543,7 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
       for (const auto d : dtypes) EXPECT_EQ(d, dtype) << name << " --ns-dtype " << flag;
     }
     const TrainConfig c = parse_train_flags({"--optimizer", name});
-    for (const auto d : ns_dtypes(c.optimizer, model)) EXPECT_EQ(d, c10::kBFloat16) << name;
+    for (const auto d : ns_dtypes(c.optimizer, model)) EXPECT_EQ(d, fogo::kNSDtypeAuto) << name;
   }
   // AdamW takes the flag and ignores it.
   const TrainConfig adamw = parse_train_flags({"--optimizer", "adamw", "--ns-dtype", "fp32"});
@@ -544,13 +554,13 @@ TEST(Flags, NsDtypeParsesAndReachesMuonAndFogo) {
     parse_train_flags({"--ns-dtype", "fp16"});
     ADD_FAILURE() << "accepted --ns-dtype fp16";
   } catch (const fogo::trainer::CliError& e) {
-    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+    EXPECT_EQ(std::string(e.what()), "--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'");
   }
   OptimizerConfig bad;
   bad.name = "fogo";
   bad.ns_dtype = "fp16";
   test::expect_error([&] { make_optimizer(bad, *model); },
-                     {"--ns-dtype: expected one of bf16,fp32, got 'fp16'"});
+                     {"--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'"});
 }
 
 // --muon-momentum reaches Muon's param group (issue 34 sweeps it: 0.8, 0.9, 0.95), is part of a

@@ -205,7 +205,8 @@ static std::string fogo_text(const std::vector<std::string>& assignments) {
 // --batch-size is recorded as the global micro-batch, per-rank batch x world size: a run may
 // continue on another number of ranks when the global batch stays the same.
 tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, const Corpus& corpus,
-                               int64_t steps, int64_t warmup, bool autocast, int64_t world_size) {
+                               int64_t steps, int64_t warmup, bool autocast, int64_t world_size,
+                               const torch::Device& device) {
   const auto& o = cfg.optimizer;
   tr::RunSignature s("gpt2");
   s.add("model", cfg.model)
@@ -229,7 +230,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("beta1", o.beta1)
       .add("beta2", o.beta2)
       .add("muon-adjust", o.muon_adjust)
-      .add("ns-dtype", o.ns_dtype)
+      .add("ns-dtype", tr::resolved_ns_dtype(o.ns_dtype, device))  // auto as it resolves here
       .add("fogo", fogo_text(o.fogo_options))
       .add("ablation", o.ablation)
       .add("steps", steps)
@@ -431,7 +432,8 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       peak_tflops_((cfg.peak_tflops >= 0 ? cfg.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0)) *
                    static_cast<double>(dp_.world_size())),
       max_norm_(cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity()),
-      signature_(run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_, dp_.world_size())),
+      signature_(
+          run_signature(cfg, mc_, corpus_, steps_, warmup_, autocast_, dp_.world_size(), device_)),
       ckpt_path_((std::filesystem::path(cfg.out_dir) / tr::kCheckpointFile).string()),
       best_path_((std::filesystem::path(cfg.out_dir) / tr::kBestCheckpointFile).string()) {
   result_.optimizer = cfg.optimizer.name;
@@ -517,7 +519,9 @@ void Trainer::Impl::describe_run() const {
        << (dp_.distributed() ? " x " + std::to_string(dp_.world_size()) + " ranks" : "")
        << " x accum " << cfg_.grad_accum << " x context " << mc_.block_size << "), warmup "
        << warmup_ << ", lr " << o.lr
-       << (o.name == "adamw" ? "" : ", Newton-Schulz in " + o.ns_dtype) << "\n";
+       << (o.name == "adamw" ? ""
+                             : ", Newton-Schulz in " + tr::describe_ns_dtype(o.ns_dtype, device_))
+       << "\n";
 }
 
 void Trainer::Impl::advance() {

@@ -75,7 +75,7 @@ struct Config {
   /// heads matched, so that a comparison isolates the backbone's update rule).
   std::string classifier = "own";
   std::optional<double> classifier_lr;  ///< --classifier adamw: default the run's --adamw-lr
-  std::string ns_dtype = "bf16";
+  std::string ns_dtype = "auto";
   std::vector<std::string> fogo_options;  ///< --fogo key=value, applied to every FOGO group
   std::string ablation = "full";          ///< --ablation (common/fogo_flags.h)  ///< muon/fogo
                                           ///< Newton–Schulz compute dtype: bf16 | fp32

@@ -110,18 +110,20 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   std::unique_ptr<torch::optim::Optimizer> matrix;
   std::vector<std::string> group_names;  // of the matrix side (empty: the hybrid's defaults)
   std::ostringstream desc;
+  const std::string ns_text =
+      trainer::describe_ns_dtype(c.ns_dtype, model->parameters().front().device());
   if (c.optimizer == "muon") {
     const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
                                                      : fogo::MuonAdjustLR::Original;
     matrix = std::make_unique<fogo::Muon>(
         split.matrix.params, fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust));
-    desc << "muon lr " << lr << " (" << c.muon_adjust << "), NS " << c.ns_dtype << ", on "
+    desc << "muon lr " << lr << " (" << c.muon_adjust << "), NS " << ns_text << ", on "
          << split.matrix.size() << " matrices";
   } else if (c.optimizer == "fogo") {
     // One codebook group per network stage, named by it.
     fogo::NamedGroups stages = fogo::group_by(
         split.matrix, [](const std::string& name, const torch::Tensor&) { return stage(name); });
-    desc << "fogo, NS " << c.ns_dtype << ":";
+    desc << "fogo, NS " << ns_text << ":";
     for (size_t g = 0; g < stages.groups.size(); ++g) {
       const std::string& s = stages.names[g];
       const auto options = fogo_group_options(c, s);

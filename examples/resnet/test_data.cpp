@@ -500,7 +500,7 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
     return out;
   };
 
-  EXPECT_EQ(parse({}).ns_dtype, "bf16");  // the library defaults
+  EXPECT_EQ(parse({}).ns_dtype, "auto");  // the library defaults
   for (const char* optimizer : {"muon", "fogo"}) {
     for (const auto& [flag, dtype] :
          {std::pair{"bf16", c10::kBFloat16}, std::pair{"fp32", c10::kFloat}}) {
@@ -512,7 +512,7 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
       for (const auto d : dtypes) EXPECT_EQ(d, dtype) << optimizer << " --ns-dtype " << flag;
     }
     for (const auto d : ns_dtypes(resolve(parse({}), optimizer, 0))) {
-      EXPECT_EQ(d, c10::kBFloat16) << optimizer;
+      EXPECT_EQ(d, fogo::kNSDtypeAuto) << optimizer;
     }
   }
   // Adam takes the flag and ignores it.
@@ -533,11 +533,11 @@ TEST(Config, NsDtypeFlagReachesMuonAndFogo) {
   EXPECT_EQ(error_of([&] {
               parse({"--ns-dtype", "fp16"});
             }),
-            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+            "--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'");
   Config bad;
   bad.ns_dtype = "fp16";
   EXPECT_EQ(error_of([&] { resolve(bad, "fogo", 0); }),
-            "--ns-dtype: expected one of bf16,fp32, got 'fp16'");
+            "--ns-dtype: expected one of auto,bf16,fp32, got 'fp16'");
 }
 
 // FOGO's codebook groups are the hybrid's named param groups, one per stage: the telemetry's

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "common/checkpoint.h"
+#include "common/optimizers.h"
 #include "common/testing.h"
 #include "config.h"
 #include "resnet.h"
@@ -679,16 +680,20 @@ TEST(Resume, RefusesOtherSettings) {
         << e.what();
   }
   c.lr.reset();
-  c.ns_dtype = "fp32";
+  // The signature holds auto resolved: the dtype this host computes in.
+  const std::string here = fogo::trainer::resolved_ns_dtype("auto", torch::Device(torch::kCPU));
+  const std::string other = here == "bf16" ? "fp32" : "bf16";
+  c.ns_dtype = other;
   try {
     train_run(resolve(c, "adam", 0), data, log);
     FAIL() << "resumed under another --ns-dtype";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("--ns-dtype was bf16, now fp32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("--ns-dtype was " + here + ", now " + other),
+              std::string::npos)
         << e.what();
   }
   // Without --resume the run's folder is not overwritten silently; --overwrite replaces it.
-  c.ns_dtype = "bf16";
+  c.ns_dtype = here;
   c.resume = false;
   try {
     train_run(resolve(c, "adam", 0), data, log);

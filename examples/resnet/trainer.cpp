@@ -219,6 +219,7 @@ class Run {
   trainer::RunSignature signature() const {
     Config global = c_;
     global.batch_size = global_batch();
+    global.ns_dtype = trainer::resolved_ns_dtype(c_.ns_dtype, device_);  // auto as it resolves here
     if (buffer_) global.replay_batch = c_.replay_batch * dp_.world_size();
     return run_signature(global);
   }

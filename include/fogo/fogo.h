@@ -4,3 +4,4 @@
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
 #include <fogo/newton_schulz.h>
+#include <fogo/ns_dtype.h>

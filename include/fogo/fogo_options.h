@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 namespace fogo {
 
@@ -83,13 +84,36 @@ enum class ProjectionScale : int64_t {
 /// Enumerations, serialized as integers: X(type, name, default).
 #define FOGO_ENUM_OPTIONS(X)                                                                      \
   /* Newton–Schulz compute dtype (state stays fp32): bf16 (tensor cores, as torch.optim.Muon),  \
-     fp32 or fp64, which also enable the fast stream's Gram route */                              \
-  X(c10::ScalarType,  ns_dtype,         c10::kBFloat16)                                           \
+     fp32 or fp64, which also enable the fast stream's Gram route, or auto (kNSDtypeAuto): bf16 \
+     where the device computes it faster, else fp32 (ns_dtype.h) */                               \
+  X(c10::ScalarType,  ns_dtype,         kNSDtypeAuto)                                             \
   /* Newton–Schulz on X (Plain), on its Gram matrix with restarts (Gram), or by cost (Auto) */    \
   X(NSForm,           ns_form,          NSForm::Plain)                                            \
   X(ProjectionScale,  projection_scale, ProjectionScale::Unit)                                    \
   X(NonFinitePolicy,  nonfinite,        NonFinitePolicy::Raise)
 // clang-format on
+
+namespace detail {
+/// An enumeration option as checkpoints and their checksum hold it: ns_dtype as its
+/// ns_dtype_code (auto -1: c10's number for it moves between LibTorch versions), the others as
+/// their number; enum_from_archive is the inverse.
+template <class T>
+int64_t archived_enum(T v) {
+  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+    return ns_dtype_code(v);
+  } else {
+    return static_cast<int64_t>(v);
+  }
+}
+template <class T>
+T enum_from_archive(int64_t code) {
+  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+    return ns_dtype_from_code(code);
+  } else {
+    return static_cast<T>(code);
+  }
+}
+}  // namespace detail
 
 struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
   using coefficients_t = std::tuple<double, double, double>;

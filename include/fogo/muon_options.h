@@ -2,7 +2,9 @@
 // MuonOptions: every option of fogo::Muon, defined once in the table below. Each row generates
 // the builder field (TORCH_ARG), its validation, its serialization both ways, its part in
 // operator== and in the checkpoint checksum, the docs table (docs/muon.md) and the Python
-// keyword (python/src/module.cpp). Defaults are torch.optim.Muon's.
+// keyword (python/src/module.cpp). Defaults are torch.optim.Muon's but ns_dtype's (auto, which
+// is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its arithmetic on
+// every host).
 
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
@@ -80,9 +82,10 @@ enum class MuonArchived {
   X(int64_t,         ns_steps,        5,                      range(0, 99), Always)                \
   X(MuonAdjustLR,    adjust_lr,       MuonAdjustLR::Original,                                      \
     one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), Always)                           \
-  /* Newton–Schulz compute dtype: bf16 (PyTorch) or fp32 */                                        \
-  X(c10::ScalarType, ns_dtype,        c10::kBFloat16,                                              \
-    one_of(c10::kBFloat16, c10::kFloat), Always)                                                   \
+  /* Newton–Schulz compute dtype: bf16 (torch.optim.Muon's, bit for bit), fp32, or auto: bf16     \
+     where the device computes it faster (ns_dtype.h), else fp32 */                                \
+  X(c10::ScalarType, ns_dtype,        kNSDtypeAuto,                                                \
+    one_of(kNSDtypeAuto, c10::kBFloat16, c10::kFloat), Always)                                     \
   /* refuse N-D (conv) weights as torch.optim.Muon does, instead of taking their matrix view */    \
   X(bool,            strict_2d,       false,                  any(), Always)                       \
   /* a gradient holding NaN/Inf or with a norm where the update's arithmetic overflows: Raise      \

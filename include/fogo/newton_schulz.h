@@ -15,6 +15,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <fogo/ns_dtype.h>
 
 #include <algorithm>
 #include <array>
@@ -36,7 +37,7 @@ enum class NSNormalization {
 enum class NSForm : int64_t {
   Plain = 0,  ///< on X [m, n] itself: torch.optim.Muon's op sequence, bit for bit
   Gram = 1,   ///< on the m x m Gram matrix, applied to X once (newton_schulz, "Gram form")
-  Auto = 2,   ///< the faster of the two for the shape: timed on CUDA, else the cost model
+  Auto = 2,   ///< the faster of the two for the shape: timed (CUDA, CPU), else the cost model
 };
 
 /// The coefficient sets by name, for the optimizers' ns_coefficients option:
@@ -56,7 +57,8 @@ struct NSConfig {
   int64_t steps = 5;
   double eps = 1e-7;
   NSNormalization normalization = NSNormalization::ClampMin;
-  /// Dtype the iteration runs in (kBFloat16 as in torch.optim.Muon, or kFloat32).
+  /// Dtype the iteration runs in (kBFloat16 as in torch.optim.Muon, kFloat, kDouble), or
+  /// kNSDtypeAuto: resolved for the input's device at the call (ns_dtype.h).
   c10::ScalarType compute_dtype = c10::kBFloat16;
   NSForm form = NSForm::Plain;
   /// Gram form: the Gram matrix is formed anew from the current iterate after every
@@ -108,7 +110,8 @@ NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64
 void validate(const NSConfig& config);
 
 /// Orthogonalizes `B` ([m, n] or [batch, m, n], floating point, any device). Tall matrices are
-/// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`.
+/// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`
+/// (kNSDtypeAuto resolved for B's device).
 ///
 /// The Gram form (config.form) iterates on the wide orientation's m x m Gram matrix instead of
 /// on X: with F_k = a I + b A_k + c A_k^2 each iterate is X_{k+1} = F_k X_k, so
@@ -132,8 +135,9 @@ double newton_schulz_macs(int64_t m, int64_t n, int64_t steps, bool gram, int64_
 // device, steps, restart, schedule) with form Auto, it decides Plain or Gram for it and keeps the
 // decision for the rest of the process (nowhere else: no checkpoint holds it). On a CUDA device
 // it times both forms on that input (one warm-up run each, then 3 runs between CUDA events on the
-// current stream, cudnn.benchmark-style; one host synchronisation, at first sight only) and takes
-// the faster (Plain on a tie); on the CPU, with timing off, or inside a CUDA graph capture (where
+// current stream, cudnn.benchmark-style; one host synchronisation, at first sight only), on the
+// CPU likewise with a steady clock (one warm-up run, then the median of 3), and takes the faster
+// (Plain on a tie); with timing off, on other devices, or inside a CUDA graph capture (where
 // nothing may synchronise: that call takes the model and keeps nothing) it takes the cost model,
 // newton_schulz_gram_is_cheaper. Both forms compute the same map, so the choice moves results by
 // rounding only; for a given set of kept decisions every call is deterministic.
@@ -158,7 +162,8 @@ std::vector<NSFormChoice> ns_form_choices();
 void clear_ns_form_choices();
 /// How Auto times one form: `run` runs its chain once; returns the time of one run in ms, or NaN
 /// for "cannot time here" (the cost model decides). The default times CUDA devices with events
-/// (above) and returns NaN elsewhere; a test injects its own. Null restores the default.
+/// and the CPU with a steady clock (above) and returns NaN elsewhere; a test injects its own.
+/// Null restores the default.
 using NSFormTimer = std::function<double(const std::function<void()>& run, const c10::Device&)>;
 void set_ns_form_timer(NSFormTimer timer);
 /// Timing on (the default) or off (the cost model everywhere). Kept decisions stay.
@@ -166,8 +171,8 @@ void set_ns_form_timing(bool enabled);
 
 /// For FOGO's fast stream: whether newton_schulz_projected(B, Pi, config) is faster than
 /// newton_schulz(B, config) followed by the projection, decided once per shape as Auto decides
-/// (timed on CUDA, newton_schulz_projected_is_cheaper elsewhere; listed by ns_form_choices with
-/// d = Pi's columns).
+/// (timed on CUDA and the CPU, newton_schulz_projected_is_cheaper without timing; listed by
+/// ns_form_choices with d = Pi's columns).
 bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
                                   const NSConfig& config);
 

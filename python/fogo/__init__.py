@@ -17,6 +17,22 @@ __version__ = "0.1.0"
 #: Whether the CUDA kernels were compiled in (else CUDA tensors take the ATen path).
 CUDA_KERNELS: bool = _C.cuda_kernels()
 
+
+def ns_dtype_choices() -> list[dict]:
+    """How ``ns_dtype="auto"`` resolved in this process, one dict per device where it did:
+    ``device``, ``dtype``, ``reason`` ("measured", "compute capability 9.0 (bf16 tensor cores)",
+    "FOGO_NS_DTYPE=fp32", ...), ``isa`` (the CPU's), ``bf16_ms`` and ``fp32_ms`` (the CPU's
+    measured GEMM times; NaN when none ran). docs/muon.md, "ns_dtype auto"."""
+    return _C.ns_dtype_choices()
+
+
+def set_ns_auto_dtype(dtype) -> None:
+    """Fixes what ``ns_dtype="auto"`` computes in on every device for the rest of the process
+    (``torch.bfloat16`` or ``torch.float32``; ``"auto"`` returns to the devices' own choices),
+    above the FOGO_NS_DTYPE environment variable: e.g. rank 0's choice for every rank."""
+    _C.set_ns_auto_dtype(dtype)
+
 __all__ = [
     "FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters", "CUDA_KERNELS",
+    "ns_dtype_choices", "set_ns_auto_dtype",
 ]

@@ -425,11 +425,13 @@ class FOGO(_CppOptimizer):
 
 {options}
 
-    ``ns_dtype`` is a torch.dtype; ``projection_scale`` is "unit" or "jl"; ``nonfinite`` is
-    "raise" (NaN/Inf gradients raise, nothing changes), "skip" (the step is skipped),
-    "unchecked" (no check and no host synchronisation; NaN/Inf reach the parameters) or "mask"
-    (the step is skipped on the device, without a host synchronisation; the step counter still
-    advances; telemetry's ``skipped_steps`` counts such steps).
+    ``ns_dtype`` is "auto" (bf16 where the device computes it faster than fp32: GPUs with bf16
+    tensor cores, CPUs with AVX512-BF16/AMX as measured; else fp32; see
+    :func:`fogo.ns_dtype_choices`) or a torch.dtype; ``projection_scale`` is "unit" or "jl";
+    ``nonfinite`` is "raise" (NaN/Inf gradients raise, nothing changes), "skip" (the step is
+    skipped), "unchecked" (no check and no host synchronisation; NaN/Inf reach the parameters)
+    or "mask" (the step is skipped on the device, without a host synchronisation; the step
+    counter still advances; telemetry's ``skipped_steps`` counts such steps).
     The paper's configurations: ``fogo.presets``.
     """
 
@@ -490,11 +492,14 @@ class FOGO(_CppOptimizer):
 
 
 class Muon(_CppOptimizer):
-    """Muon (fogo::Muon): bit-identical to torch.optim.Muon on the CPU, plus N-D weights viewed as
-    matrices and NaN/Inf checks. Options (keywords, per group), with the C++ defaults:
+    """Muon (fogo::Muon): bit-identical to torch.optim.Muon on the CPU with
+    ``ns_dtype=torch.bfloat16`` (the default "auto" is bf16 only where bf16 is the faster), plus
+    N-D weights viewed as matrices and NaN/Inf checks. Options (keywords, per group), with the C++ defaults:
 
 {options}
 
+    ``ns_dtype`` is "auto" (as for :class:`FOGO`) or a torch.dtype: ``torch.bfloat16`` is
+    torch.optim.Muon's arithmetic bit for bit on every host.
     ``adjust_lr_fn`` (torch.optim.Muon's name; fogo 0.1's ``adjust_lr`` is accepted for it) is
     "original" (also given as None, torch.optim.Muon's default) or "match_rms_adamw". Param
     groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
@@ -609,7 +614,10 @@ class Muon(_CppOptimizer):
                                 for _ in range(world)]
                 for r, piece in enumerate(ortho.split(chunk)):
                     ortho_pieces[r][: piece.shape[0]].copy_(piece)
-            mine = padded.new_empty(padded.shape, dtype=group["ns_dtype"])
+            # ns_dtype "auto" as it resolves here (every rank must resolve it alike: the
+            # owner's result arrives in this dtype).
+            dtype = _C.ns_compute_dtype(group["ns_dtype"], str(padded.device))
+            mine = padded.new_empty(padded.shape, dtype=dtype)
             dist.scatter(mine, ortho_pieces, src=src, group=mesh_group)
             lr = group["lr"]
             adjusted_lr = _C.muon_adjusted_lr(group, p.shape[0], p.numel() // max(p.shape[0], 1))

@@ -123,12 +123,18 @@ struct Convert<std::tuple<double, double, double>> {
   }
 };
 
+// ns_dtype: a torch.dtype, or "auto" (fogo::kNSDtypeAuto, the default).
 template <>
 struct Convert<c10::ScalarType> {
-  static py::object to(c10::ScalarType v) { return py::cast(v); }  // a torch.dtype
+  static py::object to(c10::ScalarType v) {
+    if (v == fogo::kNSDtypeAuto) return py::str("auto");
+    return py::cast(v);  // a torch.dtype
+  }
   static c10::ScalarType from(const py::handle& v, const char* opt, const char* name) {
     if (THPDtype_Check(v.ptr())) return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
-    bad_type(opt, name, "a torch.dtype (torch.bfloat16, torch.float32 or torch.float64)", v);
+    if (PyUnicode_Check(v.ptr()) && v.cast<std::string>() == "auto") return fogo::kNSDtypeAuto;
+    bad_type(opt, name,
+             "a torch.dtype (torch.bfloat16, torch.float32 or torch.float64) or \"auto\"", v);
   }
 };
 
@@ -669,13 +675,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         TORCH_CHECK(update.dim() >= 2,
                     "fogo._C.muon_orthogonalize: 'update' must have >= 2 dimensions, got ",
                     update.sizes());
-        const fogo::NSConfig ns = fogo::ns_config(o);  // the step's own, never a copy
+        fogo::NSConfig ns = fogo::ns_config(o);  // the step's own, never a copy
+        ns.compute_dtype = fogo::resolve_ns_dtype(ns.compute_dtype, update.device());
         const int64_t rows = update.size(0), cols = update.numel() / std::max<int64_t>(rows, 1);
         at::Tensor x = at::empty({rows, cols}, update.options().dtype(ns.compute_dtype));
         x.view(update.sizes()).copy_(update);
         const at::Tensor ortho = fogo::newton_schulz(x, ns);
-        // The other ranks receive it into tensors of ns_dtype.
-        TORCH_CHECK(ortho.scalar_type() == o.ns_dtype(),
+        // The other ranks receive it into tensors of ns_dtype (auto: ns_compute_dtype's).
+        TORCH_CHECK(ortho.scalar_type() == ns.compute_dtype,
                     "fogo._C.muon_orthogonalize: the result's dtype is not ns_dtype");
         return ortho;
       },
@@ -687,6 +694,36 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return fogo::muon_adjusted_lr(o.lr(), o.adjust_lr(), rows, cols);
       },
       py::arg("group"), py::arg("rows"), py::arg("cols"));
+  // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.
+  m.def(
+      "ns_compute_dtype",
+      [](const py::handle& dtype, const std::string& device) {
+        const c10::ScalarType d =
+            Convert<c10::ScalarType>::from(dtype, "ns_compute_dtype", "dtype");
+        return py::cast(fogo::resolve_ns_dtype(d, c10::Device(device)));
+      },
+      py::arg("dtype"), py::arg("device"));
+  m.def("ns_dtype_choices", [] {
+    py::list out;
+    for (const fogo::NSDtypeChoice& c : fogo::ns_dtype_choices()) {
+      py::dict d;
+      d["device"] = c.device;
+      d["dtype"] = py::cast(c.dtype);
+      d["reason"] = c.reason;
+      d["isa"] = c.isa;
+      d["bf16_ms"] = c.bf16_ms;
+      d["fp32_ms"] = c.fp32_ms;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "set_ns_auto_dtype",
+      [](const py::handle& dtype) {
+        fogo::set_ns_auto_dtype(
+            Convert<c10::ScalarType>::from(dtype, "set_ns_auto_dtype", "dtype"));
+      },
+      py::arg("dtype"));
   m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
   m.def("options_markdown", &fogo::options_markdown);
   m.def("cuda_kernels", [] {

@@ -26,7 +26,7 @@ def test_fogo_defaults_are_the_documented_ones():
         "ns_steps_slow": 5, "ns_steps_fast": 5, "proj_dim": 128, "xi": 0.25, "codebook_size": 64,
         "beta_cb": 0.96, "eps_st": 0.15, "gamma_st_min": 0.10, "gamma_st_max": 0.30,
         "lt_candidates": 48, "freeze_per_task": 20, "lambda_prox": 1.0, "spectral_scaling": True,
-        "ns_dtype": torch.bfloat16, "projection_scale": "unit", "nonfinite": "raise",
+        "ns_dtype": "auto", "projection_scale": "unit", "nonfinite": "raise",
     }
     for k, v in expected.items():
         assert d[k] == v, k
@@ -315,3 +315,65 @@ def test_hybrid_param_groups():
     assert "head.weight" in forced[0]["param_names"]
     with pytest.raises(ValueError, match="matrix_patterns matched 'norm.weight'"):
         fogo.hybrid_param_groups(net, matrix_patterns=["norm"])
+
+
+# -- ns_dtype "auto" (docs/muon.md, "The Newton-Schulz dtype") -------------------------------
+
+def test_ns_dtype_auto_is_the_default_and_steps_as_the_dtype_it_resolves_to(gen):
+    init = [randn(gen, 8, 24, scale=0.1), randn(gen, 24, 6, scale=0.1)]
+    grads = [[randn(gen, *p.shape) for p in init] for _ in range(3)]
+
+    def run(cls, **options):
+        params = [p.clone().requires_grad_(True) for p in init]
+        opt = cls(params, lr=0.02, **options)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        return opt, params
+
+    for cls, extra in ((fogo.Muon, {}), (fogo.FOGO, {"codebook_size": 4, "proj_dim": 6})):
+        opt, default = run(cls, **extra)
+        assert opt.param_groups[0]["ns_dtype"] == "auto"
+        assert opt.state_dict()["param_groups"][0]["ns_dtype"] == "auto"
+        cpu = [c for c in fogo.ns_dtype_choices() if c["device"] == "cpu"]
+        assert len(cpu) == 1 and cpu[0]["dtype"] in (torch.bfloat16, torch.float32), cpu
+        assert cpu[0]["reason"] and cpu[0]["isa"]
+        _, explicit = run(cls, ns_dtype=cpu[0]["dtype"], **extra)
+        assert all(torch.equal(a, b) for a, b in zip(default, explicit)), cls.__name__
+        # "auto" is a value like the dtypes: a param group may set it.
+        mixed = cls([{"params": [init[0].clone().requires_grad_(True)], "ns_dtype": "auto"}],
+                    ns_dtype=torch.float32, **extra)
+        assert mixed.param_groups[0]["ns_dtype"] == "auto" and mixed.defaults["ns_dtype"] == \
+            torch.float32
+
+
+def test_fogo_ns_dtype_in_the_environment_fixes_auto():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fogo\n"
+        "p = torch.ones(8, 24, requires_grad=True); p.grad = torch.ones(8, 24)\n"
+        "fogo.Muon([p], lr=0.02).step()\n"
+        "c = fogo.ns_dtype_choices()[0]\n"
+        "print(c['device'], c['dtype'], c['reason'])\n"
+        "fogo.set_ns_auto_dtype(torch.bfloat16)\n"
+        "q = torch.ones(8, 24, requires_grad=True); q.grad = torch.ones(8, 24)\n"
+        "fogo.Muon([q], lr=0.02).step()\n"
+        "c = fogo.ns_dtype_choices()[0]\n"
+        "print(c['device'], c['dtype'], c['reason'])\n"
+    )
+    env = {**os.environ, "FOGO_NS_DTYPE": "fp32", "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["cpu torch.float32 FOGO_NS_DTYPE=fp32",
+                                       "cpu torch.bfloat16 set_ns_auto_dtype"]
+    env["FOGO_NS_DTYPE"] = "fp16"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    assert "FOGO_NS_DTYPE (ns_dtype auto's answer) must be bf16, fp32 or auto, got 'fp16'" in \
+        out.stderr

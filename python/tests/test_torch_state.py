@@ -78,7 +78,7 @@ def test_assigned_state_is_adopted_by_the_step(gen):
     # uses: a fogo.Muon given torch.optim.Muon's buffers mid-run continues as torch does.
     params = model(gen)
     ours, theirs = clone(params), clone(params)
-    a = fogo.Muon(ours, lr=0.02)
+    a = fogo.Muon(ours, lr=0.02, ns_dtype=torch.bfloat16)  # torch.optim.Muon's arithmetic
     b = torch.optim.Muon(theirs, lr=0.02)
     grads = grads_for(gen, 5)
     train(b, theirs, grads[:3])
@@ -201,11 +201,12 @@ def test_muon_casts_loaded_state_to_the_parameters_dtype(gen, dtype):
     # A checkpoint of an fp32 run resumed on a bf16 / float64 model: torch.optim.Muon casts the
     # momentum to the parameter's dtype at load, and fogo.Muon loads the same buffers.
     params = model(gen)
-    source = fogo.Muon(params, lr=0.02)
+    source = fogo.Muon(params, lr=0.02, ns_dtype=torch.bfloat16)  # the state_dict carries it
     train(source, params, grads_for(gen, 2))
     sd = source.state_dict()
     ours, theirs = clone([p.to(dtype) for p in params]), clone([p.to(dtype) for p in params])
-    a, b = fogo.Muon(ours, lr=0.02), torch.optim.Muon(theirs, lr=0.02)
+    a = fogo.Muon(ours, lr=0.02, ns_dtype=torch.bfloat16)  # torch.optim.Muon's arithmetic
+    b = torch.optim.Muon(theirs, lr=0.02)
     a.load_state_dict(copy.deepcopy(sd))
     b.load_state_dict(copy.deepcopy(sd))
     for p, q in zip(ours, theirs):
@@ -234,7 +235,8 @@ def test_torch_muon_checkpoint_continues_in_fogo_and_back(gen):
     t1 = torch.optim.Muon(first, **options)
     train(t1, first, grads[:3])
     second = clone(first)
-    f2 = fogo.Muon(second, lr=0.02)
+    # ns_dtype: torch's checkpoint has none, so fogo's own continues (bf16: torch's arithmetic).
+    f2 = fogo.Muon(second, lr=0.02, ns_dtype=torch.bfloat16)
     f2.load_state_dict(copy.deepcopy(t1.state_dict()))
     assert f2.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
     assert f2.param_groups[0]["weight_decay"] == 0.05
