@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "fogo/detail/agreement.h"
 #include "fogo/detail/ns_dtype_record.h"
 
 #ifdef FOGO_WITH_CUDA
@@ -193,6 +194,15 @@ c10::ScalarType ns_auto_dtype(const c10::Device& where) {
     probe = state.probe;
   }
   NSDtypeChoice choice = decide(device, forced, probe);
+  // A data-parallel job computes in one dtype on every rank, or replicated ranks drift apart by
+  // rounding: the first answer any rank of the job gave for this device type is everyone's
+  // (detail/agreement.h; without a job, this process's own).
+  const int64_t own = ns_dtype_code(choice.dtype);
+  const int64_t agreed = detail::agree("ns_dtype/" + c10::DeviceTypeName(device.type(), true), own);
+  if (agreed != own) {
+    choice.dtype = ns_dtype_from_code(agreed);
+    choice.reason += "; the job's answer (another rank's): " + ns_dtype_name(choice.dtype);
+  }
   const std::lock_guard<std::mutex> lock(state.mutex);
   for (const NSDtypeChoice& c : state.kept) {
     if (c.device == key) return c.dtype;  // another thread decided meanwhile: its answer holds

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fogo/detail/agreement.h"
 #include "test_util.h"
 
 namespace {
@@ -124,6 +125,27 @@ TEST(NewtonSchulzDtype, TheEnvironmentAndTheSetterFixTheAnswer) {
   fogo::test::expect_error([] { fogo::set_ns_auto_dtype(torch::kDouble); },
                            "set_ns_auto_dtype: the dtype must be kBFloat16, kFloat or "
                            "kNSDtypeAuto, got fp64");
+}
+
+// In a job (fogo::dist installs an agreement), the first rank's answer is every rank's: this
+// rank measured bf16 faster, the job had already taken fp32; asked once per device type, with a
+// key that names no device index.
+TEST(NewtonSchulzDtype, AJobTakesTheAgreedDtype) {
+  InjectedProbe probe(2.0, 10.0);  // this rank's own measurement says bf16
+  std::vector<std::pair<std::string, int64_t>> asked;
+  const auto handle = fogo::detail::install_agreement([&](const std::string& key, int64_t local) {
+    asked.emplace_back(key, local);
+    return fogo::ns_dtype_code(torch::kFloat);
+  });
+  EXPECT_EQ(fogo::ns_auto_dtype(kCpu), torch::kFloat);
+  EXPECT_EQ(fogo::ns_auto_dtype(kCpu), torch::kFloat);
+  fogo::detail::remove_agreement(handle);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].first, "ns_dtype/cpu");
+  EXPECT_EQ(asked[0].second, fogo::ns_dtype_code(torch::kBFloat16));
+  EXPECT_NE(fogo::ns_dtype_choices().at(0).reason.find("the job's answer"), std::string::npos);
+  fogo::clear_ns_dtype_choices();
+  EXPECT_EQ(fogo::ns_auto_dtype(kCpu), torch::kBFloat16);  // no job: its own answer again
 }
 
 // The default measurement on this host: bf16 or fp32 by the margin rule applied to the times it

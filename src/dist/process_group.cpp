@@ -407,6 +407,7 @@ void ProcessGroup::Impl::install_agreement() {
       });
   // Decisions made before the group existed were each process's own.
   fogo::clear_ns_form_choices();
+  fogo::clear_ns_dtype_choices();
 }
 
 void ProcessGroup::Impl::shutdown() noexcept {
