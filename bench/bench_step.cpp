@@ -244,7 +244,7 @@ void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignor
 }
 
 // ---------------------------------------------------------------------------------------------
-// FOGO's step by stage: each stage of ALGORITHM.md run alone on inputs of the real shapes, through
+// FOGO's step by stage: each stage of docs/algorithm.md run alone on inputs of the real shapes, through
 // the optimizer's own routing (src/fogo_stages.h: its batching by shape, its Newton–Schulz routes,
 // projections and lift matrices), so that what is timed is what the step runs.
 

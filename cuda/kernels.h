@@ -3,7 +3,7 @@
 // compile quickly). Every launcher enqueues on `stream` and never synchronises with the host.
 // ops_cuda.cpp allocates the tensors, runs the GEMMs through ATen and calls these in order.
 //
-// Symbols follow the paper / ALGORITHM.md: rows i of a codebook group (R rows, projected dim d),
+// Symbols follow the paper / docs/algorithm.md: rows i of a codebook group (R rows, projected dim d),
 // centroids j (C of them), frozen centroids k (K of them).
 
 #include <cuda_runtime_api.h>
@@ -18,7 +18,7 @@ constexpr int kRowsPerBlock = 8;
 inline int64_t row_blocks(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
 
 // ---------------------------------------------------------------------------------------------
-// Projected step (ALGORITHM.md steps 4-7). All [R, d] arrays are fp32, row-major, contiguous.
+// Projected step (docs/algorithm.md steps 4-7). All [R, d] arrays are fp32, row-major, contiguous.
 
 /// Step 4 and the query of step 5: z_i = |Ps_i| Slerp(Ps_i, Pf_i; xi), q_i = z_i/(|z_i|+eps),
 /// znorm_i = |z_i|, valid_i = |z_i| > 0. Writes z - Ps instead of z when `subtract_ps` (a
@@ -52,7 +52,7 @@ struct AdaptiveArgs {
   float beta_r, one_minus_beta_r, gamma_st_min, gamma_st_max, kappa;  // 1 - beta_r rounded once
 };
 
-/// One block, with V = max(1, number of valid rows) (zero queries take no part; ALGORITHM.md,
+/// One block, with V = max(1, number of valid rows) (zero queries take no part; docs/algorithm.md,
 /// Clarifications): r_t = sum(r_partial)/V, rbar_out = beta_r rbar + (1-beta_r) r_t,
 /// gamma_st = gmin + (gmax-gmin) rbar_out/(rbar_out+kappa); stats[0] = gamma_st,
 /// stats[1] = #conflicting rows/V, stats[2] = #over-aligned rows/V. Sums in a fixed order.

@@ -1,4 +1,4 @@
-// Step 1 and the Newton–Schulz inputs of step 2 in one pass (ALGORITHM.md step 1; momenta.h):
+// Step 1 and the Newton–Schulz inputs of step 2 in one pass (docs/algorithm.md step 1; momenta.h):
 // the ATen route reads G twice and each momentum twice (update, then the cast-and-copy into the
 // NS input); this kernel reads each once. A transposed input goes through a shared tile so that
 // both the momenta and the input are accessed along their rows. All parameters of a group go

@@ -1,4 +1,4 @@
-// Row-wise kernels of the projected step (ALGORITHM.md steps 4-7; paper Appendix "Details of
+// Row-wise kernels of the projected step (docs/algorithm.md steps 4-7; paper Appendix "Details of
 // Slow-Fast Fusion", "Details of Online Directional Memory", "Details of Long-Term Near-Orthogonal
 // Protection"). One warp per row i: every quantity here is a per-row reduction over d (or C, K)
 // followed by elementwise work on the same row, so a warp keeps the row's partial sums in
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(1024)
   valid = block_sum(valid, scratch);
   if (threadIdx.x == 0) {
     // Means over the rows that are not zero queries (a zero row has r_i = 0 and no set); 0
-    // when there are none (ALGORITHM.md, Clarifications).
+    // when there are none (docs/algorithm.md, Clarifications).
     const float rows = fmaxf(valid, 1.f);
     const float r_t = r / rows;
     const float rbar_new = args.beta_r * rbar[0] + args.one_minus_beta_r * r_t;

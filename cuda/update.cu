@@ -1,4 +1,4 @@
-// The RMS-scaled update with decoupled weight decay (ALGORITHM.md step 9; paper "Projection Back
+// The RMS-scaled update with decoupled weight decay (docs/algorithm.md step 9; paper "Projection Back
 // to Original Space and Parameter Update") for all parameters of a group at once (multi-tensor
 // launches: their table is a kernel argument), in three kernels: the norms |Ohat|_F, |delta|_F,
 // |O_s|_F reduced into per-block partials, each parameter's step size from its partials (one

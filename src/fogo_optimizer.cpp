@@ -1,4 +1,4 @@
-// fogo::FOGO: the step of ALGORITHM.md per param group (step_stages, in its order), the task
+// fogo::FOGO: the step of docs/algorithm.md per param group (step_stages, in its order), the task
 // boundaries, telemetry and the state. The stages' routing over a group's parameters is in
 // fogo_stages.cpp, the stage functions in projection.h (Pi, lift), projected.h (slerp, filters),
 // codebook.h (memory) and update.h, dispatched by ops.h; checkpoints in fogo_checkpoint.cpp.
@@ -166,7 +166,7 @@ void FOGO::step_group(const GroupStep& s) {
   mem.consolidated = false;
 }
 
-// Steps 1-9 and the flush, as ALGORITHM.md lists them; sharding is the exchange hook `share`
+// Steps 1-9 and the flush, as docs/algorithm.md lists them; sharding is the exchange hook `share`
 // (the identity unsharded), Mask the scope around the memory.
 void FOGO::step_stages(size_t g, const StepInputs& in) {
   using namespace stages;

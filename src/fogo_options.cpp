@@ -79,7 +79,7 @@ bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Presets: the paper's "Detailed Experimental Setup" (ALGORITHM.md's table), one function per
+// Presets: the paper's "Detailed Experimental Setup" (docs/algorithm.md's table), one function per
 // row of FOGO_PRESETS (fogo_options.h), which declares them.
 
 namespace presets {

@@ -255,7 +255,7 @@ void update_momenta(const std::vector<Work>& work, const Sharing& share,
   ops::momenta_step(items, o.mu_s(), o.mu_f(), ok);
 }
 
-// A group's first step: the codebook from that step's queries (ALGORITHM.md "First step").
+// A group's first step: the codebook from that step's queries (docs/algorithm.md "First step").
 void initialize_memory(GroupMemory& mem, const at::Tensor& Ps, const at::Tensor& Pf,
                        const FOGOOptions& o) {
   const at::Tensor z = slerp_fuse(Ps, Pf, o.xi(), o.eps());

@@ -1,5 +1,5 @@
 #pragma once
-// The stages of FOGO's step for one param group, as FOGO::step_stages calls them in ALGORITHM.md's
+// The stages of FOGO's step for one param group, as FOGO::step_stages calls them in docs/algorithm.md's
 // order (private to src/; the benchmark's stage breakdown calls them too, so that it times what
 // the optimizer runs). Each takes the group's parameters in the working orientation (Work), in
 // runs of one shape that go through Newton–Schulz, the projection and the lift as one batch.
@@ -16,7 +16,7 @@
 
 namespace fogo {
 
-/// The projected-space stages' parameters (ALGORITHM.md steps 4-7) from a group's options;
+/// The projected-space stages' parameters (docs/algorithm.md steps 4-7) from a group's options;
 /// `filter` is false on a group's first step.
 ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 
@@ -25,7 +25,7 @@ ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 namespace fogo::stages {
 
 /// One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
-/// larger one; ALGORITHM.md "Shapes").
+/// larger one; docs/algorithm.md "Shapes").
 struct Work {
   at::Tensor param;
   bool transposed;
@@ -125,7 +125,7 @@ std::pair<at::Tensor, at::Tensor> orthogonalize_and_project(std::vector<Work>& w
                                                             const std::vector<at::Tensor>& inputs,
                                                             const FOGOOptions& o);
 
-/// A group's first step: the codebook from that step's queries (ALGORITHM.md "First step").
+/// A group's first step: the codebook from that step's queries (docs/algorithm.md "First step").
 void initialize_memory(GroupMemory& mem, const at::Tensor& Ps, const at::Tensor& Pf,
                        const FOGOOptions& o);
 

@@ -36,7 +36,7 @@ inline at::Generator make_cpu_generator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
-// The codebook group's memory: everything of ALGORITHM.md that is not per parameter.
+// The codebook group's memory: everything of docs/algorithm.md that is not per parameter.
 struct GroupMemory {
   bool initialized = false;
   int64_t step = 0;

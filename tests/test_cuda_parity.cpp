@@ -99,7 +99,7 @@ struct StepCase {
   bool spectral;
   std::string name;
   double eps_st = 0.15, tau = 5.0;
-  bool memory_disabled = false;  ///< xi = 0 and every gamma 0: dz is eps-sized (ALGORITHM.md)
+  bool memory_disabled = false;  ///< xi = 0 and every gamma 0: dz is eps-sized (docs/algorithm.md)
   bool side_stream = false;      ///< run on a stream other than the default one
   /// Zero queries (no part in r_t's mean): 0 none, 1 every row, k > 1 all but every k-th row.
   int64_t zero_every = 0;
@@ -117,7 +117,7 @@ fogo::ProjectedStepParams step_params(bool filter, const StepCase& c) {
 }
 
 // Rows the CUDA path may legitimately decide differently (see the file comment), from the
-// float64 reference's own similarities. A zero row (z_i = 0: no query, ALGORITHM.md) takes no
+// float64 reference's own similarities. A zero row (z_i = 0: no query, docs/algorithm.md) takes no
 // part in any decision, though its similarities are all 0 (a "tie" at every threshold): it is
 // never near. (Counting zero rows put 225 of 300 rows near when 3 of 4 rows are zero, past the
 // bound on the rows near a decision whatever the kernels computed.)
@@ -284,7 +284,7 @@ TEST(CudaParity, ProjectedStepMatchesReferenceOverSteps) {
       }
       ASSERT_TRUE(got.dz.is_cuda());
       if (c.memory_disabled) {
-        // ALGORITHM.md "Checks": z_i = Ps_i |Ps_i| / (|Ps_i| + eps), so dz_i = -eps Ps_i /
+        // docs/algorithm.md "Checks": z_i = Ps_i |Ps_i| / (|Ps_i| + eps), so dz_i = -eps Ps_i /
         // (|Ps_i| + eps) in exact arithmetic; fp32 adds the rounding of z_i's elements (a few
         // units of 2^-24 of |Ps_ij|). Hence a bound relative to the row, not an absolute one:
         // rows of norm ~50 here round to ~3e-6 absolute.

@@ -27,7 +27,7 @@ fogo::FOGOOptions memory_disabled(double lr) {
 
 double max_abs(const torch::Tensor& x) { return x.abs().max().item<double>(); }
 
-// Plain-loop double-precision reference of slow-stream Muon with RMS scaling (ALGORITHM.md's
+// Plain-loop double-precision reference of slow-stream Muon with RMS scaling (docs/algorithm.md's
 // memory-disabled reduction): B = mu B + G; X0 = B/(|B|_F + eps) on the wide orientation;
 // 5 quintic NS steps; p -= lr sigma sqrt(mn) O / |O|_F.
 using Mat = std::vector<std::vector<double>>;
@@ -110,7 +110,7 @@ TEST(FOGO, MemoryDisabledMatchesHandComputedTwoSteps) {
 }
 
 TEST(FOGO, MemoryDisabledIsSlowStreamMuonWithRmsScaling) {
-  // ALGORITHM.md's first check: Ohat == O_s up to the eps terms of the row normalisations
+  // docs/algorithm.md's first check: Ohat == O_s up to the eps terms of the row normalisations
   // (relative difference below 1e-6). The parameter is reset to zero before each step (the state
   // does not depend on it), so with weight decay 0 it then holds exactly -lr gamma_t Ohat.
   // With bf16 Newton–Schulz (auto's answer on CPUs with bf16 units) as with fp32: O_s enters the
@@ -1156,7 +1156,7 @@ TEST(FOGO, Bf16GramRoutesWithRestartUpdateAsThePlainChain) {
 
 namespace {
 
-// Float64 reference of fusion-only FOGO's step for one parameter (ALGORITHM.md steps 1, 2, 4
+// Float64 reference of fusion-only FOGO's step for one parameter (docs/algorithm.md steps 1, 2, 4
 // and 9, with step 4 in parameter space): torch ops in double, written from the equations.
 torch::Tensor ref_ns(torch::Tensor X, int64_t steps) {
   const double a = 3.4445, b = -4.7750, c = 2.0315;

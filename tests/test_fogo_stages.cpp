@@ -564,7 +564,7 @@ TEST(Codebook, CandidateSamplingIsWeightedWithoutReplacementAndReproducible) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Steps 4-7 against a float64 reference written from ALGORITHM.md row by row, on groups where
+// Steps 4-7 against a float64 reference written from docs/algorithm.md row by row, on groups where
 // rows are zero queries (|z_i| = 0): they take no part in the memory read, in r_t's mean or in
 // the telemetry fractions (Clarifications). The fp32 paths must agree with it to fp32 precision;
 // before the fix both paths divided by every row and agreed with each other, so only an
@@ -577,7 +577,7 @@ struct Reference {
   double rbar, gamma_st, conflicting, over, protected_rows;
 };
 
-// Straight from ALGORITHM.md steps 4-7, in float64, one row at a time.
+// Straight from docs/algorithm.md steps 4-7, in float64, one row at a time.
 Reference reference_step(const torch::Tensor& Ps32, const torch::Tensor& Pf32,
                          const torch::Tensor& cbar32, const torch::Tensor& frozen32,
                          const torch::Tensor& nu32, double rbar,

@@ -18,14 +18,14 @@ namespace fogo::trainer {
 
 class Cli;
 
-/// The ablations and what each sets (ALGORITHM.md's symbols):
+/// The ablations and what each sets (docs/algorithm.md's symbols):
 ///   full             nothing: FOGO as configured
 ///   no-slerp         xi = 0 (the fast stream no longer bends the slow direction)
 ///   short-term-only  gamma_lt = 0 (no long-term protection; slerp and the short-term filter
 ///                    stay)
 ///   long-term-only   gamma_hi = gamma_st_min = gamma_st_max = 0 (no short-term filter)
 ///   memory-off       xi = 0 and every gamma 0: FOGO reduces to slow-stream Muon with RMS
-///                    scaling sigma (ALGORITHM.md's first check)
+///                    scaling sigma (docs/algorithm.md's first check)
 const std::vector<std::string>& ablation_names();
 
 /// Applies the ablation `name` to `options`; a CliError naming --ablation for an unknown name.

@@ -641,7 +641,7 @@ TEST(FogoFlags, RepeatableFlagKeepsCommasAndAblationsSetTheirFields) {
 }
 
 TEST(FogoFlags, MemoryOffIsSlowStreamMuonWithRmsScaling) {
-  // ALGORITHM.md's first check through the flag: with memory-off, FOGO's first step is
+  // docs/algorithm.md's first check through the flag: with memory-off, FOGO's first step is
   // -lr * sigma * sqrt(m n) * O / |O|_F, O the Newton–Schulz polar factor of the gradient
   // (the first slow momentum is a multiple of it; X0 = B / (|B|_F + eps) makes scale moot).
   torch::manual_seed(0);

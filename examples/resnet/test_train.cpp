@@ -115,7 +115,7 @@ TEST_P(SmokeRun, LossDrops) {
   }
   EXPECT_LT(last, 0.8 * first) << "first five " << first / 5 << ", last five " << last / 5;
   // The applied update's RMS per param group, every logged step. FOGO scales each matrix's
-  // update to RMS sigma * lr exactly (ALGORITHM.md step 9; weight decay 0 here), so every
+  // update to RMS sigma * lr exactly (docs/algorithm.md step 9; weight decay 0 here), so every
   // stage group reads 0.1 * 1e-2 (the class-imbalanced preset's sigma).
   const std::string train = read_file(run_dir(r.config) + "/train.jsonl");
   if (GetParam() == "fogo") {

@@ -1,6 +1,6 @@
 #pragma once
 // fogo::FOGO, the Forgetting-aware Orthogonalization Optimizer, as read by
-// ../shared/design/ALGORITHM.md (paper: Method section, Appendix "Detailed Algorithm",
+// `docs/algorithm.md` (paper: Method section, Appendix "Detailed Algorithm",
 // Algorithm 1). Stage by stage, with the paper's symbols:
 //
 //   streams      B_s = mu_s B_s + G,  B_f = mu_f B_f + G              (step 1)

@@ -1,5 +1,5 @@
 #pragma once
-// FOGOOptions: every hyper-parameter of ALGORITHM.md, defined once in the tables below. Each
+// FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the tables below. Each
 // table row generates the builder field (TORCH_ARG), its validation, its serialization and its
 // part in operator==; FOGO's step reads the fields and hands the stage functions their own small
 // parameter structs (projected.h, codebook.h, update.h). The paper's configurations are in
@@ -27,7 +27,7 @@ enum class ProjectionScale : int64_t {
 
 // clang-format off
 /// Numeric options: X(type, name, default, smallest valid, largest valid). Symbols of
-/// ALGORITHM.md in the comments.
+/// docs/algorithm.md in the comments.
 #define FOGO_RANGED_OPTIONS(X)                                                                    \
   /* update (step 9) */                                                                           \
   X(double,  lr,               1e-3,  0.0,   INFINITY)     /* learning rate */                    \
@@ -141,11 +141,11 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
 std::string options_markdown();
 
 /// FOGO's Newton–Schulz configuration for `steps` iterations: X0 = B / (|B|_F + eps)
-/// (ALGORITHM.md step 2), the options' coefficients and compute dtype.
+/// (docs/algorithm.md step 2), the options' coefficients and compute dtype.
 NSConfig ns_config(const FOGOOptions& o, int64_t steps);
 
 // clang-format off
-/// The paper's configurations ("Detailed Experimental Setup"; ALGORITHM.md's table), one row
+/// The paper's configurations ("Detailed Experimental Setup"; docs/algorithm.md's table), one row
 /// each: X(name, what it is for). The only list of them: it declares fogo::presets::name(),
 /// makes fogo::presets::table, and through the table Python's fogo.presets; README's list is
 /// checked against it (tests/test_fogo.cpp). The values are in src/fogo_options.cpp.

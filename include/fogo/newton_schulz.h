@@ -30,7 +30,7 @@ namespace fogo {
 /// How X0 is normalised before iterating.
 enum class NSNormalization {
   ClampMin,  ///< X0 = B / max(||B||_F, eps)    (torch.optim.Muon)
-  AddEps,    ///< X0 = B / (||B||_F + eps)      (FOGO, ALGORITHM.md step 2)
+  AddEps,    ///< X0 = B / (||B||_F + eps)      (FOGO, docs/algorithm.md step 2)
 };
 
 /// How the iteration is computed (the same map either way, up to rounding).

@@ -19,7 +19,7 @@ def mat(gen, *shape):
 # -- options ---------------------------------------------------------------------------------
 
 def test_fogo_defaults_are_the_documented_ones():
-    # ALGORITHM.md's defaults (docs/algorithm.md's options table), written out independently.
+    # docs/algorithm.md's defaults (docs/algorithm.md's options table), written out independently.
     d = fogo._C.FOGO.default_options()
     expected = {
         "lr": 1e-3, "weight_decay": 0.0, "sigma": 0.2, "mu_s": 0.95, "mu_f": 0.35,

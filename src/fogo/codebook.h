@@ -1,5 +1,5 @@
 #pragma once
-// The online directional memory of one codebook group (ALGORITHM.md step 5, "codebook flush",
+// The online directional memory of one codebook group (docs/algorithm.md step 5, "codebook flush",
 // "first step", and the consolidation of "task boundaries"; paper Appendix "Details of Online
 // Directional Memory" and "Details of Long-Term Near-Orthogonal Protection").
 

@@ -1,5 +1,5 @@
 #pragma once
-// Step 1 (ALGORITHM.md): both momentum streams, B_s = mu_s B_s + G and B_f = mu_f B_f + G, and
+// Step 1 (docs/algorithm.md): both momentum streams, B_s = mu_s B_s + G and B_f = mu_f B_f + G, and
 // with them the Newton–Schulz inputs of step 2: each stream in the working orientation and the
 // NS compute dtype, written in the same pass (on CUDA one kernel reads G, B_s, B_f once and
 // writes both momenta and both inputs; ops.h dispatches).

@@ -1,6 +1,6 @@
 #pragma once
 // The random projection Pi and the proximal lift back to parameter space
-// (paper: Method "Memory of Gradients" and "Projection Back to Original Space"; ALGORITHM.md
+// (paper: Method "Memory of Gradients" and "Projection Back to Original Space"; docs/algorithm.md
 // steps 3 and 8).
 
 #include <ATen/Tensor.h>
