@@ -244,9 +244,9 @@ void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignor
 }
 
 // ---------------------------------------------------------------------------------------------
-// FOGO's step by stage: each stage of docs/algorithm.md run alone on inputs of the real shapes, through
-// the optimizer's own routing (src/fogo_stages.h: its batching by shape, its Newton–Schulz routes,
-// projections and lift matrices), so that what is timed is what the step runs.
+// FOGO's step by stage: each stage of docs/algorithm.md run alone on inputs of the real shapes,
+// through the optimizer's own routing (src/fogo_stages.h: its batching by shape, its Newton–Schulz
+// routes, projections and lift matrices), so that what is timed is what the step runs.
 
 enum Stage : int64_t {
   kMomenta,        // step 1: B = mu B + G, both streams

@@ -1,7 +1,7 @@
-// Codebook flush on the device (docs/algorithm.md "After all parameters of group g have stepped"; paper
-// Appendix "Details of Online Directional Memory"). One block per centroid j: C is small (tens to
-// hundreds), each block does O(C d + r C) work, and the whole flush is two kernels and one GEMM
-// (corr = chat cbar^T, ops_cuda.cpp) instead of a dozen small ATen ops.
+// Codebook flush on the device (docs/algorithm.md "After all parameters of group g have stepped";
+// paper Appendix "Details of Online Directional Memory"). One block per centroid j: C is small
+// (tens to hundreds), each block does O(C d + r C) work, and the whole flush is two kernels and one
+// GEMM (corr = chat cbar^T, ops_cuda.cpp) instead of a dozen small ATen ops.
 #include <cstdint>
 
 #include "kernels.h"

@@ -3,8 +3,8 @@
 // compile quickly). Every launcher enqueues on `stream` and never synchronises with the host.
 // ops_cuda.cpp allocates the tensors, runs the GEMMs through ATen and calls these in order.
 //
-// Symbols follow the paper / docs/algorithm.md: rows i of a codebook group (R rows, projected dim d),
-// centroids j (C of them), frozen centroids k (K of them).
+// Symbols follow the paper / docs/algorithm.md: rows i of a codebook group (R rows, projected dim
+// d), centroids j (C of them), frozen centroids k (K of them).
 
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,5 @@
-// The RMS-scaled update with decoupled weight decay (docs/algorithm.md step 9; paper "Projection Back
-// to Original Space and Parameter Update") for all parameters of a group at once (multi-tensor
+// The RMS-scaled update with decoupled weight decay (docs/algorithm.md step 9; paper "Projection
+// Back to Original Space and Parameter Update") for all parameters of a group at once (multi-tensor
 // launches: their table is a kernel argument), in three kernels: the norms |Ohat|_F, |delta|_F,
 // |O_s|_F reduced into per-block partials, each parameter's step size from its partials (one
 // block each, a fixed order: deterministic, no atomics, nothing to zero first), then one pass

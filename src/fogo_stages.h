@@ -1,8 +1,9 @@
 #pragma once
-// The stages of FOGO's step for one param group, as FOGO::step_stages calls them in docs/algorithm.md's
-// order (private to src/; the benchmark's stage breakdown calls them too, so that it times what
-// the optimizer runs). Each takes the group's parameters in the working orientation (Work), in
-// runs of one shape that go through Newton–Schulz, the projection and the lift as one batch.
+// The stages of FOGO's step for one param group, as FOGO::step_stages calls them in
+// docs/algorithm.md's order (private to src/; the benchmark's stage breakdown calls them too, so
+// that it times what the optimizer runs). Each takes the group's parameters in the working
+// orientation (Work), in runs of one shape that go through Newton–Schulz, the projection and the
+// lift as one batch.
 #include <ATen/ATen.h>
 
 #include <functional>

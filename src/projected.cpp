@@ -78,8 +78,8 @@ ProjectedStepResult ref::projected_step(const at::Tensor& Ps, const at::Tensor& 
 
   // Step 6: short-term filter with adaptive gamma_st. r_t is a group mean, so every row's
   // components come first, then rbar is updated, then the correction is applied. Zero queries
-  // take no part (docs/algorithm.md, Clarifications): r_t and the telemetry fractions are means over
-  // the valid rows, 0 when a step has none. (A zero row has r_i = 0 and no set; counting it
+  // take no part (docs/algorithm.md, Clarifications): r_t and the telemetry fractions are means
+  // over the valid rows, 0 when a step has none. (A zero row has r_i = 0 and no set; counting it
   // would pull rbar, and so gamma_st, toward the minimum wherever rows stay zero.)
   const ShortTermComponents st = short_term_components(z, sim, cbar, p.short_term);
   const at::Tensor rows = valid.sum().to(z.scalar_type()).clamp_min(1);

@@ -1,6 +1,6 @@
 #pragma once
-// Row-wise work in the projected space R^d (docs/algorithm.md steps 4, 6 and 7). Every function takes
-// all rows of a codebook group at once ([R, d]); nothing loops over rows.
+// Row-wise work in the projected space R^d (docs/algorithm.md steps 4, 6 and 7). Every function
+// takes all rows of a codebook group at once ([R, d]); nothing loops over rows.
 
 #include <ATen/Tensor.h>
 #include <fogo/codebook.h>
