@@ -108,7 +108,9 @@ pack() {
   [ -z "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] || sha="$sha-dirty"
   echo "$sha" >"$carry/bin/SOURCE_SHA"
   # The Python package with its extension modules (used there as they are when its python3 is
-  # this CPython), and pytest (pure Python): the GPU machine has torch but no pytest, no internet.
+  # this CPython), pytest and expecttest (pure Python; PyTorch's test modules, which
+  # test_torch_optim_info.py imports, need expecttest): the GPU machine has torch but neither,
+  # and no internet.
   rm -rf "$carry/python" "$carry/pylib"
   mkdir -p "$carry/python" "$carry/pylib"
   if [ -d "$build/python/fogo" ] && compgen -G "$build/python/fogo/_C*.so" >/dev/null; then
@@ -120,7 +122,7 @@ pack() {
   fi
   local site
   site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  for pkg in pytest _pytest pluggy iniconfig packaging py.py; do
+  for pkg in pytest _pytest pluggy iniconfig packaging py.py expecttest; do
     [ -e "$site/$pkg" ] && cp -r "$site/$pkg" "$carry/pylib/"
   done
   find "$carry/pylib" -name __pycache__ -prune -exec rm -rf {} +

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything fogo needs: Debian packages and a virtual environment (.venv) holding the
 # pinned PyPI torch wheel (LibTorch), plus the Python package's build and test tools
-# (python/requirements.txt: scikit-build-core, pytest). Idempotent; a second run returns in about a
-# second.
+# (python/requirements.txt: scikit-build-core, pytest, expecttest, Lightning). Idempotent; a
+# second run returns in about a second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -27,8 +27,9 @@ std::string describe_param(size_t group, size_t index, const at::Tensor& param) 
 
 void check_grad_kind(const char* optimizer, size_t group, size_t index, const at::Tensor& param,
                      const at::Tensor& grad) {
-  TORCH_CHECK(!param.is_complex() && !grad.is_complex(), optimizer,
-              " does not support complex tensors: ", describe_param(group, index, param));
+  TORCH_CHECK(
+      !param.is_complex() && !grad.is_complex(), optimizer,
+      " does not support complex parameters or gradients: ", describe_param(group, index, param));
   TORCH_CHECK(!grad.is_sparse(), optimizer,
               " does not support sparse gradients: ", describe_param(group, index, param));
   TORCH_CHECK(grad.sizes() == param.sizes(), optimizer, ": gradient of ",

@@ -33,10 +33,28 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
 
-double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B) {
+namespace {
+
+// torch.optim.Muon's step with a Tensor lr: the value as a 0-d tensor of its dtype (exact: `lr`
+// is that tensor's value), whose products with Python floats are ATen's 0-d ops in that dtype.
+at::Tensor lr_tensor(double lr, at::ScalarType dtype) {
+  return at::scalar_tensor(lr, at::TensorOptions().dtype(dtype));
+}
+
+}  // namespace
+
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
+                        at::ScalarType lr_dtype) {
   // lr f1 f2, left to right: lr * ratio (times 1, exact), as torch.optim.Muon's _adjust_lr.
   const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B);
-  return lr * f1 * f2;
+  if (lr_dtype == at::kDouble) return lr * f1 * f2;
+  return (lr_tensor(lr, lr_dtype) * f1 * f2).item<double>();
+}
+
+double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype) {
+  if (lr_dtype == at::kDouble) return 1.0 - lr * weight_decay;
+  // Python's `1 - lr * weight_decay` on a tensor: mul by a wrapped double, then rsub.
+  return at::rsub(lr_tensor(lr, lr_dtype) * weight_decay, 1).item<double>();
 }
 
 void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
@@ -52,13 +70,13 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
     // (1-4 bf16 ulps per step, measured). The same tensor on every device: a copy on a GPU is
     // no wrapped number (TensorIterator would round 1 - lr wd to a bf16 parameter's precision,
     // 0.998 to 0.99609375, doubling the decay) and a blocking host-to-device copy.
-    at::Tensor decay = at::scalar_tensor(1.0 - p.lr * p.weight_decay, at::kDouble);
+    at::Tensor decay = at::scalar_tensor(muon_decay(p.lr, p.weight_decay, p.lr_dtype), at::kDouble);
     decay.unsafeGetTensorImpl()->set_wrapped_number(true);
     for (const MuonUpdateItem& item : items) {
       item.param.mul_(decay);
       const auto [rows, cols] = matrix(item.param);
       item.param.add_(item.O.reshape(item.param.sizes()),
-                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols));
+                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols, p.lr_dtype));
     }
     return;
   }
@@ -285,7 +303,8 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   }
   // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
-  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr});
+  const at::ScalarType lr_dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
+  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype});
   keep.restore();
 }
 
@@ -295,6 +314,13 @@ Muon::GraphStats Muon::graph_stats(size_t group) const {
   const auto it = graphs_->groups.find(group);
   if (it == graphs_->groups.end()) return {};
   return {it->second.step.captures(), it->second.step.replays()};
+}
+
+void Muon::set_lr_dtype(size_t group, at::ScalarType dtype) {
+  TORCH_CHECK(group < param_groups_.size(), "Muon::set_lr_dtype: group ", group,
+              " does not exist (", param_groups_.size(), " groups)");
+  if (lr_dtypes_.size() <= group) lr_dtypes_.resize(group + 1, at::kDouble);
+  lr_dtypes_[group] = dtype;
 }
 
 void Muon::set_step_shard(StepShard shard) {

@@ -139,9 +139,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
 
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
 #ifdef FOGO_WITH_CUDA
-  const auto fused = [](const MuonUpdateItem& item) {
-    return item.param.is_contiguous() && item.param.dim() >= 1 && storable(item.param) &&
-           storable(item.O) && item.O.dim() == 2;
+  // The kernel computes lr's scalars in double: another lr_dtype (a Tensor lr's) takes ATen's.
+  const auto fused = [&p](const MuonUpdateItem& item) {
+    return (p.lr_dtype == at::kDouble || p.device_lr.defined()) && item.param.is_contiguous() &&
+           item.param.dim() >= 1 && storable(item.param) && storable(item.O) && item.O.dim() == 2;
   };
   const auto parts = count(detail::split(items, fused));
   cuda::muon_update(parts.taken, p);

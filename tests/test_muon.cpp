@@ -619,6 +619,53 @@ TEST(Muon, DecayIsTheWrappedDoubleNotOneRoundedToTheParametersDtype) {
   EXPECT_TRUE(torch::equal(items[0].param, want));
 }
 
+// A Tensor lr (Python): torch.optim.Muon computes 1 - lr wd and lr * ratio in the tensor's dtype.
+// Written out here in that type's own arithmetic (float: IEEE float products; bf16: the product
+// in float, rounded to bf16, as ATen's bf16 ops round), against muon_decay / muon_adjusted_lr, and
+// a group's lr dtype reaching the step: the update of a float32 lr's group equals the reference
+// update given those scalars.
+TEST(Muon, LrDtypeRoundsTheStepsScalarsAsATensorLrDoes) {
+  using BF = c10::BFloat16;
+  for (const double lr : {1e-3, 0.0123, 0.3 / 7}) {
+    for (const double wd : {0.1, 0.13}) {
+      const float l = static_cast<float>(lr), w = static_cast<float>(wd);
+      EXPECT_EQ(fogo::muon_decay(lr, wd, at::kFloat), static_cast<double>(1.0f - l * w));
+      const BF lb(l), prod(static_cast<float>(lb) * w);
+      EXPECT_EQ(fogo::muon_decay(static_cast<float>(lb), wd, at::kBFloat16),
+                static_cast<double>(static_cast<float>(BF(1.0f - static_cast<float>(prod)))));
+      EXPECT_EQ(fogo::muon_decay(lr, wd), 1.0 - lr * wd);
+    }
+    for (const auto [A, B] : {std::pair<int64_t, int64_t>{40, 3}, {8, 24}, {300, 40}}) {
+      const double a = static_cast<double>(A), b = static_cast<double>(B);
+      const float ratio = static_cast<float>(std::sqrt(std::max(1.0, a / b)));
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Original, A, B, at::kFloat),
+                static_cast<double>(static_cast<float>(lr) * ratio));
+      const float rms = static_cast<float>(0.2 * std::sqrt(std::max(a, b)));
+      EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::MatchRmsAdamW, A, B, at::kFloat),
+                static_cast<double>(static_cast<float>(lr) * rms));
+    }
+  }
+  torch::manual_seed(25);
+  const double lr = 0.0123, wd = 0.1;
+  const auto p0 = torch::randn({40, 3}, torch::kDouble);
+  const auto g = torch::randn({40, 3}, torch::kDouble);
+  auto p = p0.clone().requires_grad_(true);
+  const auto options = fogo::MuonOptions().lr(lr).weight_decay(wd).nesterov(false).momentum(0.0);
+  fogo::Muon opt({p}, options);
+  EXPECT_THROW(opt.set_lr_dtype(1, at::kFloat), c10::Error);  // one group
+  opt.set_lr_dtype(0, at::kFloat);
+  p.mutable_grad() = g.clone();
+  opt.step();
+  // momentum 0, no Nesterov: O = NS(g); the update with the float-rounded scalars.
+  const auto O = fogo::newton_schulz(g.to(torch::kBFloat16), fogo::ns_config(options));
+  const double decay = fogo::muon_decay(lr, wd, at::kFloat);
+  ASSERT_NE(decay, 1.0 - lr * wd);
+  const auto want =
+      (p0 * decay)
+          .add(O, -fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Original, 40, 3, at::kFloat));
+  EXPECT_TRUE(torch::equal(p.detach(), want));
+}
+
 // MuonOptions::ns_schedule: checked (naming the option), compared, checkpointed, and it changes
 // the step (Polar Express against the constant quintic) while the default keeps torch.optim.Muon's
 // coefficients (the bitwise parity tests above run with it).

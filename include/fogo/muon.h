@@ -39,7 +39,14 @@ namespace fogo {
 
 /// lr scaled for a matrix of A rows and B columns: (lr f1) f2 with (f1, f2) the factors below,
 /// so that a learning rate read on the device (muon_update) rounds as this one does.
-double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B);
+/// `lr_dtype`: the precision of that arithmetic, double, or a Tensor lr's dtype (below).
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
+                        at::ScalarType lr_dtype = at::kDouble);
+
+/// The decay factor 1 - lr weight_decay, in double or in `lr_dtype`. torch.optim.Muon given a
+/// Tensor lr computes both scalars with 0-d tensor ops in the tensor's dtype (a float32 lr rounds
+/// them to float32, a bf16 one to bf16); with `lr_dtype` that dtype, these are its bits.
+double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype = at::kDouble);
 
 /// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2,
 /// sqrt(max(A, B))).
@@ -89,8 +96,15 @@ class Muon : public MatrixOptimizer {
   };
   GraphStats graph_stats(size_t group) const;
 
+  /// The dtype of group `group`'s learning-rate arithmetic (muon_decay, muon_adjusted_lr):
+  /// double by default; a Tensor lr's dtype for torch.optim.Muon's bits with one (fogo.Muon in
+  /// Python sets it from the group's lr at every step). A CUDA graph's step (cuda_graph) reads
+  /// lr on the device in double whatever this says.
+  void set_lr_dtype(size_t group, at::ScalarType dtype);
+
  private:
   StepShard shard_;
+  std::vector<at::ScalarType> lr_dtypes_;  // per group; missing ones double
   struct Graphs;
   std::unique_ptr<Graphs> graphs_;
 

@@ -57,6 +57,13 @@ def repr_without_memory(opt: torch.optim.Optimizer) -> str:
         opt.param_groups = groups
 
 
+def check_tensor_lr(lr: Any) -> None:
+    """torch.optim's rule for a learning rate given as a Tensor: one element (its value is read
+    at every step, so a scheduler can change it in place)."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError(f"Tensor lr must be 1-element, got shape {list(lr.shape)}")
+
+
 def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
@@ -88,6 +95,7 @@ class _CppOptimizer(torch.optim.Optimizer):
                 f"{type(self).__name__}.__init__() got unexpected keyword argument(s) "
                 f"{', '.join(map(repr, unknown))}; options: {', '.join(defaults)}"
             )
+        check_tensor_lr(lr)
         if lr is not None:
             options["lr"] = lr
         defaults.update(options)
@@ -148,6 +156,7 @@ class _CppOptimizer(torch.optim.Optimizer):
                 f"{type(self).__name__}.add_param_group: unknown option(s) "
                 f"{', '.join(map(repr, unknown))}; options: {', '.join(self.defaults)}"
             )
+        check_tensor_lr(param_group.get("lr"))
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
@@ -457,6 +466,9 @@ class FOGO(_CppOptimizer):
         return repr_without_memory(self)
 
     def _snapshot_memory(self) -> None:
+        # The memory is the C++ groups': param_groups must still be them (a group appended by
+        # hand, or listed twice, has none; step() refuses such groups, and so does this).
+        self._cpp.sync(self._cpp_groups())
         extra = self._cpp.extra_state()
         for g, group in enumerate(self.param_groups):
             group["memory"] = _memory.from_archive(extra.get(f"fogo/group/{g}"), group)

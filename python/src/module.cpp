@@ -225,6 +225,8 @@ struct FOGOTraits {
   }
   /// The momenta are fp32 whatever the parameter's dtype (FOGOParamState).
   static c10::ScalarType state_dtype(const at::Tensor&) { return at::kFloat; }
+  /// FOGO takes a Tensor lr's value (its step's arithmetic is in double; no torch reference).
+  static void sync_group(Optim&, size_t, const py::dict&) {}
 };
 
 // The param-group key of a MuonOptions field: torch.optim.Muon's name where it has one
@@ -264,6 +266,15 @@ struct MuonTraits {
   }
   /// The buffer has the parameter's dtype (torch.optim.Muon's zeros_like(grad)).
   static c10::ScalarType state_dtype(const at::Tensor& p) { return p.scalar_type(); }
+  /// A Tensor lr: torch.optim.Muon computes with it in its dtype, and so does the step.
+  static void sync_group(Optim& opt, size_t g, const py::dict& group) {
+    opt.set_lr_dtype(g, lr_dtype(group));
+  }
+  static at::ScalarType lr_dtype(const py::dict& group) {
+    if (!group.contains("lr")) return at::kDouble;
+    const py::object lr = group["lr"];
+    return THPVariable_Check(lr.ptr()) ? THPVariable_Unpack(lr.ptr()).scalar_type() : at::kDouble;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -405,8 +416,10 @@ class Bound {
                                  "can only be added, in a new group (add_param_group)");
       options.push_back(Traits::from_dict(group, static_cast<const Options&>(mine[g].options())));
     }
-    for (size_t g = 0; g < mine.size(); ++g)
+    for (size_t g = 0; g < mine.size(); ++g) {
       static_cast<Options&>(mine[g].options()) = std::move(options[g]);
+      Traits::sync_group(opt_, g, groups[g].cast<py::dict>());
+    }
   }
 
   void step() {
@@ -691,7 +704,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "muon_adjusted_lr",
       [](const py::dict& group, int64_t rows, int64_t cols) {
         const fogo::MuonOptions o = Bound<MuonTraits>::options_from(group);
-        return fogo::muon_adjusted_lr(o.lr(), o.adjust_lr(), rows, cols);
+        return fogo::muon_adjusted_lr(o.lr(), o.adjust_lr(), rows, cols,
+                                      MuonTraits::lr_dtype(group));
       },
       py::arg("group"), py::arg("rows"), py::arg("cols"));
   // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.

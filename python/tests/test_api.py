@@ -95,6 +95,20 @@ def test_bad_group_option_is_rejected_and_not_added(gen):
         opt.step()
 
 
+@pytest.mark.parametrize("cls", [fogo.FOGO, fogo.Muon])
+def test_tensor_lr_must_have_one_element(gen, cls):
+    # ValueError with torch.optim's message (every torch optimizer's constructor), where the C++
+    # option's conversion used to raise TypeError; add_param_group refuses it likewise.
+    two = torch.tensor([1e-3, 1e-3])
+    with pytest.raises(ValueError, match=r"^Tensor lr must be 1-element, got shape \[2\]$"):
+        cls([mat(gen, 4, 4)], lr=two)
+    opt = cls([mat(gen, 4, 4)], lr=torch.tensor([[0.01]]))  # one element, any shape, as torch
+    with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+        opt.add_param_group({"params": [mat(gen, 4, 4)], "lr": two})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [mat(gen, 4, 4)], "lr": torch.tensor(0.02)})
+
+
 def test_vectors_are_rejected_with_a_pointer_to_adamw():
     # ValueError, as torch.optim.Muon raises for a parameter it cannot take.
     with pytest.raises(ValueError, match="fewer than 2 dimensions; optimize it with AdamW"):

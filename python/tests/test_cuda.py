@@ -70,3 +70,25 @@ def test_cuda_graph_replays_follow_the_eager_step_and_the_lr(gen, cls, options, 
         assert opts[False].graph_stats() == {"captures": 0, "replays": 0}
     for p, q in zip(ps[False], ps[True]):
         torch.testing.assert_close(q, p, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("lr_device", ["cpu", "cuda"])
+def test_muon_tensor_lr_on_cuda_follows_torch(gen, lr_device):
+    """A float32 Tensor lr (on the CPU, or on the GPU): fogo.Muon's update takes ATen's ops with
+    the scalars rounded to float32 (the CUDA kernel computes in double), as torch.optim.Muon's
+    Python does; one parameter per shape, so Newton-Schulz is not batched either."""
+    shapes = [(32, 48), (48, 16)]
+    init = [randn(gen, *s, scale=0.1).cuda() for s in shapes]
+    ours = [p.clone().requires_grad_(True) for p in init]
+    theirs = [p.clone().requires_grad_(True) for p in init]
+    lr = torch.tensor(0.0123, device=lr_device)
+    a = fogo.Muon(ours, lr=lr.clone(), weight_decay=0.13)
+    b = torch.optim.Muon(theirs, lr=lr.clone(), weight_decay=0.13)
+    for _ in range(5):
+        for p, q, s in zip(ours, theirs, shapes):
+            g = randn(gen, *s).cuda()
+            p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        b.step()
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

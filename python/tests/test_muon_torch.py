@@ -47,6 +47,40 @@ def test_muon_matches_torch(gen, options, dtype):
         assert torch.equal(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"])
 
 
+@pytest.mark.parametrize("lr_dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_tensor_lr_matches_torch(gen, lr_dtype, dtype, adjust_lr_fn):
+    # torch.optim.Muon computes 1 - lr * weight_decay and lr * ratio with 0-d tensor ops in a
+    # Tensor lr's dtype (a float32 lr: both rounded to float32). fogo's step computed them in
+    # double from the tensor's value: float64 parameters off by up to 3.6e-8 with
+    # lr=torch.tensor(1e-3), float32 ones by an ulp now and then, bf16 lrs far off. The lr tensor
+    # is changed in place between steps (as a scheduler does) and has shape [1] in one group.
+    shapes = [(24, 8), (8, 24), (12, 12), (40, 3)]
+    init = [randn(gen, *s).to(dtype) for s in shapes]
+    ours = [p.clone().requires_grad_(True) for p in init]
+    theirs = [p.clone().requires_grad_(True) for p in init]
+
+    def groups(params):
+        return [{"params": params[:3], "lr": torch.tensor(1e-3, dtype=lr_dtype)},
+                {"params": params[3:], "lr": torch.tensor([0.02], dtype=lr_dtype)}]
+
+    options = {"adjust_lr_fn": adjust_lr_fn, "weight_decay": 0.13}
+    a, b = fogo.Muon(groups(ours), **options), torch.optim.Muon(groups(theirs), **options)
+    for step in range(12):
+        lr = torch.rand((), generator=gen).item() * 0.05
+        for opt in (a, b):
+            opt.param_groups[0]["lr"].fill_(lr)
+        for p, q, s in zip(ours, theirs, shapes):
+            g = randn(gen, *s).to(dtype)
+            p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        b.step()
+        for k, (p, q) in enumerate(zip(ours, theirs)):
+            assert torch.equal(p, q), f"step {step}, parameter {k}"
+    assert a.param_groups[0]["lr"].dtype == lr_dtype  # the group keeps the user's tensor
+
+
 def torch_bf16_momentum_bug(gen, options):
     """torch.optim.Muon (2.11) with bf16 parameters and nesterov=False divides its own momentum
     buffer by its norm in place: `grad.bfloat16()` returns the buffer itself and Newton-Schulz's

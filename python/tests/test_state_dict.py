@@ -132,6 +132,23 @@ def test_rejected_load_changes_nothing(gen):
     assert_state_equal(before, opt.state_dict())
 
 
+def test_fogo_state_dict_refuses_groups_the_cpp_optimizer_lacks(gen):
+    # A group listed twice in param_groups (PyTorch's test_state_dict_deterministic does it) has
+    # no C++ group, so no memory: state_dict() used to write a blank one (step 0, zero codebook)
+    # for it. It refuses as step() does; so do copies, which snapshot the memory the same way.
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(2)])
+    expected = copy.deepcopy(opt.state_dict())
+    opt.param_groups.extend(opt.param_groups)
+    message = "4 param groups, but 2 were added through add_param_group"
+    for call in (opt.state_dict, lambda: copy.deepcopy(opt), opt.step):
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    del opt.param_groups[2:]
+    assert_state_equal(expected, opt.state_dict())
+
+
 def test_fogo_01_layout_still_loads(gen):
     # fogo 0.1's state_dict: the C++ archive's memory entries at the top level ("memory"), no
     # per-group memory; Muon's option under "adjust_lr".

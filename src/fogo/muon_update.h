@@ -21,12 +21,15 @@ struct MuonUpdateParams {
   /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
   /// device, read when the update runs (a replayed CUDA graph uses its current value).
   at::Tensor device_lr = {};
+  /// The precision of 1 - lr wd and the adjusted lr without `device_lr` (muon_decay).
+  at::ScalarType lr_dtype = at::kDouble;
 };
 
 /// Muon's update of every item, the ATen reference (ops::muon_update dispatches to a CUDA
 /// kernel computing the same bits):
 ///   p *= 1 - lr wd                 (mul_ by a wrapped double, as torch.optim.Muon's Python does)
 ///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
+/// both scalars computed in `lr_dtype` (muon_decay, muon_adjusted_lr).
 /// With `device_lr` the same products in double, rounded once, in the parameter's precision
 /// (fp32 for bf16/fp16 parameters).
 namespace ref {
