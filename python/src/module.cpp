@@ -14,6 +14,7 @@
 // archive from the state, options and those entries and goes through the C++ load(), so its
 // checks and its all-or-nothing behaviour apply unchanged.
 #include <fogo/detail/checks.h>
+#include <fogo/detail/integrity.h>
 #include <fogo/fogo.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
