@@ -3,6 +3,7 @@
 #include <torch/serialize/archive.h>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/integrity.h"
 #include "fogo/detail/ns_dtype_record.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo_state.h"

@@ -91,11 +91,15 @@ NonFinitePolicy FOGO::nonfinite(size_t group) const {
   return options(group).nonfinite();
 }
 
-NonFinitePolicy FOGO::policy_now(size_t g) const {
-  const NonFinitePolicy p = nonfinite(g);
-  const bool initialized = g < impl_->groups.size() && impl_->groups[g].initialized;
-  return p == NonFinitePolicy::Mask && !initialized ? NonFinitePolicy::Skip : p;
+NonFinitePolicy FOGO::default_nonfinite() const {
+  return static_cast<const FOGOOptions&>(defaults()).nonfinite();
 }
+
+bool FOGO::maskable(size_t g) const {
+  return g < impl_->groups.size() && impl_->groups[g].initialized;
+}
+
+double FOGO::weight_decay(size_t g) const { return options(g).weight_decay(); }
 
 void FOGO::check_group(size_t g) const { options(g).validate(); }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fogo/detail/batching.h"
+#include "fogo/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/projected.h"
 #include "fogo_state.h"

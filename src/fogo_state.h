@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "fogo/codebook.h"
-#include "fogo/detail/checks.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/projection.h"
 #include "graphed_step.h"

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/matrix_optimizer.h"
 #include "fogo/muon.h"
@@ -72,27 +73,6 @@ void check_state_shapes(const torch::optim::Optimizer& opt, const char* side) {
       }
     }
   }
-}
-
-enum class NonFiniteCheck { None, Raise, Mask, Skip };
-
-// What the matrix side does with NaN/Inf gradients, by its groups' NonFinitePolicy (FOGO's or
-// Muon's): Skip in any group skips; else Mask in any group masks; else Raise in any group raises
-// (Unchecked groups ask for nothing); a hybrid without a fogo matrix side behaves as LibTorch's
-// AdamW (no check).
-NonFiniteCheck nonfinite_check(const torch::optim::Optimizer* matrix) {
-  NonFiniteCheck check = NonFiniteCheck::None;
-  const auto* fogo_side = dynamic_cast<const MatrixOptimizer*>(matrix);
-  if (!fogo_side) return check;
-  for (size_t g = 0; g < fogo_side->param_groups().size(); ++g) {
-    const NonFinitePolicy policy = fogo_side->nonfinite(g);
-    if (policy == NonFinitePolicy::Skip) return NonFiniteCheck::Skip;
-    if (policy == NonFinitePolicy::Mask) check = NonFiniteCheck::Mask;
-    if (policy == NonFinitePolicy::Raise && check == NonFiniteCheck::None) {
-      check = NonFiniteCheck::Raise;
-    }
-  }
-  return check;
 }
 
 // Mask: the rest side's tensors a step changes (each stepped parameter and its AdamW moments).
@@ -306,45 +286,71 @@ torch::Tensor HybridOptimizer::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   sync_options();
   // Everything both sides will read is checked before either side changes anything: no
-  // parameter listed twice, gradient kinds and shapes (the matrix side checks its own too; the
-  // rest side's AdamW would fail half-way, naming no parameter). The matrix side's policy for
-  // unusable gradients (NaN/Inf, or a norm where the arithmetic overflows) holds for the whole
-  // step: with Skip nothing is stepped, with Raise the error names the parameter and nothing is
-  // stepped (AdamW would otherwise write NaN or Inf into the rest side's state).
+  // parameter listed twice, gradient kinds and shapes, the step's scalars (the matrix side checks
+  // its own too; the rest side's AdamW would fail half-way, naming no parameter, or decay its
+  // parameters by a negative factor). Then one decision for the whole step (decide_nonfinite).
   const detail::GradItems items = detail::collect_grads(
-      "HybridOptimizer", param_groups_, [](size_t) {}, [](size_t, size_t, const at::Tensor&) {});
-  const NonFiniteCheck check = nonfinite_check(matrix_.get());
-  if (check == NonFiniteCheck::Mask) {
-    // One flag on the device for the whole step (nothing read back): the matrix side masks by it
-    // (its Mask groups), the rest side is put back where it is false.
-    std::vector<at::Tensor> rest_params;
-    for (size_t k = 0; k < items.params.size(); ++k) {
-      if (route_[items.where[k].first].first == Side::Rest) rest_params.push_back(items.params[k]);
-    }
-    if (const auto rest = rest_side_tensors(rest_.get(), rest_params)) {
-      StepContext masked;
-      masked.ok = detail::grads_usable(items.grads);
-      const detail::MaskScope keep(masked.ok, *rest);
-      for (auto* side : sides()) step_side(*side, masked);
-      keep.restore();
-      return loss;
-    }
+      "HybridOptimizer", param_groups_, [](size_t) {}, [](size_t, size_t, const at::Tensor&) {},
+      [&](size_t g) { return weight_decay(g); });
+  std::vector<at::Tensor> rest_params;
+  for (size_t k = 0; k < items.params.size(); ++k) {
+    if (route_[items.where[k].first].first == Side::Rest) rest_params.push_back(items.params[k]);
   }
-  if (check != NonFiniteCheck::None) {
-    if (const int64_t bad = detail::first_unusable_grad(items.grads); bad >= 0) {
-      if (check == NonFiniteCheck::Skip || check == NonFiniteCheck::Mask) return loss;
-      const auto [g, i] = items.where[bad];
-      detail::throw_unusable_grad(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
-                                                                  : "HybridOptimizer (rest side)",
-                                  g, i, items.params[bad]);
-    }
+  const auto rest = [&] { return rest_side_tensors(rest_.get(), rest_params); };
+  const NonFiniteDecision decision = decide(items, [&] { return rest().has_value(); });
+  if (decision.kind == NonFiniteDecision::Kind::Raise) {
+    const auto [g, i] = items.where[decision.item];
+    detail::throw_unusable_grad(route_[g].first == Side::Matrix ? "HybridOptimizer (matrix side)"
+                                                                : "HybridOptimizer (rest side)",
+                                detail::describe_param(g, i, items.params[decision.item]),
+                                items.grads[decision.item]);
   }
-  // Checked above for the whole step (None: every matrix group is Unchecked): the matrix side
-  // need not read its gradients back again.
-  StepContext checked;
-  checked.grads_checked = true;
-  for (auto* side : sides()) step_side(*side, checked);
+  if (decision.kind == NonFiniteDecision::Kind::Skip) return loss;
+  // Mask: the matrix side masks by the step's flag, the rest side is put back where it is false.
+  const detail::MaskScope keep(decision.ok, decision.kind == NonFiniteDecision::Kind::Mask
+                                                ? rest().value()
+                                                : std::vector<at::Tensor>{});
+  StepContext decided;
+  decided.decided = decision;
+  for (auto* side : sides()) step_side(*side, decided);
+  keep.restore();
   return loss;
+}
+
+NonFiniteDecision HybridOptimizer::decide(const detail::GradItems& items,
+                                          const std::function<bool()>& rest_maskable) const {
+  // Each gradient's policy: a matrix group's own; the rest side's gradients follow the matrix
+  // side's defaults (its constructor's options). Without a fogo matrix side (or with none) every
+  // gradient is unchecked, as LibTorch's optimizers leave them.
+  const auto* fogo_side = dynamic_cast<const MatrixOptimizer*>(matrix_.get());
+  const NonFinitePolicy rest_policy =
+      fogo_side ? fogo_side->default_nonfinite() : NonFinitePolicy::Unchecked;
+  std::vector<NonFinitePolicy> policies;
+  bool maskable = true, masked = false;
+  for (const auto& [g, i] : items.where) {
+    const auto& [s, index] = route_[g];
+    if (s == Side::Rest) {
+      policies.push_back(rest_policy);
+    } else {
+      policies.push_back(fogo_side ? fogo_side->nonfinite(index) : NonFinitePolicy::Unchecked);
+      maskable = maskable && fogo_side && fogo_side->maskable(index);
+    }
+    masked = masked || policies.back() == NonFinitePolicy::Mask;
+  }
+  // Whether AdamW's tensors can be put back, only asked when some gradient is Mask's.
+  if (masked) maskable = maskable && rest_maskable();
+  return decide_nonfinite(policies, detail::usable_flags(policies, items.grads), maskable);
+}
+
+double HybridOptimizer::weight_decay(size_t g) const {
+  const auto& [s, index] = route_[g];
+  if (s == Side::Matrix) {
+    const auto* fogo_side = dynamic_cast<const MatrixOptimizer*>(matrix_.get());
+    return fogo_side ? fogo_side->weight_decay(index) : 0.0;
+  }
+  // LibTorch's AdamW decays decoupled, p *= 1 - lr x weight_decay, as fogo's optimizers do.
+  const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&param_groups_[g].options());
+  return adamw ? adamw->weight_decay() : 0.0;
 }
 
 const std::vector<double>& HybridOptimizer::base_lrs() const {

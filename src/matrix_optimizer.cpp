@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/nonfinite.h"
 
 namespace fogo {
 
@@ -19,37 +20,40 @@ torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure
   // 1. Validate everything before changing anything.
   const detail::GradItems items = detail::collect_grads(
       name(), param_groups_, [&](size_t g) { check_group(g); },
-      [&](size_t g, size_t i, const at::Tensor& p) { check_param(g, i, p); });
+      [&](size_t g, size_t i, const at::Tensor& p) { check_param(g, i, p); },
+      [&](size_t g) { return weight_decay(g); });
   const auto& [params, grads, where] = items;
-  // 2. The policy: Raise and Skip groups on the host, one read for the step, unless the caller
-  // has read them already.
-  const auto policy = [&](size_t k) { return policy_now(where[k].first); };
-  if (!context.grads_checked) {
-    const int64_t bad = detail::first_unusable_item(items, [&](size_t g) {
-      return policy_now(g) == NonFinitePolicy::Raise || policy_now(g) == NonFinitePolicy::Skip;
-    });
-    if (bad >= 0) {
-      if (policy(bad) == NonFinitePolicy::Skip) return loss;
-      detail::throw_unusable_grad(name(), where[bad].first, where[bad].second, params[bad]);
-    }
+  // 2. The policy: the caller's decision, or this optimizer's over its own gradients.
+  bool can_mask = true;
+  for (const auto& [g, i] : where) can_mask = can_mask && maskable(g);
+  NonFiniteDecision decision;
+  if (context.decided) {
+    decision = *context.decided;
+    TORCH_CHECK(decision.kind == NonFiniteDecision::Kind::Step ||
+                    (decision.kind == NonFiniteDecision::Kind::Mask && decision.ok.defined()),
+                name(), "::step_with: a caller's decision must be Step, or Mask with its flag");
+    TORCH_CHECK(decision.kind != NonFiniteDecision::Kind::Mask || can_mask, name(),
+                "::step_with: the caller decided Mask for a step that cannot be masked (a group's "
+                "first step; maskable(g) is false)");
+  } else {
+    std::vector<NonFinitePolicy> policies;
+    policies.reserve(where.size());
+    for (const auto& [g, i] : where) policies.push_back(nonfinite(g));
+    decision = decide_nonfinite(policies, detail::usable_flags(policies, grads), can_mask);
   }
-  // Mask groups: one flag for the step on the device, true when every gradient of the Mask groups
-  // is usable (the caller's flag when it gives one).
-  std::vector<at::Tensor> masked;
-  for (size_t k = 0; k < grads.size(); ++k) {
-    if (policy(k) == NonFinitePolicy::Mask) masked.push_back(grads[k]);
+  if (decision.kind == NonFiniteDecision::Kind::Raise) {
+    const auto [g, i] = where[decision.item];
+    detail::throw_unusable_grad(name(), detail::describe_param(g, i, params[decision.item]),
+                                grads[decision.item]);
   }
-  at::Tensor ok;
-  if (!context.grads_checked && !masked.empty()) {
-    ok = context.ok.defined() ? context.ok : detail::grads_usable(masked);
-  }
-  // 3. Each group with gradients (the items come group by group).
+  if (decision.kind == NonFiniteDecision::Kind::Skip) return loss;
+  // 3. Each group with gradients (the items come group by group), masked by the step's flag.
   std::vector<GroupStep> steps;
   for (size_t k = 0; k < params.size(); ++k) {
     if (steps.empty() || steps.back().group != where[k].first) {
       GroupStep s;
       s.group = where[k].first;
-      if (ok.defined() && policy(k) == NonFinitePolicy::Mask) s.ok = ok.to(params[k].device());
+      if (decision.kind == NonFiniteDecision::Kind::Mask) s.ok = decision.ok.to(params[k].device());
       steps.push_back(std::move(s));
     }
     steps.back().params.push_back(params[k]);

@@ -13,6 +13,8 @@
 
 #include "fogo/detail/batching.h"
 #include "fogo/detail/checks.h"
+#include "fogo/detail/integrity.h"
+#include "fogo/detail/nonfinite.h"
 #include "fogo/detail/ns_dtype_record.h"
 #include "fogo/muon_update.h"
 #include "fogo/newton_schulz.h"
@@ -158,6 +160,12 @@ NonFinitePolicy Muon::nonfinite(size_t group) const {
               param_groups_.size(), " groups)");
   return options(group).nonfinite();
 }
+
+NonFinitePolicy Muon::default_nonfinite() const {
+  return static_cast<const MuonOptions&>(defaults()).nonfinite();
+}
+
+double Muon::weight_decay(size_t g) const { return options(g).weight_decay(); }
 
 const MuonOptions& Muon::options(size_t g) const {
   return static_cast<const MuonOptions&>(param_groups_[g].options());

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/integrity.h"
 
 namespace fogo {
 

@@ -1,7 +1,7 @@
 // fogo::FOGO end to end: the memory-disabled reduction to slow-stream Muon (checked against a
 // hand computation in double precision), protection at task boundaries, checkpoints, and bad
 // or extreme input.
-#include <fogo/detail/checks.h>
+#include <fogo/detail/nonfinite.h>
 #include <fogo/fogo.h>
 #include <fogo/projection.h>
 #include <gtest/gtest.h>

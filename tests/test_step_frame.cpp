@@ -2,7 +2,7 @@
 // a step (StepContext) reaches the step explicitly and rules it, and Mask's restore
 // (detail::MaskScope) puts back exactly what a masked step changed; a CUDA graph capture that
 // fails puts back what its host code changed (detail::SavedStates, GraphedStep::run).
-#include <fogo/detail/checks.h>
+#include <fogo/detail/nonfinite.h>
 #include <fogo/fogo.h>
 #include <fogo/ops.h>
 #include <gtest/gtest.h>
@@ -74,8 +74,11 @@ std::vector<torch::Tensor> everything(fogo::MatrixOptimizer& opt,
 }
 
 fogo::StepContext with_flag(bool ok) {
+  fogo::NonFiniteDecision masked;
+  masked.kind = fogo::NonFiniteDecision::Kind::Mask;
+  masked.ok = torch::tensor(ok);
   fogo::StepContext c;
-  c.ok = torch::tensor(ok);
+  c.decided = masked;
   return c;
 }
 
@@ -126,7 +129,7 @@ TEST(StepFrame, GradientsTheCallerCheckedAreNotReadAgain) {
       feed(pb, k);
       const int64_t reads = fogo::detail::unusable_grad_reads();
       fogo::StepContext checked;
-      checked.grads_checked = true;
+      checked.decided = fogo::NonFiniteDecision{};  // Step: the caller found them usable
       a->step_with(checked);
       EXPECT_EQ(fogo::detail::unusable_grad_reads(), reads);
       b->step();

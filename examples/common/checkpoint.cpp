@@ -1,7 +1,7 @@
 #include "common/checkpoint.h"
 
 #include <fcntl.h>
-#include <fogo/detail/checks.h>
+#include <fogo/detail/integrity.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/utils.h>
 #include <unistd.h>

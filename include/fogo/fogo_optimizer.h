@@ -114,6 +114,11 @@ class FOGO : public MatrixOptimizer {
   void set_step_shard(StepShard shard) override;
 
   NonFinitePolicy nonfinite(size_t group) const override;
+  NonFinitePolicy default_nonfinite() const override;
+  /// Not a group's first step: its codebook is built from that step, and there is no earlier
+  /// memory to keep (a step that cannot be masked is checked on the host, as Skip).
+  bool maskable(size_t g) const override;
+  double weight_decay(size_t g) const override;
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
   /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
@@ -127,9 +132,6 @@ class FOGO : public MatrixOptimizer {
   const char* name() const override { return "FOGO"; }
   void check_group(size_t g) const override;
   void check_param(size_t g, size_t i, const at::Tensor& p) const override;
-  /// Mask on a group's first step is checked as Skip: the codebook is built from that step, and
-  /// there is no earlier memory to keep.
-  NonFinitePolicy policy_now(size_t g) const override;
   /// Param group `s.group`'s step: what the host decides (random draws, the re-seeding cadence,
   /// counters), then the stages, from the group's CUDA graph or eagerly. `s.ok` (Mask): where it
   /// is false the step leaves every tensor as it was.

@@ -5,6 +5,7 @@
 // HybridOptimizer is one torch::optim::Optimizer over both sides.
 
 #include <c10/util/Type.h>
+#include <fogo/nonfinite.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -18,6 +19,10 @@
 #include <vector>
 
 namespace fogo {
+
+namespace detail {
+struct GradItems;
+}
 
 struct ParamSplitRules {
   /// ECMAScript regexes searched in the parameter's full name; a match sends a matrix-shaped
@@ -92,14 +97,17 @@ class HybridOptimizer : public torch::optim::Optimizer {
   HybridOptimizer(HybridOptimizer&&) noexcept = default;
   HybridOptimizer& operator=(HybridOptimizer&&) noexcept = default;
 
-  /// Evaluates `closure` once (if given, with autograd on), then steps both sides. NaN/Inf
-  /// gradients on either side are handled for the whole step by the matrix side's policy
-  /// (FOGO's or Muon's NonFinitePolicy): Skip steps neither side, Raise throws naming
-  /// the parameter and steps neither side, Mask steps both and keeps every tensor of both on the
-  /// device, with nothing read back (the matrix side's Mask groups by one flag for the whole step;
-  /// the AdamW side's parameters and moments put back; its step counters advance, as FOGO's do).
-  /// Mask is checked on the host, as Skip, while an AdamW parameter has no state yet (its first
-  /// step).
+  /// Evaluates `closure` once (if given, with autograd on), then steps both sides. Unusable
+  /// gradients (NaN/Inf, or a norm where the arithmetic overflows) are decided for the whole step
+  /// by one decide_nonfinite (nonfinite.h) over both sides' gradients: a matrix group's by its
+  /// own NonFinitePolicy, the AdamW side's by the matrix optimizer's default policy (its
+  /// constructor's options: make_hybrid's `matrix_options`); without a fogo matrix side nothing is
+  /// checked. Raise throws naming the parameter and its side, Skip returns, both having changed
+  /// neither side; Mask steps both and keeps every tensor of both on the device, with nothing
+  /// read back (the matrix side's groups by the step's flag; the AdamW side's parameters and
+  /// moments put back; its step counters advance, as FOGO's do). Mask is checked on the host, as
+  /// Skip, while an AdamW parameter has no state yet (its first step) or a FOGO group takes its
+  /// first step.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Sets every group's lr to (its base lr) * factor: how a schedule drives both sides, whose
@@ -159,6 +167,12 @@ class HybridOptimizer : public torch::optim::Optimizer {
   void sync_options() const;
   /// The sides' options (after a load) into the hybrid's groups.
   void pull_options();
+  /// decide_nonfinite over the step's gradients `items` (the hybrid's groups), each by its
+  /// side's policy; `rest_maskable()`: whether the AdamW side can be put back now.
+  NonFiniteDecision decide(const detail::GradItems& items,
+                           const std::function<bool()>& rest_maskable) const;
+  /// Hybrid group `g`'s decoupled weight decay, for the validation of the step's scalars.
+  double weight_decay(size_t g) const;
 
   std::unique_ptr<torch::optim::Optimizer> matrix_, rest_;
   /// For each of the hybrid's param groups: its side and index there.

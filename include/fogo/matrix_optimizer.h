@@ -2,18 +2,19 @@
 // fogo::MatrixOptimizer: the step frame fogo::FOGO and fogo::Muon share, written once.
 //
 //   step(closure) = step_with({}, closure):
-//     1. validate     every group's options, every parameter with a gradient, its state and its
-//                     gradient's kind, before anything changes (a bad input changes nothing)
-//     2. policy       each group's NonFinitePolicy: Raise and Skip groups read their gradients'
-//                     usability back to the host (one synchronisation for the step), Mask groups
-//                     get one flag on the device for the step, Unchecked groups nothing
+//     1. validate     every group's options, every parameter with a gradient, its state, its
+//                     gradient's kind and the step's scalars (lr, lr x weight_decay), before
+//                     anything changes (a bad input changes nothing)
+//     2. policy       decide_nonfinite (nonfinite.h) over every gradient of the step, each by its
+//                     group's NonFinitePolicy: Raise throws naming the parameter, Skip returns,
+//                     both having changed nothing; Mask gives every group the step's flag
 //     3. groups       step_group() of each group with gradients (from its CUDA graph or eagerly:
 //                     detail::run_group), which restores what a masked step changed
 //                     (detail::MaskScope) before it returns
 //     4. finish       finish_step() (Muon's sharded exchange)
 //
-// A caller that steps several optimizers as one (HybridOptimizer) decides the policy for the
-// whole step itself and passes what it decided in a StepContext: nothing is coordinated at a
+// A caller that steps several optimizers as one (HybridOptimizer, the Python package) takes the
+// decision for the whole step itself and passes it in a StepContext: nothing is coordinated at a
 // distance.
 
 #include <ATen/Tensor.h>
@@ -21,19 +22,19 @@
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 
+#include <optional>
 #include <vector>
 
 namespace fogo {
 
-/// What the caller of a step decided for it. Default: nothing; the optimizer checks its own
-/// gradients by each group's NonFinitePolicy.
+/// What the caller of a step decided for it. Default: nothing; the optimizer decides by its
+/// groups' NonFinitePolicy.
 struct StepContext {
-  /// The caller read every gradient of the step back and found each usable (its Raise or Skip):
-  /// nothing is read back again and nothing is masked.
-  bool grads_checked = false;
-  /// The caller's Mask flag for the whole step (a 0-d bool on a device, true when every gradient
-  /// it tested is usable): the Mask groups mask by it instead of testing their own gradients.
-  at::Tensor ok;
+  /// The caller's decision (decide_nonfinite) over every gradient it steps, this optimizer's
+  /// among them, each by its policy (nonfinite(g)) and with maskable() part of its `maskable`:
+  /// Step (nothing is read back or masked) or Mask (every group masked by its `ok`). A caller
+  /// that decided Skip or Raise does not step.
+  std::optional<NonFiniteDecision> decided;
 };
 
 class MatrixOptimizer : public torch::optim::Optimizer {
@@ -50,12 +51,25 @@ class MatrixOptimizer : public torch::optim::Optimizer {
 
   /// Group `group`'s NonFinitePolicy option.
   virtual NonFinitePolicy nonfinite(size_t group) const = 0;
+  /// The NonFinitePolicy of the defaults (the constructor's options): what a HybridOptimizer
+  /// applies to its other side's gradients.
+  virtual NonFinitePolicy default_nonfinite() const = 0;
+  /// Whether group `g`'s step can be masked now (NonFinitePolicy::Mask): FOGO's first step of a
+  /// group cannot (its codebook is built from it; there is no earlier memory to keep).
+  virtual bool maskable(size_t g) const {
+    (void)g;
+    return true;
+  }
+  /// Group `g`'s decoupled weight decay (p *= 1 - lr x weight_decay at each step; 0 for none):
+  /// the frame refuses lr x weight_decay > 1 before anything changes.
+  virtual double weight_decay(size_t g) const = 0;
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h).
   virtual void set_step_shard(StepShard shard) = 0;
 
  protected:
   /// One param group's part of a step: its parameters with gradients (in the group's order), and
-  /// under NonFinitePolicy::Mask the step's flag on the group's device (else undefined).
+  /// when the step is masked (NonFiniteDecision::Mask) the step's flag on the group's device (else
+  /// undefined): where it is false, step_group must leave every tensor as it was.
   struct GroupStep {
     size_t group = 0;
     std::vector<at::Tensor> params, grads;
@@ -68,9 +82,6 @@ class MatrixOptimizer : public torch::optim::Optimizer {
   virtual void check_group(size_t g) const = 0;
   /// Throws naming what is wrong with parameter `i` of group `g` (it has a gradient) or its state.
   virtual void check_param(size_t g, size_t i, const at::Tensor& p) const = 0;
-  /// How group `g`'s gradients are checked at this step: its policy, or the one it stands for now
-  /// (FOGO: Mask on a group's first step is checked as Skip; its codebook is built from it).
-  virtual NonFinitePolicy policy_now(size_t g) const { return nonfinite(g); }
   /// One group's step (device work; state created on the host first).
   virtual void step_group(const GroupStep& group) = 0;
   /// After every group has stepped.

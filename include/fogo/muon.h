@@ -81,6 +81,8 @@ class Muon : public MatrixOptimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
   NonFinitePolicy nonfinite(size_t group) const override;
+  NonFinitePolicy default_nonfinite() const override;
+  double weight_decay(size_t g) const override;
 
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h): every
   /// rank updates every momentum buffer (so checkpoints do not depend on the sharding), but runs

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from . import _C
+from . import _C, _nonfinite
 from .optim import (FOGO, Muon, evaluate_closure, repr_without_memory, run_load_post_hooks,
                     run_load_pre_hooks)
 
@@ -159,10 +159,15 @@ class Hybrid(torch.optim.Optimizer):
     over both (FOGO's memory in its groups), ``load_state_dict()`` restores both. ``matrix`` and
     ``rest`` are the two optimizers (``opt.matrix.task_boundary()``, ``opt.matrix.telemetry()``).
 
-    One ``step()`` evaluates the closure once and steps both sides. NaN/Inf gradients: the matrix
-    side's ``nonfinite`` policy (its first group's) covers the AdamW side's gradients too for
-    "raise" (nothing is stepped, RuntimeError naming the parameter) and "skip" (neither side
-    steps); under "mask" and "unchecked" AdamW's gradients are not checked.
+    One ``step()`` evaluates the closure once and steps both sides. Unusable gradients (NaN/Inf,
+    or a norm where the arithmetic overflows) are decided once for the whole step, by the C++
+    rule (fogo::decide_nonfinite) over both sides' gradients: a matrix group's by its own
+    ``nonfinite``, the AdamW side's by the matrix options' ``nonfinite`` (the keyword given
+    here). "raise": RuntimeError naming the parameter and its side, nothing stepped; "skip":
+    nothing stepped, the step not counted; "mask": both sides step on the device and every
+    parameter and state tensor keeps its bits (nothing read back; step counters, FOGO's and
+    AdamW's ``step``, advance); "unchecked": no check, NaN reaches the parameters. As
+    fogo::HybridOptimizer does in C++ (docs/python.md).
     """
 
     def __init__(
@@ -261,38 +266,75 @@ class Hybrid(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """Evaluates ``closure`` once, then steps the matrix side and the AdamW side."""
+        """Evaluates ``closure`` once, then steps the matrix side and the AdamW side, after one
+        non-finite decision for both (fogo/_nonfinite.py)."""
         loss = evaluate_closure(closure)
-        if not self._rest_gradients_usable():
+        matrix, rest = self.matrix, self.rest
+        if matrix is not None:
+            matrix._prepare()
+        items, maskable = self._nonfinite_items()
+        decision = _nonfinite.decide(items, maskable)
+        if decision is None:
             return loss
-        for side in ("matrix", "rest"):
-            if side in self._sides:
-                self._sides[side].step()
+        ok = _nonfinite.mask_ok(decision)
+        keep = None if ok is None else _C.MaskScope(ok, self._rest_tensors())
+        if matrix is not None:
+            matrix._step_decided(decision)
+        if rest is not None:
+            rest.step()
+        if keep is not None:
+            keep.restore()
         return loss
 
-    def _rest_gradients_usable(self) -> bool:
-        """Under the matrix side's "raise" / "skip": whether AdamW's gradients are finite (one
-        host synchronisation); raises for "raise", before anything changes."""
-        policy = self.matrix.param_groups[0]["nonfinite"] if self.matrix else "raise"
-        if policy not in ("raise", "skip") or "rest" not in self._sides:
-            return True
-        rest = [(g, group) for g, (group, (side, _))
-                in enumerate(zip(self.param_groups, self._route)) if side == "rest"]
-        items = [(g, i, p) for g, group in rest for i, p in enumerate(group["params"])
-                 if p.grad is not None]
-        if not items:
-            return True
-        finite = torch.stack([torch.isfinite(p.grad).all().to(items[0][2].device)
-                              for _, _, p in items])
-        if bool(finite.all()):
-            return True
-        if policy == "skip":
-            return False
-        g, i, p = items[int((~finite).nonzero()[0])]
-        raise RuntimeError(
-            f"fogo.Hybrid: the gradient of parameter {i} of group {g} (shape {list(p.shape)}, "
-            "AdamW side) holds NaN or Inf; nothing was stepped (nonfinite='raise'; 'skip' skips "
-            "such steps)")
+    def _nonfinite_items(self) -> tuple[list[_nonfinite.Item], bool]:
+        """Every gradient of the step in the hybrid's group order, each by its side's policy, and
+        whether the step can be masked (FOGO's first step of a group and an AdamW parameter
+        without state cannot be)."""
+        items, maskable = [], True
+        if self.matrix is not None:
+            index = {k: g for g, (side, k) in enumerate(self._route) if side == "matrix"}
+            mine = self.matrix._nonfinite_items()
+            maskable = self.matrix._maskable(mine)
+            items += [it._replace(group=index[it.group], label="fogo.Hybrid (matrix side)")
+                      for it in mine]
+        rest = [(g, i, p, name) for g, (group, (side, _))
+                in enumerate(zip(self.param_groups, self._route)) if side == "rest"
+                for i, (p, name) in enumerate(zip(
+                    group["params"], group.get("param_names") or [None] * len(group["params"])))
+                if p.grad is not None]
+        policy = self._rest_policy()
+        flags = _nonfinite.usable([policy] * len(rest), [p.grad for _, _, p, _ in rest])
+        for (g, i, p, name), flag in zip(rest, flags):
+            items.append(_nonfinite.Item(policy, flag, "fogo.Hybrid (rest side)", g, i, p, name,
+                                         _nonfinite.whole(p.grad)))
+        if maskable and any(it.policy == "mask" for it in items):  # AdamW's state to put back
+            maskable = all("exp_avg" in self.rest.state.get(p, {}) for _, _, p, _ in rest)
+        items.sort(key=lambda it: (it.group, it.index))
+        return items, maskable
+
+    def _rest_policy(self) -> str:
+        """The AdamW side's policy: the matrix options' ``nonfinite`` (the matrix side's
+        defaults, or what it would have without matrices)."""
+        if self.matrix is not None:
+            return self.matrix.defaults["nonfinite"]
+        return self._options["matrix"].get(
+            "nonfinite", self._matrix_class._Cpp.default_options()["nonfinite"])
+
+    def _rest_tensors(self) -> list[torch.Tensor]:
+        """What the AdamW side's step changes (its parameters with gradients and their moments;
+        local shards of DTensors), for a masked step to put back. Its ``step`` counts advance."""
+        out = []
+        for group, (side, _) in zip(self.param_groups, self._route):
+            if side != "rest":
+                continue
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.rest.state[p]
+                for t in (p, st.get("exp_avg"), st.get("exp_avg_sq"), st.get("max_exp_avg_sq")):
+                    if t is not None:
+                        out.append(t.to_local() if _nonfinite.whole(t) is None else t)
+        return out
 
     # -- checkpoints -----------------------------------------------------------------------------
 

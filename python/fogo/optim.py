@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import _C, _memory
+from . import _C, _memory, _nonfinite
 
 try:  # DTensor parameters (FSDP2's fully_shard, tensor parallelism)
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
@@ -136,13 +136,9 @@ class _CppOptimizer(torch.optim.Optimizer):
         the all-gather scheme."""
         return False
 
-    def _owner_step(self) -> None:
-        """The owner-computed parameters' step, after the C++ step."""
-
-    def _owner_check(self) -> bool:
-        """Before anything changes: the owner-computed gradients' NaN/Inf policy (raises, or
-        False to skip the step)."""
-        return True
+    def _owner_step(self, ok: Optional[torch.Tensor]) -> None:
+        """The owner-computed parameters' step, after the C++ step; masked by ``ok`` (the step's
+        flag under "mask": where it is false, their shards and momenta keep their bits)."""
 
     # -- param groups -------------------------------------------------------------------------
 
@@ -308,17 +304,52 @@ class _CppOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
         loss = evaluate_closure(closure)
+        self._prepare()
+        decision = None  # the C++ step decides over its own gradients
+        if self._locals:  # the owner-computed gradients join them in one decision, taken here
+            items = self._nonfinite_items()
+            decision = _nonfinite.decide(items, self._maskable(items))
+            if decision is None:
+                return loss
+        self._step_decided(decision)
+        return loss
+
+    # -- the step in parts, for fogo.Hybrid (fogo/_nonfinite.py decides between them) ---------
+
+    def _prepare(self) -> None:
+        """Before a step: the groups and state into the C++ optimizer, sharded gradients (and
+        parameters where changed) into the full shadows."""
         self._sync()
-        if self._locals and not self._owner_check():
-            return loss
         if self._shadows:
             self._gather()
-        self._cpp.step()
+
+    def _nonfinite_items(self) -> list[_nonfinite.Item]:
+        """Every gradient the step takes (after _prepare), in group order, each by its group's
+        policy: the C++ step's (shadows' for DTensor parameters) and the owner-computed ones."""
+        taken = []
+        for g, group in enumerate(self.param_groups):
+            names = group.get("param_names") or [None] * len(group["params"])
+            for i, (p, name) in enumerate(zip(group["params"], names)):
+                grad = p.grad if id(p) in self._locals else self._cpp_param(p).grad
+                if grad is not None:
+                    taken.append((group["nonfinite"], g, i, p, name, grad))
+        flags = _nonfinite.usable([t[0] for t in taken], [t[5] for t in taken])
+        return [_nonfinite.Item(policy, flag, self._Cpp.__name__, g, i, p, name,
+                                _nonfinite.whole(grad))
+                for (policy, g, i, p, name, grad), flag in zip(taken, flags)]
+
+    def _maskable(self, items: list[_nonfinite.Item]) -> bool:
+        """Whether the step of ``items`` (this optimizer's) can be masked now: FOGO's first step
+        of a group cannot."""
+        return all(self._cpp.maskable(g) for g in {it.group for it in items})
+
+    def _step_decided(self, decision: Optional[_C.NonFiniteDecision]) -> None:
+        """The step with the decision taken for it (None: the C++ step decides)."""
+        self._cpp.step(decision)
         if self._shadows:
             self._scatter()
         if self._locals:
-            self._owner_step()
-        return loss
+            self._owner_step(_nonfinite.mask_ok(decision))
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -576,33 +607,15 @@ class Muon(_CppOptimizer):
             ranks[owners[k]] += costs[k]
         return [(g, i, p, r) for (g, i, p), r in zip(items, owners)]
 
-    def _owner_check(self) -> bool:
-        checked = [(g, i, p) for g, i, p, _ in self._owned()
-                   if p.grad is not None and g["nonfinite"] != "unchecked"]
-        if not checked:
-            return True
-        # One flag per parameter, all-reduced: every rank knows which (if any) is not finite.
-        bad = torch.stack([~torch.isfinite(p.grad.to_local()).all() for _, _, p in checked])
-        bad = bad.to(torch.int32)
-        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX,
-                                     group=checked[0][2].device_mesh.get_group())
-        for (g, i, p), flag in zip(checked, bad.tolist()):
-            if not flag:
-                continue
-            if g["nonfinite"] == "raise":
-                index = self.param_groups.index(g)
-                raise ValueError(
-                    f"Muon: the gradient of parameter {i} of param group {index} (shape "
-                    f"{tuple(p.shape)}, a DTensor) has non-finite values (NaN/Inf) on some rank; "
-                    f"nothing was changed (option 'nonfinite')")
-            return False  # "skip" and "mask" (the latter with a host synchronisation here)
-        return True
-
-    def _owner_step(self) -> None:
+    def _owner_step(self, ok: Optional[torch.Tensor]) -> None:
         dist = torch.distributed
-        for group, _, p, owner in self._owned():
-            if p.grad is None:
-                continue
+        stepped = [(group, p, owner) for group, _, p, owner in self._owned() if p.grad is not None]
+        # "mask": every rank takes part in the collectives; where the step's flag is false, the
+        # shards and momenta are put back (on the device, nothing read back).
+        changed = [t for _, p, _ in stepped
+                   for t in (p.to_local(), self.state[p]["momentum_buffer"].to_local())]
+        keep = None if ok is None else _C.MaskScope(ok, changed)
+        for group, p, owner in stepped:
             grad, buf, local = p.grad.to_local(), self.state[p]["momentum_buffer"].to_local(), \
                 p.to_local()
             momentum = group["momentum"]
@@ -635,6 +648,8 @@ class Muon(_CppOptimizer):
             adjusted_lr = _C.muon_adjusted_lr(group, p.shape[0], p.numel() // max(p.shape[0], 1))
             local.mul_(1.0 - lr * group["weight_decay"])
             local.add_(mine[: local.shape[0]], alpha=-adjusted_lr)
+        if keep is not None:
+            keep.restore()
 
     def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}

@@ -14,6 +14,7 @@
 // archive from the state, options and those entries and goes through the C++ load(), so its
 // checks and its all-or-nothing behaviour apply unchanged.
 #include <fogo/detail/checks.h>
+#include <fogo/detail/integrity.h>
 #include <fogo/fogo.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
@@ -21,6 +22,8 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -422,9 +425,13 @@ class Bound {
     }
   }
 
-  void step() {
+  /// One step; `decided`: the decision Python took for it (python/fogo/_nonfinite.py), when
+  /// the step is part of a larger one.
+  void step(const std::optional<fogo::NonFiniteDecision>& decided) {
+    fogo::StepContext context;
+    context.decided = decided;
     py::gil_scoped_release no_gil;
-    opt_.step();
+    opt_.step_with(context);
   }
 
   /// The archive's entries other than LibTorch's (FOGO's per-group memory), as plain Python
@@ -533,6 +540,7 @@ class Bound {
   }
 
   typename Traits::Optim& get() { return opt_; }
+  const typename Traits::Optim& get() const { return opt_; }
 
  private:
   static void check_state(size_t g, size_t i, const at::Tensor& p, const char* key,
@@ -619,7 +627,8 @@ py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
                   [] { return archive_option_keys(typename Traits::Options()); })
       .def("add_param_group", &B::add_param_group)
       .def("sync", &B::sync)
-      .def("step", &B::step)
+      .def("step", &B::step, py::arg("decided") = py::none())
+      .def("maskable", [](const B& b, size_t g) { return b.get().maskable(g); })
       .def("extra_state", &B::extra_state)
       .def("param_states", &B::param_states)
       .def("adopt_states", &B::adopt_states)
@@ -631,6 +640,10 @@ py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
 // fogo._testing (python/tests/testing_module.cpp) compiles this file for the conversions above,
 // without this module.
 #ifndef FOGO_PY_CONVERSIONS_ONLY
+
+// python/src/nonfinite.cpp.
+void bind_nonfinite(py::module_& m,
+                    const std::function<fogo::NonFinitePolicy(const py::handle&)>& policy_from);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fogo's C++ optimizers (use fogo.FOGO and fogo.Muon)";
@@ -675,6 +688,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const std::string& name) { return FOGOTraits::to_dict(fogo::presets::by_name(name)); },
       py::arg("name"));
 
+  bind_nonfinite(m, [](const py::handle& v) {
+    return Convert<fogo::NonFinitePolicy>::from(v, "decide_nonfinite", "policies");
+  });
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
   // Owner-computes for sharded (DTensor) parameters (fogo/optim.py): the owner rank of a matrix
   // orthogonalizes the whole momentum-updated matrix as Muon::step does (the same NSConfig, the

@@ -212,7 +212,8 @@ class CommCounter:
 def check_owner_traffic(counter, model, steps):
     """Owner-computes' traffic, measured, against its count: per matrix and step, each rank not
     owning it sends its (padded) shard and receives its orthogonalized shard, the owner the
-    reverse; plus one all-reduce of a 4-byte NaN/Inf flag per matrix. Rank 0 prints it."""
+    reverse; plus one all-reduce of an 8-byte squared gradient norm per matrix (the NaN/Inf
+    check). Rank 0 prints it."""
     world = dist.get_world_size()
     shard_bytes = [-(-p.shape[0] // world) * (p.numel() // p.shape[0]) * 4
                    for p in model.parameters()]
@@ -220,7 +221,7 @@ def check_owner_traffic(counter, model, steps):
     totals = [torch.empty_like(every) for _ in range(world)]
     dist.all_gather(totals, every)
     sent = sum(int(t[0]) for t in totals)
-    flags = 4 * len(shard_bytes) * steps * world
+    flags = 8 * len(shard_bytes) * steps * world
     expected = steps * sum(2 * (world - 1) * b for b in shard_bytes) + flags
     assert sent == expected, (sent, expected)
     assert counter.calls["gather"] == counter.calls["scatter"] == steps * len(shard_bytes)
@@ -275,10 +276,10 @@ def fsdp_dcp(tmp):
 MUON_DCP_OPTIONS = {"lr": 0.02, "ns_dtype": torch.float32, "weight_decay": 0.1}
 
 
-def sharded_chain():
+def sharded_chain(bias=False):
     from torch.distributed.fsdp import fully_shard
 
-    model = Chain()
+    model = Chain(bias)
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -334,34 +335,96 @@ def fsdp_muon_dcp(tmp):
         assert torch.equal(p.full_tensor(), q.full_tensor()), "the resumed step differs"
 
 
+@contextlib.contextmanager
+def no_host_reads():
+    """Inside, reading a tensor's value into Python (item, tolist, bool, int, float: each a host
+    synchronisation on a GPU) fails, and the C++ decision reads nothing back."""
+    names = ("item", "tolist", "__bool__", "__int__", "__float__")
+    saved = {n: torch.Tensor.__dict__.get(n) for n in names}
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a tensor was read back to the host inside a masked step")
+
+    reads = fogo._C.unusable_grad_reads()
+    for n in names:
+        setattr(torch.Tensor, n, refuse)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            if f is None:
+                delattr(torch.Tensor, n)
+            else:
+                setattr(torch.Tensor, n, f)
+    assert fogo._C.unusable_grad_reads() == reads, "the decision read flags back"
+
+
 def fsdp_muon_nonfinite(tmp):
-    """A NaN in one rank's gradient rows of an owner-computed matrix: "raise" raises on every
-    rank naming the parameter, "skip" skips; either way nothing changes (parameters, momenta)."""
-    torch.manual_seed(0)
-    model = sharded_chain()
+    """Every policy on the FSDP2 owner-computes path: fogo.Muon over a fully_shard model, and
+    fogo.Hybrid over the same model with biases (an AdamW side, sharded too); a NaN in one rank's
+    rows of an owner-computed matrix's gradient, and (hybrid) in one rank's AdamW gradient. The
+    outcome is the C++ paths' (tests/test_nonfinite.cpp): "raise" raises on every rank naming the
+    parameter; "skip" and "mask" change nothing (parameters, momenta, AdamW moments), "skip"
+    counting no step, "mask" counting AdamW's and reading nothing back to the host (fogo.Muon: no
+    tensor read into Python at all; the hybrid: the C++ decision reads nothing, AdamW reads its
+    own CPU step count); "unchecked" lets the NaN reach the parameter."""
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-    for policy in ("raise", "skip"):
-        opt = fogo.Muon(model.parameters(), lr=0.02, nonfinite=policy)
-        x, y = fsdp_batch(0)
-        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
-        params = list(model.parameters())
+    cases = [(False, "matrix"), (True, "matrix"), (True, "rest")]
+    for (hybrid, victim), policy in ((c, p) for c in cases
+                                     for p in ("raise", "skip", "mask", "unchecked")):
+        where = f"{'Hybrid' if hybrid else 'Muon'}, {policy}, NaN in the {victim} gradient"
+        torch.manual_seed(0)
+        model = sharded_chain(bias=hybrid)
+        opt = (fogo.Hybrid(model, fogo.Muon, {"lr": 0.02, "nonfinite": policy}, {"lr": 1e-2})
+               if hybrid else fogo.Muon(model.parameters(), lr=0.02, nonfinite=policy))
+        muon = opt.matrix if hybrid else opt
+        assert muon._locals, "owner-computes is not in use"
+        for t in (0, 1):  # a usable step first: momenta and moments not zero
+            x, y = fsdp_batch(t)
+            torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+            if t == 0:
+                opt.step()
+                opt.zero_grad()
+        layer = model.layers[1]
+        poisoned = layer.weight if victim == "matrix" else layer.bias
         if rank == world - 1:
-            params[1].grad.to_local()[0, 0] = float("nan")
+            poisoned.grad.to_local()[0] = float("nan")
+        params = list(model.parameters())
+        states = [t.to_local().clone() for p in params for t in opt.state[p].values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0]
         before = [p.to_local().clone() for p in params]
-        bufs = [opt.state[p]["momentum_buffer"].to_local().clone() for p in params]
+        steps = [int(opt.state[p]["step"]) for p in params if "step" in opt.state[p]]
         if policy == "raise":
             try:
                 opt.step()
-            except ValueError as e:
-                assert "parameter 1 of param group 0" in str(e), str(e)
+            except RuntimeError as e:
+                side = f"fogo.Hybrid ({victim} side)" if hybrid else "Muon"
+                name = (f"parameter 1 of group 0 (shape [24, 33])" if victim == "matrix"
+                        else "parameter 1 of group 1 (shape [24])")
+                assert f"{side}: gradient of {name}" in str(e) and "on some rank" in str(e), \
+                    f"{where}: {e}"
             else:
-                raise AssertionError("a NaN gradient did not raise")
+                raise AssertionError(f"{where}: a NaN gradient did not raise")
+        elif policy == "mask" and not hybrid:
+            with no_host_reads():
+                opt.step()
         else:
+            reads = fogo._C.unusable_grad_reads()
             opt.step()
-        for p, b, m in zip(params, before, bufs):
-            assert torch.equal(p.to_local(), b), f"{policy}: a parameter changed"
-            assert torch.equal(opt.state[p]["momentum_buffer"].to_local(), m)
+            if policy in ("mask", "unchecked"):
+                assert fogo._C.unusable_grad_reads() == reads, f"{where}: a flag was read back"
+        if policy == "unchecked":
+            assert poisoned.full_tensor().isnan().any(), f"{where}: the NaN did not propagate"
+        else:
+            assert all(torch.equal(p.to_local(), b) for p, b in zip(params, before)), \
+                f"{where}: a parameter changed"
+            now = [t.to_local() for p in params for t in opt.state[p].values()
+                   if isinstance(t, torch.Tensor) and t.dim() > 0]
+            assert all(torch.equal(a, b) for a, b in zip(now, states)), f"{where}: a state changed"
+            counted = [int(opt.state[p]["step"]) for p in params if "step" in opt.state[p]]
+            expected = [k + 1 for k in steps] if policy == "mask" else steps
+            assert counted == expected, f"{where}: AdamW's step counts {steps} -> {counted}"
         opt.zero_grad()
 
 
