@@ -581,44 +581,28 @@ def test_load_state_dict_pre_post_hook(cls):
         assert optim.state["ran_load_state_dict_post_hook"]
 
 
-def test_step_post_hook(cls):
+@pytest.mark.parametrize("register, start, end", [("register_step_post_hook", 2, 6),
+                                                    ("register_step_pre_hook", 5, 9)])
+def test_step_hook(cls, register, start, end):
+    # torch's test_step_post_hook and test_step_pre_hook: each step runs the hook (+2) until its
+    # handle is removed.
     data = 0
 
-    def post_hook(opt, args, kwargs):
+    def hook(opt, args, kwargs):
         nonlocal data
         data += 2
 
     params = [torch.tensor([[1.0, 1.0]])]
     for optim_input in optim_inputs(cls, skip=()):
         optim = cls(params, **optim_input.kwargs)
-        data = 2
-        handle = optim.register_step_post_hook(post_hook)
+        data = start
+        handle = getattr(optim, register)(hook)
         optim.step()
         optim.step()
-        assert data == 6
+        assert data == end
         handle.remove()
         optim.step()
-        assert data == 6
-
-
-def test_step_pre_hook(cls):
-    data = 0
-
-    def pre_hook(opt, args, kwargs):
-        nonlocal data
-        data += 2
-
-    params = [torch.tensor([[1.0, 1.0]])]
-    for optim_input in optim_inputs(cls, skip=()):
-        optim = cls(params, **optim_input.kwargs)
-        data = 5
-        handle = optim.register_step_pre_hook(pre_hook)
-        optim.step()
-        optim.step()
-        assert data == 9
-        handle.remove()
-        optim.step()
-        assert data == 9
+        assert data == end
 
 
 def test_step_all_hooks(cls):
