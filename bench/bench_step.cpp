@@ -157,12 +157,16 @@ void optimizer_step(benchmark::State& state, const Factory& make) {
   auto opt = make(params, state.range(0), s.ns_dtype);
   time_steps(state, s.device, 2, [&] { opt->step(); });
   const auto& options = opt->param_groups()[0].options();
+  // ns_dtype auto and ns_form Default as the step resolved them (the routes depend on them).
   if (const auto* f = dynamic_cast<const fogo::FOGOOptions*>(&options)) {
-    fogo::FOGOOptions resolved = *f;  // auto as the step resolved it (the routes depend on it)
-    resolved.ns_dtype(fogo::resolve_ns_dtype(f->ns_dtype(), s.device));
+    fogo::FOGOOptions resolved = *f;
+    resolved.ns_form(fogo::resolve_ns_form(f->ns_form(), f->ns_dtype(), s.device))
+        .ns_dtype(fogo::resolve_ns_dtype(f->ns_dtype(), s.device));
     set_traffic(state, 0, fogo_ns_flops(state.range(0), resolved));
   } else if (const auto* m = dynamic_cast<const fogo::MuonOptions*>(&options)) {
-    set_traffic(state, 0, muon_ns_flops(state.range(0), *m));
+    fogo::MuonOptions resolved = *m;
+    resolved.ns_form(fogo::resolve_ns_form(m->ns_form(), m->ns_dtype(), s.device));
+    set_traffic(state, 0, muon_ns_flops(state.range(0), resolved));
   }
 }
 

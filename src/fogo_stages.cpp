@@ -41,11 +41,12 @@ const at::Tensor& lift_matrix(const Projection& proj, const FOGOOptions& o) {
 
 bool fast_stream_takes_gram(const at::Tensor& Bf, const Projection& proj, const FOGOOptions& o) {
   const at::ScalarType dtype = compute_dtype(o, Bf.device());
+  const NSForm form = resolve_ns_form(o.ns_form(), o.ns_dtype(), Bf.device());
   const bool full_precision = dtype == at::kFloat || dtype == at::kDouble;
-  if (!full_precision && (o.ns_form() == NSForm::Plain || o.ns_gram_restart() == 0)) return false;
+  if (!full_precision && (form == NSForm::Plain || o.ns_gram_restart() == 0)) return false;
   // ns_form Auto decides as Auto decides (timed at the first sight of the shape on the GPU and
   // the CPU); otherwise the cost model.
-  if (o.ns_form() == NSForm::Auto) {
+  if (form == NSForm::Auto) {
     return newton_schulz_projected_auto(Bf, proj.Pi, ns_config(o, o.ns_steps_fast()));
   }
   return newton_schulz_projected_is_cheaper(Bf.size(1), Bf.size(2), o.proj_dim(), o.ns_steps_fast(),

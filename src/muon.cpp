@@ -258,7 +258,7 @@ detail::Runs shape_runs(const std::vector<at::Tensor>& params, std::vector<size_
 // Newton–Schulz of one run's momenta `inputs` (same matrix shape), batched: [count, rows, cols]
 // in the compute dtype (the cast done by the copy; ns_dtype auto as it resolves on their device).
 at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, NSConfig ns) {
-  ns.compute_dtype = resolve_ns_dtype(ns.compute_dtype, inputs.front().device());
+  ns = resolve_ns_config(ns, inputs.front().device());
   const int64_t rows = inputs.front().size(0),
                 cols = inputs.front().numel() / std::max<int64_t>(rows, 1);
   at::Tensor X = at::empty({static_cast<int64_t>(inputs.size()), rows, cols},

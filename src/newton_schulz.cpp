@@ -144,9 +144,9 @@ void validate(const NSConfig& config) {
               "NSConfig.compute_dtype (ns_dtype) must be a real floating dtype or kNSDtypeAuto, "
               "got ",
               ns_dtype_name(config.compute_dtype));
-  TORCH_CHECK(
-      config.form == NSForm::Plain || config.form == NSForm::Gram || config.form == NSForm::Auto,
-      "NSConfig.form (ns_form) is not a known value");
+  TORCH_CHECK(config.form == NSForm::Plain || config.form == NSForm::Gram ||
+                  config.form == NSForm::Auto || config.form == NSForm::Default,
+              "NSConfig.form (ns_form) is not a known value");
   TORCH_CHECK(config.gram_restart >= 0,
               "NSConfig.gram_restart (ns_gram_restart) must be >= 0, got ", config.gram_restart);
 }
@@ -233,10 +233,9 @@ double time_on_device(const std::function<void()>& run, const c10::Device& devic
   return device.is_cpu() ? time_on_cpu(run) : time_on_cuda(run, device);
 }
 
-// `config` with an Auto compute dtype resolved for `device` (ns_dtype.h).
-NSConfig resolved(NSConfig config, const c10::Device& device) {
-  config.compute_dtype = resolve_ns_dtype(config.compute_dtype, device);
-  return config;
+// Whether `config` holds anything resolve_ns_config resolves.
+bool unresolved(const NSConfig& config) {
+  return config.compute_dtype == kNSDtypeAuto || config.form == NSForm::Default;
 }
 
 struct AutoDecisions {
@@ -342,11 +341,25 @@ bool use_gram(const at::Tensor& B, const NSConfig& config, int64_t m, int64_t n)
           [&] { (void)newton_schulz(B, plain); }, [&] { (void)newton_schulz(B, gram); },
           newton_schulz_gram_is_cheaper(m, n, config.steps, config.gram_restart));
     }
+    case NSForm::Default:  // resolved before (resolve_ns_config)
+      return false;
   }
   return false;
 }
 
 }  // namespace
+
+NSForm resolve_ns_form(NSForm form, c10::ScalarType dtype, const c10::Device& device) {
+  if (form != NSForm::Default) return form;
+  return dtype == kNSDtypeAuto && ns_auto_dtype(device) == at::kFloat ? NSForm::Auto
+                                                                      : NSForm::Plain;
+}
+
+NSConfig resolve_ns_config(NSConfig config, const c10::Device& device) {
+  config.form = resolve_ns_form(config.form, config.compute_dtype, device);
+  config.compute_dtype = resolve_ns_dtype(config.compute_dtype, device);
+  return config;
+}
 
 std::vector<NSFormChoice> ns_form_choices() {
   const std::lock_guard<std::mutex> lock(decisions().mutex);
@@ -370,8 +383,8 @@ void set_ns_form_timing(bool enabled) {
 
 bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
                                   const NSConfig& config) {
-  if (config.compute_dtype == kNSDtypeAuto)
-    return newton_schulz_projected_auto(B, Pi, resolved(config, B.device()));
+  if (unresolved(config))
+    return newton_schulz_projected_auto(B, Pi, resolve_ns_config(config, B.device()));
   const int64_t m = B.size(-2), n = B.size(-1), d = Pi.size(-1);
   return decide(
       key_of(B, d, config, schedule_key(config)), B.device(),
@@ -384,7 +397,7 @@ bool newton_schulz_projected_auto(const at::Tensor& B, const at::Tensor& Pi,
 }
 
 at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
-  if (config.compute_dtype == kNSDtypeAuto) return newton_schulz(B, resolved(config, B.device()));
+  if (unresolved(config)) return newton_schulz(B, resolve_ns_config(config, B.device()));
   validate(config);
   TORCH_CHECK(B.dim() == 2 || B.dim() == 3,
               "newton_schulz: input must be [m, n] or [batch, m, n], got shape ", B.sizes());
@@ -436,8 +449,8 @@ at::Tensor newton_schulz(const at::Tensor& B, const NSConfig& config) {
 
 at::Tensor newton_schulz_projected(const at::Tensor& B, const at::Tensor& Pi,
                                    const NSConfig& config) {
-  if (config.compute_dtype == kNSDtypeAuto)
-    return newton_schulz_projected(B, Pi, resolved(config, B.device()));
+  if (unresolved(config))
+    return newton_schulz_projected(B, Pi, resolve_ns_config(config, B.device()));
   validate(config);
   TORCH_CHECK(B.dim() == 2 || B.dim() == 3,
               "newton_schulz_projected: input must be [m, n] or [batch, m, n], got shape ",

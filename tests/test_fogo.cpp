@@ -821,7 +821,7 @@ TEST(FOGOPresets, EveryOptionAsRecorded) {
   // tests/data/presets.txt: every option of every preset as the presets produced them when they
   // were written by hand (commit b6a7e9f), recorded before they moved into one table. A preset
   // changed on purpose is re-recorded with it; any other change fails here. (Re-recorded with
-  // ns_dtype auto, -1, when auto became the default: issue 37.)
+  // ns_dtype auto, -1, and ns_form Default, 3, when they became the defaults: issue 37.)
   std::ifstream in(FOGO_TEST_DATA_DIR "/presets.txt");
   ASSERT_TRUE(in.good());
   const std::string recorded((std::istreambuf_iterator<char>(in)),

@@ -725,6 +725,9 @@ MuonOptions::coefficients_t other(const MuonOptions::coefficients_t& v) {
 c10::ScalarType other(c10::ScalarType v) {
   return v == torch::kBFloat16 ? torch::kFloat : torch::kBFloat16;
 }
+fogo::NSForm other(fogo::NSForm v) {
+  return v == fogo::NSForm::Plain ? fogo::NSForm::Gram : fogo::NSForm::Plain;
+}
 template <class E>
 E other(E v) {
   static_assert(std::is_enum_v<E>, "an option of a new type needs its other() here");
@@ -851,9 +854,10 @@ TEST(MuonOptions, CheckpointsFromBeforeTheTableLoad) {
   fogo::Muon opt(std::vector<torch::optim::OptimizerParamGroup>{
       torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})});
   opt.load(archive);
-  // The defaults of then, ns_dtype bf16 included (stored explicitly: the run stays in bf16).
+  // The defaults of then, ns_dtype bf16 and ns_form Plain included (stored explicitly: the run
+  // goes on as it was).
   EXPECT_TRUE(static_cast<const fogo::MuonOptions&>(opt.param_groups()[0].options()) ==
-              fogo::MuonOptions(0.02).ns_dtype(torch::kBFloat16));
+              fogo::MuonOptions(0.02).ns_dtype(torch::kBFloat16).ns_form(fogo::NSForm::Plain));
   const auto expected = fogo::MuonOptions(0.01)
                             .weight_decay(0.05)
                             .momentum(0.9)

@@ -219,8 +219,41 @@ const auto kFogoDefault = fogo::FOGOOptions(0.02).proj_dim(8).codebook_size(4);
 
 }  // namespace
 
-// The optimizers' default (auto) steps exactly as the dtype it resolves to, for both outcomes of
-// the measurement, and differs from the other dtype.
+// ns_form Default: Auto (timed) where ns_dtype auto resolved to fp32, Plain where it resolved to
+// bf16 and for every dtype set explicitly; the other forms as they are.
+TEST(NewtonSchulzDtype, TheDefaultFormIsTimedOnlyWhereAutoResolvedToFp32) {
+  using fogo::NSForm;
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
+    InjectedProbe probe(dtype == torch::kBFloat16 ? 1.0 : 10.0, 5.0);
+    EXPECT_EQ(fogo::resolve_ns_form(NSForm::Default, fogo::kNSDtypeAuto, kCpu),
+              dtype == torch::kFloat ? NSForm::Auto : NSForm::Plain);
+    for (const auto explicit_dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble})
+      EXPECT_EQ(fogo::resolve_ns_form(NSForm::Default, explicit_dtype, kCpu), NSForm::Plain);
+    for (const auto form : {NSForm::Plain, NSForm::Gram, NSForm::Auto})
+      EXPECT_EQ(fogo::resolve_ns_form(form, fogo::kNSDtypeAuto, kCpu), form);
+    fogo::NSConfig config;
+    config.compute_dtype = fogo::kNSDtypeAuto;
+    config.form = NSForm::Default;
+    const auto resolved = fogo::resolve_ns_config(config, kCpu);
+    EXPECT_EQ(resolved.compute_dtype, dtype);
+    EXPECT_EQ(resolved.form, dtype == torch::kFloat ? NSForm::Auto : NSForm::Plain);
+  }
+  EXPECT_EQ(fogo::MuonOptions().ns_form(), NSForm::Default);
+  EXPECT_EQ(fogo::FOGOOptions().ns_form(), NSForm::Default);
+}
+
+namespace {
+
+// The explicit options the defaults must equal on a host where auto resolves to `dtype`.
+fogo::NSForm form_for(c10::ScalarType dtype) {
+  return dtype == torch::kFloat ? fogo::NSForm::Auto : fogo::NSForm::Plain;
+}
+
+}  // namespace
+
+// The optimizers' defaults (ns_dtype auto, ns_form Default) step exactly as what they resolve to
+// (bf16 plain, or fp32 with the forms timed; one process keeps one set of form decisions), for
+// both outcomes of the measurement, and differ from the other dtype.
 TEST(NewtonSchulzDtype, DefaultStepsAreTheResolvedDtypesBitForBit) {
   for (const auto dtype : {torch::kBFloat16, torch::kFloat}) {
     SCOPED_TRACE(fogo::ns_dtype_name(dtype));
@@ -228,30 +261,36 @@ TEST(NewtonSchulzDtype, DefaultStepsAreTheResolvedDtypesBitForBit) {
     InjectedProbe probe(dtype == torch::kBFloat16 ? 1.0 : 10.0, 5.0);
     const auto muon = trajectory<fogo::Muon>(kMuonDefault);
     EXPECT_TRUE(fogo::test::bit_identical(
-        muon, trajectory<fogo::Muon>(fogo::MuonOptions(kMuonDefault).ns_dtype(dtype))));
+        muon, trajectory<fogo::Muon>(
+                  fogo::MuonOptions(kMuonDefault).ns_dtype(dtype).ns_form(form_for(dtype)))));
     EXPECT_FALSE(fogo::test::bit_identical(
         muon, trajectory<fogo::Muon>(fogo::MuonOptions(kMuonDefault).ns_dtype(other))));
     const auto fogo_steps = trajectory<fogo::FOGO>(kFogoDefault);
     EXPECT_TRUE(fogo::test::bit_identical(
-        fogo_steps, trajectory<fogo::FOGO>(fogo::FOGOOptions(kFogoDefault).ns_dtype(dtype))));
+        fogo_steps, trajectory<fogo::FOGO>(
+                        fogo::FOGOOptions(kFogoDefault).ns_dtype(dtype).ns_form(form_for(dtype)))));
     EXPECT_FALSE(fogo::test::bit_identical(
         fogo_steps, trajectory<fogo::FOGO>(fogo::FOGOOptions(kFogoDefault).ns_dtype(other))));
     EXPECT_EQ(probe.calls, 1);  // once for the process, not per optimizer or step
   }
+  fogo::clear_ns_form_choices();
 }
 
 // On this host, measured for real: where auto picks bf16 (a CPU with bf16 units), the defaults'
-// bits are those of explicit bf16, i.e. unchanged from before auto; elsewhere fp32's.
+// bits are those of explicit bf16 with the plain chain, i.e. unchanged from before auto (and
+// torch.optim.Muon's for Muon); elsewhere those of fp32 with timed forms.
 TEST(NewtonSchulzDtype, OnThisHostTheDefaultsAreTheMeasuredDtypesBits) {
   fogo::clear_ns_dtype_choices();
   const c10::ScalarType dtype = fogo::ns_auto_dtype(kCpu);
   std::cout << "[ NOTE     ] auto resolves to " << fogo::ns_dtype_name(dtype) << " here\n";
+  const auto form = form_for(dtype);
   EXPECT_TRUE(fogo::test::bit_identical(
       trajectory<fogo::Muon>(kMuonDefault),
-      trajectory<fogo::Muon>(fogo::MuonOptions(kMuonDefault).ns_dtype(dtype))));
+      trajectory<fogo::Muon>(fogo::MuonOptions(kMuonDefault).ns_dtype(dtype).ns_form(form))));
   EXPECT_TRUE(fogo::test::bit_identical(
       trajectory<fogo::FOGO>(kFogoDefault),
-      trajectory<fogo::FOGO>(fogo::FOGOOptions(kFogoDefault).ns_dtype(dtype))));
+      trajectory<fogo::FOGO>(fogo::FOGOOptions(kFogoDefault).ns_dtype(dtype).ns_form(form))));
+  fogo::clear_ns_form_choices();
 }
 
 namespace {

@@ -72,7 +72,8 @@ NSForm parse(const std::string& text, NSForm*) {
   if (text == "plain") return NSForm::Plain;
   if (text == "gram") return NSForm::Gram;
   if (text == "auto") return NSForm::Auto;
-  throw std::invalid_argument("expected plain, gram or auto, got '" + text + "'");
+  if (text == "default") return NSForm::Default;
+  throw std::invalid_argument("expected plain, gram, auto or default, got '" + text + "'");
 }
 
 ProjectionScale parse(const std::string& text, ProjectionScale*) {

@@ -7,7 +7,7 @@
 // FOGO_PLAIN_OPTIONS, FOGO_ENUM_OPTIONS), so a new option is settable without a change here.
 // Values: numbers as strtod/strtoll read them (whole text), booleans true/false/1/0/on/off,
 // ns_coefficients quintic | cubic | a,b,c, ns_dtype auto | bf16 | fp32 | fp64, ns_form plain |
-// gram | auto, projection_scale unit | jl, nonfinite raise | skip | unchecked | mask.
+// gram | auto | default, projection_scale unit | jl, nonfinite raise | skip | unchecked | mask.
 
 #include <fogo/fogo_options.h>
 

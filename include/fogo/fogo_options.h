@@ -87,8 +87,9 @@ enum class ProjectionScale : int64_t {
      fp32 or fp64, which also enable the fast stream's Gram route, or auto (kNSDtypeAuto): bf16 \
      where the device computes it faster, else fp32 (ns_dtype.h) */                               \
   X(c10::ScalarType,  ns_dtype,         kNSDtypeAuto)                                             \
-  /* Newton–Schulz on X (Plain), on its Gram matrix with restarts (Gram), or by cost (Auto) */    \
-  X(NSForm,           ns_form,          NSForm::Plain)                                            \
+  /* Newton–Schulz on X (Plain), on its Gram matrix with restarts (Gram), the faster by time     \
+     (Auto), or Default: Auto where ns_dtype auto resolved to fp32, else Plain (newton_schulz.h) */\
+  X(NSForm,           ns_form,          NSForm::Default)                                          \
   X(ProjectionScale,  projection_scale, ProjectionScale::Unit)                                    \
   X(NonFinitePolicy,  nonfinite,        NonFinitePolicy::Raise)
 // clang-format on

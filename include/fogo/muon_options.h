@@ -93,10 +93,11 @@ enum class MuonArchived {
      sync: the parameters and momentum buffers keep their bits), or Unchecked (no check, as        \
      torch.optim.Muon); nonfinite.h. Older checkpoints hold check_finite instead */                \
   X(NonFinitePolicy, nonfinite,       NonFinitePolicy::Raise, known(), Added)                      \
-  /* Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), or     \
-     Gram where a cost model says it is cheaper for the shape (Auto); newton_schulz.h */           \
-  X(NSForm,          ns_form,         NSForm::Plain,                                               \
-    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto), Added)                                      \
+  /* Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), the   \
+     faster of the two for the shape, timed (Auto), or Default: Auto where ns_dtype auto resolved   \
+     to fp32, else Plain; newton_schulz.h */                                                       \
+  X(NSForm,          ns_form,         NSForm::Default,                                             \
+    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto, NSForm::Default), Added)                     \
   /* Gram form: iterations between re-formings of the Gram matrix (0: never) */                    \
   X(int64_t,         ns_gram_restart, 3,                      range(0, INFINITY), Added)           \
   /* CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning    \

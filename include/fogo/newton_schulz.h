@@ -38,6 +38,11 @@ enum class NSForm : int64_t {
   Plain = 0,  ///< on X [m, n] itself: torch.optim.Muon's op sequence, bit for bit
   Gram = 1,   ///< on the m x m Gram matrix, applied to X once (newton_schulz, "Gram form")
   Auto = 2,   ///< the faster of the two for the shape: timed (CUDA, CPU), else the cost model
+  /// The optimizers' default: Auto where compute dtype kNSDtypeAuto resolved to fp32 (a device
+  /// without fast bf16, where no earlier result is kept bit for bit: the faster form, issue 37),
+  /// else Plain (bf16, and every dtype set explicitly: torch.optim.Muon's op sequence and the
+  /// bits of before). resolve_ns_config decides.
+  Default = 3,
 };
 
 /// The coefficient sets by name, for the optimizers' ns_coefficients option:
@@ -108,6 +113,13 @@ NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64
 
 /// Checks a configuration; throws c10::Error naming the offending field.
 void validate(const NSConfig& config);
+
+/// `config` as it runs on `device`: compute dtype kNSDtypeAuto resolved (ns_dtype.h) and form
+/// Default made Plain or Auto (NSForm). newton_schulz and newton_schulz_projected do this
+/// themselves; callers that allocate in the compute dtype first call it.
+NSConfig resolve_ns_config(NSConfig config, const c10::Device& device);
+/// The form `form` means for compute dtype option `dtype` on `device` (NSForm::Default resolved).
+NSForm resolve_ns_form(NSForm form, c10::ScalarType dtype, const c10::Device& device);
 
 /// Orthogonalizes `B` ([m, n] or [batch, m, n], floating point, any device). Tall matrices are
 /// transposed internally and back. Returns a tensor of B's shape in `config.compute_dtype`

@@ -62,7 +62,10 @@ struct EnumNames<fogo::NonFinitePolicy> {
 template <>
 struct EnumNames<fogo::NSForm> {
   static constexpr std::pair<const char*, fogo::NSForm> values[] = {
-      {"plain", fogo::NSForm::Plain}, {"gram", fogo::NSForm::Gram}, {"auto", fogo::NSForm::Auto}};
+      {"plain", fogo::NSForm::Plain},
+      {"gram", fogo::NSForm::Gram},
+      {"auto", fogo::NSForm::Auto},
+      {"default", fogo::NSForm::Default}};
 };
 template <>
 struct EnumNames<fogo::MuonAdjustLR> {
@@ -704,8 +707,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         TORCH_CHECK(update.dim() >= 2,
                     "fogo._C.muon_orthogonalize: 'update' must have >= 2 dimensions, got ",
                     update.sizes());
-        fogo::NSConfig ns = fogo::ns_config(o);  // the step's own, never a copy
-        ns.compute_dtype = fogo::resolve_ns_dtype(ns.compute_dtype, update.device());
+        // The step's own, never a copy; auto as it resolves here (resolve_ns_config).
+        const fogo::NSConfig ns = fogo::resolve_ns_config(fogo::ns_config(o), update.device());
         const int64_t rows = update.size(0), cols = update.numel() / std::max<int64_t>(rows, 1);
         at::Tensor x = at::empty({rows, cols}, update.options().dtype(ns.compute_dtype));
         x.view(update.sizes()).copy_(update);

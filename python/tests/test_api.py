@@ -353,7 +353,10 @@ def test_ns_dtype_auto_is_the_default_and_steps_as_the_dtype_it_resolves_to(gen)
         cpu = [c for c in fogo.ns_dtype_choices() if c["device"] == "cpu"]
         assert len(cpu) == 1 and cpu[0]["dtype"] in (torch.bfloat16, torch.float32), cpu
         assert cpu[0]["reason"] and cpu[0]["isa"]
-        _, explicit = run(cls, ns_dtype=cpu[0]["dtype"], **extra)
+        # ns_form "default": timed ("auto") where auto resolved to fp32, else the plain chain.
+        assert opt.param_groups[0]["ns_form"] == "default"
+        form = "auto" if cpu[0]["dtype"] == torch.float32 else "plain"
+        _, explicit = run(cls, ns_dtype=cpu[0]["dtype"], ns_form=form, **extra)
         assert all(torch.equal(a, b) for a, b in zip(default, explicit)), cls.__name__
         # "auto" is a value like the dtypes: a param group may set it.
         mixed = cls([{"params": [init[0].clone().requires_grad_(True)], "ns_dtype": "auto"}],
