@@ -168,7 +168,7 @@ torch::Tensor ReplayBuffer::sample(int64_t n, at::Generator& generator) const {
   return torch::randperm(size_, generator, torch::kLong).slice(0, 0, k).to(images_.device());
 }
 
-void ReplayBuffer::save(trainer::CheckpointWriter& out, const std::string& prefix) const {
+void ReplayBuffer::save(CheckpointWriter& out, const std::string& prefix) const {
   out.put(prefix + "/size", size_);
   out.put(prefix + "/seen", seen_);
   if (images_.defined()) {
@@ -178,7 +178,7 @@ void ReplayBuffer::save(trainer::CheckpointWriter& out, const std::string& prefi
   }
 }
 
-void ReplayBuffer::load(trainer::CheckpointReader& in, const std::string& prefix,
+void ReplayBuffer::load(CheckpointReader& in, const std::string& prefix,
                         const torch::Device& device) {
   size_ = in.get_int(prefix + "/size");
   seen_ = in.get_int(prefix + "/seen");

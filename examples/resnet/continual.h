@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-namespace fogo::trainer {
+namespace fogo {
 class CheckpointWriter;
 class CheckpointReader;
-}  // namespace fogo::trainer
+}  // namespace fogo
 
 namespace fogo::resnet {
 
@@ -75,8 +75,8 @@ class ReplayBuffer {
   const torch::Tensor& labels() const { return labels_; }
   const torch::Tensor& logits() const { return logits_; }
 
-  void save(trainer::CheckpointWriter& out, const std::string& prefix) const;
-  void load(trainer::CheckpointReader& in, const std::string& prefix, const torch::Device& device);
+  void save(CheckpointWriter& out, const std::string& prefix) const;
+  void load(CheckpointReader& in, const std::string& prefix, const torch::Device& device);
 
  private:
   int64_t capacity_, num_classes_, size_ = 0, seen_ = 0;

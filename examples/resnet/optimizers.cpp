@@ -199,12 +199,12 @@ void TrainOptimizer::add_telemetry(trainer::Record& record) const {
   if (name_ == "fogo") trainer::add_fogo_telemetry(record, *hybrid_);
 }
 
-void TrainOptimizer::save(trainer::CheckpointWriter& out, const std::string& key) const {
+void TrainOptimizer::save(CheckpointWriter& out, const std::string& key) const {
   if (single_) out.put_optimizer(key, *single_);
   if (hybrid_) out.put_optimizer(key, *hybrid_);
 }
 
-void TrainOptimizer::load(trainer::CheckpointReader& in, const std::string& key) {
+void TrainOptimizer::load(CheckpointReader& in, const std::string& key) {
   if (single_) in.load_optimizer(key, *single_);
   if (hybrid_) in.load_optimizer(key, *hybrid_);
 }

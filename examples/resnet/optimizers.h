@@ -24,10 +24,10 @@
 
 namespace fogo {
 class HybridOptimizer;
-}
-namespace fogo::trainer {
 class CheckpointWriter;
 class CheckpointReader;
+}  // namespace fogo
+namespace fogo::trainer {
 class Record;
 }  // namespace fogo::trainer
 
@@ -67,8 +67,8 @@ class TrainOptimizer {
   /// One line: the rule, its parameter groups and learning rates.
   const std::string& description() const { return description_; }
 
-  void save(trainer::CheckpointWriter& out, const std::string& key) const;
-  void load(trainer::CheckpointReader& in, const std::string& key);
+  void save(CheckpointWriter& out, const std::string& key) const;
+  void load(CheckpointReader& in, const std::string& key);
 
  private:
   std::string name_;  ///< adam | adamw | muon | fogo

@@ -1,6 +1,5 @@
-#include "common/checkpoint.h"
-
 #include <fcntl.h>
+#include <fogo/checkpoint.h>
 #include <fogo/detail/integrity.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/utils.h>
@@ -15,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace fogo::trainer {
+namespace fogo {
 namespace {
 
 // The trailer after a checkpoint's archive: magic, the archive's length, its checksum.
@@ -387,4 +386,4 @@ void replace_file(const std::string& path, const std::string& contents) {
   file.commit();
 }
 
-}  // namespace fogo::trainer
+}  // namespace fogo
