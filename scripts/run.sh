@@ -38,7 +38,9 @@
 # times faster than two (OpenMP threads spin-waiting for a busy core).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/build.sh"
+# Only the trainer and what it links (the library, the trainers' common code): not the ~100
+# targets of tests, benches and the Python module, which scripts/test.sh builds.
+"$root/scripts/build.sh" resnet_train
 cd "$root"
 bin=build/examples/resnet/resnet_train
 out=runs/main
