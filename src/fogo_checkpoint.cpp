@@ -5,6 +5,7 @@
 #include "fogo/detail/checks.h"
 #include "fogo/detail/integrity.h"
 #include "fogo/detail/ns_dtype_record.h"
+#include "fogo/detail/options_table.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo_state.h"
 
@@ -28,22 +29,20 @@ void check_same_layout(size_t group, const FOGOOptions& mine, const FOGOOptions&
         static_cast<int64_t>(theirs.projection_scale()));
 }
 
+using option_table::FOGOTable;
+
+constexpr const char* kFormat = "fogo/format";  // detail::read_format
 constexpr const char* kChecksum = "fogo/checksum";
 constexpr const char* kNSDtypes = "fogo/ns_dtype_resolved";  // detail/ns_dtype_record.h
 
 // Every group's options and every parameter's momenta, in group order (the memory follows, added
-// by save and load as they write and read it).
-detail::Checksum options_and_momenta(const FOGO& fogo) {
+// by save and load as they write and read it); `held`: which options the checkpoint holds.
+detail::Checksum options_and_momenta(const FOGO& fogo, option_table::HeldOptions& held) {
   detail::Checksum sum;
-  for (const auto& group : fogo.param_groups()) {
-    const auto& o = static_cast<const FOGOOptions&>(group.options());
-#define FOGO_SUM_OPTION(T, name, ...) sum.option(o.name());
-#define FOGO_SUM_ENUM(T, name, ...) sum.add(detail::archived_enum(o.name()));
-    FOGO_RANGED_OPTIONS(FOGO_SUM_OPTION)
-    FOGO_PLAIN_OPTIONS(FOGO_SUM_OPTION)
-    FOGO_ENUM_OPTIONS(FOGO_SUM_ENUM)
-#undef FOGO_SUM_ENUM
-#undef FOGO_SUM_OPTION
+  for (size_t g = 0; g < fogo.param_groups().size(); ++g) {
+    const auto& group = fogo.param_groups()[g];
+    option_table::add_to_checksum<FOGOTable>(static_cast<const FOGOOptions&>(group.options()), sum,
+                                             held.in_group(g));
     for (const auto& p : group.params()) {
       const auto it = fogo.state().find(p.unsafeGetTensorImpl());
       if (it == fogo.state().end()) {
@@ -61,8 +60,11 @@ detail::Checksum options_and_momenta(const FOGO& fogo) {
 
 void FOGO::save(torch::serialize::OutputArchive& archive) const {
   serialize(*this, archive);
-  detail::Checksum sum = options_and_momenta(*this);
-  archive.write("fogo/format", c10::IValue(static_cast<int64_t>(1)));
+  option_table::HeldOptions all;
+  detail::Checksum sum = options_and_momenta(*this, all);
+  // The oldest format that holds these options: a since() option at its default leaves the
+  // checkpoint readable by the fogos before it.
+  archive.write(kFormat, c10::IValue(option_table::checkpoint_format<FOGOTable>(param_groups_)));
   archive.write("fogo/groups", c10::IValue(static_cast<int64_t>(impl_->groups.size())));
   for (size_t g = 0; g < impl_->groups.size(); ++g) {
     const GroupMemory& mem = impl_->groups[g];
@@ -149,8 +151,8 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
       *this,
       [&] {
         c10::IValue value;
-        TORCH_CHECK(archive.try_read("fogo/format", value) && value.toInt() == 1,
-                    "FOGO::load: not a FOGO checkpoint (format 1)");
+        detail::read_format(archive, "FOGO", "FOGO", kFormat,
+                            option_table::newest_format<FOGOTable>());
         std::vector<FOGOOptions> before;
         for (const auto& group : param_groups_)
           before.push_back(static_cast<const FOGOOptions&>(group.options()));
@@ -159,7 +161,8 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
           check_same_layout(g, before[g],
                             static_cast<const FOGOOptions&>(param_groups_[g].options()));
         }
-        detail::Checksum sum = options_and_momenta(*this);
+        option_table::HeldOptions held(archive);
+        detail::Checksum sum = options_and_momenta(*this, held);
         archive.read("fogo/groups", value);
         const int64_t count = value.toInt();
         TORCH_CHECK(count <= static_cast<int64_t>(param_groups_.size()),

@@ -1,10 +1,10 @@
-// FOGOOptions: validation, serialization and comparison, generated from the option tables of
-// fogo_options.h; and the paper's presets.
+// FOGOOptions: validation, serialization, comparison and docs from the option table of
+// fogo_options.h (through fogo/detail/options_table.h); and the paper's presets.
 #include "fogo/fogo_options.h"
 
 #include <torch/serialize/archive.h>
 
-#include "fogo/detail/checks.h"
+#include "fogo/detail/options_table.h"
 
 namespace fogo {
 
@@ -19,63 +19,25 @@ double FOGOOptions::get_lr() const { return lr(); }
 void FOGOOptions::set_lr(const double lr) { this->lr(lr); }
 
 void FOGOOptions::validate() const {
-#define FOGO_CHECK_RANGE(T, name, def, lo, hi) \
-  detail::check_range("FOGO", #name, static_cast<double>(name()), lo, hi);
-  FOGO_RANGED_OPTIONS(FOGO_CHECK_RANGE)
-#undef FOGO_CHECK_RANGE
-  // Coefficients finite, NS dtype and form, a schedule made for both streams' step counts.
+  option_table::validate<option_table::FOGOTable>(*this);
+  // Combinations, after every option alone: coefficients, NS dtype and form made for both
+  // streams' step counts (a schedule is made for a number of iterations).
   fogo::validate(ns_config(*this, ns_steps_slow()));
   fogo::validate(ns_config(*this, ns_steps_fast()));
-  TORCH_CHECK(
-      projection_scale() == ProjectionScale::Unit || projection_scale() == ProjectionScale::JL,
-      "FOGO: option 'projection_scale' is not a known value");
-  TORCH_CHECK(is_known(nonfinite()), "FOGO: option 'nonfinite' is not a known policy");
 }
 
 void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
-#define FOGO_WRITE(T, name, ...) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
-  FOGO_RANGED_OPTIONS(FOGO_WRITE)
-  FOGO_PLAIN_OPTIONS(FOGO_WRITE)
-#undef FOGO_WRITE
-#define FOGO_WRITE_ENUM(T, name, def) \
-  archive.write(#name, c10::IValue(detail::archived_enum(name())));
-  FOGO_ENUM_OPTIONS(FOGO_WRITE_ENUM)
-#undef FOGO_WRITE_ENUM
+  option_table::write<option_table::FOGOTable>(*this, archive);
 }
 
 void FOGOOptions::serialize(torch::serialize::InputArchive& archive) {
-  // An option added later (ns_gram_restart, ns_form) is absent from older checkpoints: its
-  // default holds.
-  c10::IValue value;
-#define FOGO_READ(T, name, ...) \
-  if (archive.try_read(#name, value)) name(value.to<T>());
-  FOGO_RANGED_OPTIONS(FOGO_READ)
-  FOGO_PLAIN_OPTIONS(FOGO_READ)
-#undef FOGO_READ
-#define FOGO_READ_ENUM(T, name, def) \
-  if (archive.try_read(#name, value)) name(detail::enum_from_archive<T>(value.toInt()));
-  FOGO_ENUM_OPTIONS(FOGO_READ_ENUM)
-#undef FOGO_READ_ENUM
+  option_table::read<option_table::FOGOTable>(*this, archive);
 }
 
-std::string options_markdown() {
-  std::string out = "| option | default | valid |\n|---|---|---|\n";
-#define FOGO_ROW_RANGE(T, name, def, lo, hi) \
-  out += "| `" #name "` | `" #def "` | [`" #lo "`, `" #hi "`] |\n";
-#define FOGO_ROW(T, name, def) out += "| `" #name "` | `" #def "` | " #T " |\n";
-  FOGO_RANGED_OPTIONS(FOGO_ROW_RANGE)
-  FOGO_PLAIN_OPTIONS(FOGO_ROW)
-  FOGO_ENUM_OPTIONS(FOGO_ROW)
-#undef FOGO_ROW
-#undef FOGO_ROW_RANGE
-  return out;
-}
+std::string options_markdown() { return option_table::markdown<option_table::FOGOTable>(); }
 
 bool operator==(const FOGOOptions& a, const FOGOOptions& b) {
-#define FOGO_EQUAL(T, name, ...) a.name() == b.name()&&
-  return FOGO_RANGED_OPTIONS(FOGO_EQUAL) FOGO_PLAIN_OPTIONS(FOGO_EQUAL)
-      FOGO_ENUM_OPTIONS(FOGO_EQUAL) true;
-#undef FOGO_EQUAL
+  return option_table::equal<option_table::FOGOTable>(a, b);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "fogo/detail/checks.h"
+#include "fogo/detail/integrity.h"
 #include "fogo/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/matrix_optimizer.h"
@@ -369,9 +370,13 @@ void HybridOptimizer::set_lr_factor(double factor) {
   factor_ = factor;
 }
 
+namespace {
+constexpr const char* kHybridFormat = "fogo_hybrid/format";  // detail::read_format
+}  // namespace
+
 void HybridOptimizer::save(torch::serialize::OutputArchive& archive) const {
   sync_options();
-  archive.write("fogo_hybrid/format", c10::IValue(static_cast<int64_t>(2)));
+  archive.write(kHybridFormat, c10::IValue(static_cast<int64_t>(2)));
   archive.write("fogo_hybrid/lr_factor", c10::IValue(factor_));
   archive.write("fogo_hybrid/base_lrs", c10::IValue(c10::List<double>(base_lrs())));
   const char* names[] = {"matrix", "rest"};
@@ -388,9 +393,8 @@ void HybridOptimizer::save(torch::serialize::OutputArchive& archive) const {
 void HybridOptimizer::load(torch::serialize::InputArchive& archive) {
   c10::IValue value;
   // Format 1 (the two-optimizer hybrid) holds the same sides and keys; format 2 is this class.
-  TORCH_CHECK(
-      archive.try_read("fogo_hybrid/format", value) && (value.toInt() == 1 || value.toInt() == 2),
-      "HybridOptimizer::load: not a fogo hybrid checkpoint (format 1 or 2)");
+  // Each side's archive states its own format (FOGO::load, Muon::load check it).
+  detail::read_format(archive, "HybridOptimizer", "fogo hybrid", kHybridFormat, 2);
   sync_options();
   archive.read("fogo_hybrid/base_lrs", value);
   std::vector<double> base_lrs = value.toDoubleVector();

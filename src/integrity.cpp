@@ -105,6 +105,22 @@ void verify_checksum(torch::serialize::InputArchive& archive, const char* optimi
               "with them (bytes changed on disk or in transfer); nothing was loaded");
 }
 
+int64_t read_format(torch::serialize::InputArchive& archive, const char* optimizer,
+                    const char* kind, const char* key, int64_t newest, int64_t absent) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) {
+    TORCH_CHECK(absent > 0, optimizer, "::load: not a ", kind, " checkpoint (it has no ", key, ")");
+    return absent;
+  }
+  TORCH_CHECK(value.isInt() && value.toInt() >= 1, optimizer, "::load: not a ", kind,
+              " checkpoint (its ", key, " is ", value, ")");
+  const int64_t format = value.toInt();
+  TORCH_CHECK(format <= newest, optimizer, "::load: the checkpoint has format ", format,
+              ", written by a newer fogo; this fogo reads formats 1 to ", newest,
+              " (load it with a fogo as new as the one that wrote it); nothing was loaded");
+  return format;
+}
+
 void check_finite_state(const char* optimizer, const std::string& what, const at::Tensor& tensor) {
   if (!tensor.defined() || !tensor.is_floating_point()) return;
   TORCH_CHECK(at::isfinite(tensor).all().item<bool>(), optimizer, "::load: the checkpoint's ", what,

@@ -16,6 +16,7 @@
 #include "fogo/detail/integrity.h"
 #include "fogo/detail/nonfinite.h"
 #include "fogo/detail/ns_dtype_record.h"
+#include "fogo/detail/options_table.h"
 #include "fogo/muon_update.h"
 #include "fogo/newton_schulz.h"
 #include "fogo/ops.h"
@@ -338,15 +339,20 @@ void Muon::set_step_shard(StepShard shard) {
 
 namespace {
 
+using option_table::MuonTable;
+
+constexpr const char* kMuonFormat = "muon/format";  // detail::read_format; absent: format 1
 constexpr const char* kMuonChecksum = "muon/checksum";
 constexpr const char* kMuonNSDtypes = "muon/ns_dtype_resolved";  // detail/ns_dtype_record.h
 
 // Every group's options and every parameter's momentum buffer, in group order: what a checkpoint
-// stores and load() recomputes from what it read.
-uint64_t state_checksum(const Muon& muon) {
+// stores and load() recomputes from what it read; `held`: which options the checkpoint holds.
+uint64_t state_checksum(const Muon& muon, option_table::HeldOptions& held) {
   detail::Checksum sum;
-  for (const auto& group : muon.param_groups()) {
-    static_cast<const MuonOptions&>(group.options()).add_to_checksum(sum);
+  for (size_t g = 0; g < muon.param_groups().size(); ++g) {
+    const auto& group = muon.param_groups()[g];
+    option_table::add_to_checksum<MuonTable>(static_cast<const MuonOptions&>(group.options()), sum,
+                                             held.in_group(g));
     for (const auto& p : group.params()) {
       const auto it = muon.state().find(p.unsafeGetTensorImpl());
       if (it == muon.state().end()) {
@@ -363,7 +369,11 @@ uint64_t state_checksum(const Muon& muon) {
 
 void Muon::save(torch::serialize::OutputArchive& archive) const {
   serialize(*this, archive);
-  detail::write_checksum(archive, kMuonChecksum, state_checksum(*this));
+  // The oldest format that holds these options (as FOGO::save).
+  archive.write(kMuonFormat,
+                c10::IValue(option_table::checkpoint_format<MuonTable>(param_groups_)));
+  option_table::HeldOptions all;
+  detail::write_checksum(archive, kMuonChecksum, state_checksum(*this, all));
   detail::write_ns_dtypes(archive, kMuonNSDtypes,
                           detail::group_ns_dtypes<MuonOptions>(param_groups_));
 }
@@ -375,6 +385,8 @@ void Muon::load(torch::serialize::InputArchive& archive) {
         c10::IValue value;
         TORCH_CHECK(!archive.try_read("fogo/format", value),
                     "Muon::load: not a Muon checkpoint (FOGO wrote it; load it with FOGO::load)");
+        detail::read_format(archive, "Muon", "Muon", kMuonFormat,
+                            option_table::newest_format<MuonTable>(), /*absent=*/1);
         // LibTorch's reader throws torch::jit errors or internal asserts, naming no optimizer,
         // for an archive that is not a Muon checkpoint (a module's, AdamW's) or a damaged one.
         try {
@@ -384,7 +396,8 @@ void Muon::load(torch::serialize::InputArchive& archive) {
           TORCH_CHECK(false, "Muon::load: not a Muon checkpoint (or a damaged one): ",
                       what.substr(0, what.find('\n')));
         }
-        detail::verify_checksum(archive, "Muon", kMuonChecksum, state_checksum(*this));
+        option_table::HeldOptions held(archive);
+        detail::verify_checksum(archive, "Muon", kMuonChecksum, state_checksum(*this, held));
       },
       [&](size_t g, size_t i, const torch::Tensor& p) {
         auto it = state_.find(p.unsafeGetTensorImpl());

@@ -115,9 +115,7 @@ void apply_ablation(FOGOOptions& o, const std::string& name) {
 std::vector<std::string> fogo_option_names() {
   std::vector<std::string> names;
 #define FOGO_NAME(T, name, ...) names.push_back(#name);
-  FOGO_RANGED_OPTIONS(FOGO_NAME)
-  FOGO_PLAIN_OPTIONS(FOGO_NAME)
-  FOGO_ENUM_OPTIONS(FOGO_NAME)
+  FOGO_OPTIONS(FOGO_NAME)
 #undef FOGO_NAME
   return names;
 }
@@ -134,9 +132,7 @@ void apply_fogo_assignment(FOGOOptions& o, const std::string& assignment) {
     o.name(parse(value, static_cast<T*>(nullptr))); \
     return;                                         \
   }
-    FOGO_RANGED_OPTIONS(FOGO_SET)
-    FOGO_PLAIN_OPTIONS(FOGO_SET)
-    FOGO_ENUM_OPTIONS(FOGO_SET)
+    FOGO_OPTIONS(FOGO_SET)
 #undef FOGO_SET
   } catch (const CliError&) {
     throw;

@@ -3,8 +3,8 @@
 //   --fogo key=value     (repeatable) sets the field `key` (its name in FOGOOptions) of every
 //                        FOGO param group, after the presets and the trainer's own flags
 //   --ablation NAME      a named ablation of FOGO's memory, applied before the --fogo values
-// The parser is generated from the option tables of fogo/fogo_options.h (FOGO_RANGED_OPTIONS,
-// FOGO_PLAIN_OPTIONS, FOGO_ENUM_OPTIONS), so a new option is settable without a change here.
+// The parser is generated from the option table of fogo/fogo_options.h (FOGO_OPTIONS), so a new
+// option is settable without a change here.
 // Values: numbers as strtod/strtoll read them (whole text), booleans true/false/1/0/on/off,
 // ns_coefficients quintic | cubic | a,b,c, ns_dtype auto | bf16 | fp32 | fp64, ns_form plain |
 // gram | auto | default, projection_scale unit | jl, nonfinite raise | skip | unchecked | mask.

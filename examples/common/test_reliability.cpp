@@ -183,6 +183,33 @@ TEST(Reliability, FlippedOrLostBytesAreRefusedAndOldCheckpointsWarn) {
   EXPECT_EQ(old.get_tensor("weights")[0].item<float>(), 1.5f);
 }
 
+// A checkpoint file of an earlier fogo: tests/data/fogo_trainer_checkpoint_aa1099b.pt, written at
+// aa1099b (after checksums, before FOGO's ns_schedule and fusion_only) by
+// tests/reference/make_fogo_checkpoint_aa1099b.cpp with CheckpointWriter: "step" 5 and the FOGO
+// of tests/data/fogo_checkpoint_aa1099b.pt (tests/test_option_table.cpp). Both checksums verify,
+// the file's and the FOGO archive's (which the options added since once broke), and it loads.
+TEST(Reliability, ACheckpointOfAnEarlierFogoLoads) {
+  ::testing::internal::CaptureStderr();
+  CheckpointReader in(FOGO_TEST_DATA_DIR "/fogo_trainer_checkpoint_aa1099b.pt");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");  // no "has no checksum" warning
+  EXPECT_EQ(in.get_int("step"), 5);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{torch::zeros({6, 10}).requires_grad_(true)});
+  groups.emplace_back(
+      std::vector<torch::Tensor>{torch::zeros({8, 12}).requires_grad_(true)},
+      std::make_unique<fogo::FOGOOptions>(
+          fogo::FOGOOptions().codebook_size(5).proj_dim(6).seed(11).projection_scale(
+              fogo::ProjectionScale::JL)));
+  fogo::FOGO opt(std::move(groups), fogo::FOGOOptions());
+  in.load_optimizer("optimizer", opt);
+  const auto& changed = static_cast<const fogo::FOGOOptions&>(opt.param_groups()[1].options());
+  EXPECT_DOUBLE_EQ(changed.lr(), 0.01);
+  EXPECT_EQ(changed.nonfinite(), fogo::NonFinitePolicy::Skip);
+  EXPECT_EQ(changed.ns_schedule(), 0);  // not in the file: its default, what aa1099b did
+  EXPECT_FALSE(changed.fusion_only());
+  EXPECT_EQ(opt.memory(1).frozen.sizes(), at::IntArrayRef({2, 6}));
+}
+
 TEST(Reliability, NonFiniteStateNeverReplacesAGoodCheckpoint) {
   const fs::path path = temp_dir("nan") / "checkpoint.pt";
   write_checkpoint(path, 1.0f);

@@ -1,9 +1,11 @@
 #pragma once
-// FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the tables below. Each
-// table row generates the builder field (TORCH_ARG), its validation, its serialization and its
-// part in operator==; FOGO's step reads the fields and hands the stage functions their own small
-// parameter structs (projected.h, codebook.h, update.h). The paper's configurations are in
-// fogo::presets.
+// FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the table below. Each
+// row generates the builder field (TORCH_ARG) here and, through src/fogo/detail/options_table.h
+// (the machinery MuonOptions' table shares), its validation, its serialization both ways, its
+// part in operator== and in a checkpoint's checksum and format, the docs table
+// (docs/algorithm.md), the Python keyword and the trainers' --fogo name=value; FOGO's step reads
+// the fields and hands the stage functions their own small parameter structs (projected.h,
+// codebook.h, update.h). The paper's configurations are in fogo::presets.
 
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
@@ -15,7 +17,6 @@
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <type_traits>
 
 namespace fogo {
 
@@ -26,104 +27,83 @@ enum class ProjectionScale : int64_t {
 };
 
 // clang-format off
-/// Numeric options: X(type, name, default, smallest valid, largest valid). Symbols of
-/// docs/algorithm.md in the comments.
-#define FOGO_RANGED_OPTIONS(X)                                                                    \
+/// X(type, name, default, valid values, checkpoint): every option of FOGO, symbols of
+/// docs/algorithm.md in the comments. The columns are read by src/fogo/detail/options_table.h,
+/// which says what they mean (in `valid`, `o` is the options being checked). The rows' order is
+/// the checkpoint checksum's: a row never moves, and a new one is since(N), N the next format.
+#define FOGO_OPTIONS(X)                                                                           \
   /* update (step 9) */                                                                           \
-  X(double,  lr,               1e-3,  0.0,   INFINITY)     /* learning rate */                    \
-  X(double,  weight_decay,     0.0,   0.0,   INFINITY)     /* decoupled */                        \
-  X(double,  sigma,            0.2,   0.0,   INFINITY)     /* target update RMS */                \
-  X(double,  eps,              1e-8,  1e-30, 1.0)                                                 \
+  X(double,  lr,               1e-3,  range(0.0, INFINITY),      always())  /* learning rate */   \
+  X(double,  weight_decay,     0.0,   range(0.0, INFINITY),      always())  /* decoupled */       \
+  X(double,  sigma,            0.2,   range(0.0, INFINITY),      always())  /* target RMS */      \
+  X(double,  eps,              1e-8,  range(1e-30, 1.0),         always())                        \
   /* streams and Newton–Schulz (steps 1-2) */                                                     \
-  X(double,  mu_s,             0.95,  0.0,   1.0)                                                 \
-  X(double,  mu_f,             0.35,  0.0,   1.0)                                                 \
-  X(int64_t, ns_steps_slow,    5,     0,     99)           /* K_s */                              \
-  X(int64_t, ns_steps_fast,    5,     0,     99)           /* K_f */                              \
-  X(int64_t, ns_gram_restart,  3,     0,     99)           /* Gram form: re-form every k */       \
-  X(int64_t, ns_schedule,      0,     0,     2)            /* 0 fixed, 1 PolarExpress, 2 tuned */ \
+  X(double,  mu_s,             0.95,  range(0.0, 1.0),           always())                        \
+  X(double,  mu_f,             0.35,  range(0.0, 1.0),           always())                        \
+  X(int64_t, ns_steps_slow,    5,     range(0, 99),              always())  /* K_s */             \
+  X(int64_t, ns_steps_fast,    5,     range(0, 99),              always())  /* K_f */             \
+  /* Gram form: re-form the Gram matrix every k iterations */                                     \
+  X(int64_t, ns_gram_restart,  3,     range(0, 99),              added())                         \
+  /* per-iteration coefficients: 0 fixed (ns_coefficients), 1 Polar Express, 2 tuned */           \
+  X(int64_t, ns_schedule,      0,     range(0, 2),               added())                         \
   /* projection and fusion (steps 3-4) */                                                         \
-  X(int64_t, proj_dim,         128,   1,     1 << 20)      /* d */                                \
-  X(double,  xi,               0.25,  0.0,   1.0)                                                 \
+  X(int64_t, proj_dim,         128,   range(1, 1 << 20),         always())  /* d */               \
+  X(double,  xi,               0.25,  range(0.0, 1.0),           always())                        \
   /* codebook (step 5, flush) */                                                                  \
-  X(int64_t, codebook_size,    64,    1,     1 << 20)      /* C */                                \
-  X(double,  beta_cb,          0.96,  0.0,   1.0)                                                 \
-  X(double,  lambda_c,         0.1,   0.0,   INFINITY)                                            \
-  X(int64_t, r_dec,            8,     0,     1 << 20)                                             \
-  X(int64_t, reseed_every,     50,    0,     INFINITY)     /* 0: never */                         \
-  X(double,  reseed_threshold, 0.03,  0.0,   INFINITY)                                            \
+  X(int64_t, codebook_size,    64,    range(1, 1 << 20),         always())  /* C */               \
+  X(double,  beta_cb,          0.96,  range(0.0, 1.0),           always())                        \
+  X(double,  lambda_c,         0.1,   range(0.0, INFINITY),      always())                        \
+  X(int64_t, r_dec,            8,     range(0, 1 << 20),         always())                        \
+  X(int64_t, reseed_every,     50,    range(0, INFINITY),        always())  /* 0: never */        \
+  X(double,  reseed_threshold, 0.03,  range(0.0, INFINITY),      always())                        \
   /* short-term filter (step 6) */                                                                \
-  X(double,  eps_st,           0.15,  0.0,   1.0)                                                 \
-  X(double,  gamma_hi,         0.05,  0.0,   INFINITY)                                            \
-  X(double,  gamma_st_min,     0.10,  0.0,   INFINITY)                                            \
-  X(double,  gamma_st_max,     0.30,  gamma_st_min(), INFINITY)                                   \
-  X(double,  beta_r,           0.95,  0.0,   1.0)                                                 \
-  X(double,  kappa,            0.20,  1e-30, INFINITY)                                            \
-  X(double,  tau_plus,         5.0,   0.0,   1e4)                                                 \
-  X(double,  tau_minus,        5.0,   0.0,   1e4)                                                 \
-  X(double,  lambda_hi,        0.1,   0.0,   INFINITY)                                            \
+  X(double,  eps_st,           0.15,  range(0.0, 1.0),           always())                        \
+  X(double,  gamma_hi,         0.05,  range(0.0, INFINITY),      always())                        \
+  X(double,  gamma_st_min,     0.10,  range(0.0, INFINITY),      always())                        \
+  X(double,  gamma_st_max,     0.30,  range(o.gamma_st_min(), INFINITY), always())                \
+  X(double,  beta_r,           0.95,  range(0.0, 1.0),           always())                        \
+  X(double,  kappa,            0.20,  range(1e-30, INFINITY),    always())                        \
+  X(double,  tau_plus,         5.0,   range(0.0, 1e4),           always())                        \
+  X(double,  tau_minus,        5.0,   range(0.0, 1e4),           always())                        \
+  X(double,  lambda_hi,        0.1,   range(0.0, INFINITY),      always())                        \
   /* long-term protection (step 7) and consolidation */                                           \
-  X(double,  eps_lt,           0.10,  0.0,   1.0)                                                 \
-  X(double,  gamma_lt,         1.0,   0.0,   INFINITY)                                            \
-  X(int64_t, lt_candidates,    48,    1,     INFINITY)     /* |A_t| */                            \
-  X(int64_t, freeze_per_task,  20,    0,     INFINITY)     /* K frozen per consolidate() */       \
+  X(double,  eps_lt,           0.10,  range(0.0, 1.0),           always())                        \
+  X(double,  gamma_lt,         1.0,   range(0.0, INFINITY),      always())                        \
+  X(int64_t, lt_candidates,    48,    range(1, INFINITY),        always())  /* |A_t| */           \
+  /* K, frozen per consolidate() */                                                               \
+  X(int64_t, freeze_per_task,  20,    range(0, INFINITY),        always())                        \
   /* proximal lift (step 8) */                                                                    \
-  X(double,  lambda_prox,      1.0,   1e-30, INFINITY)                                            \
-  X(int64_t, seed,             0,     -INFINITY, INFINITY) /* Pi and the group generators */
-
-/// Options checked elsewhere: X(type, name, default). The coefficients by NSConfig's validation
-/// (finite), booleans need none.
-#define FOGO_PLAIN_OPTIONS(X)                                                                     \
-  X(coefficients_t, ns_coefficients,          kQuintic)  /* or kCubic */                          \
-  X(bool,           spectral_scaling,         true)      /* gamma_lt by the trace bound */        \
-  X(bool,           reinit_codebook_on_task,  false)                                             \
+  X(double,  lambda_prox,      1.0,   range(1e-30, INFINITY),    always())                        \
+  X(int64_t, seed,             0,     any(),                     always())  /* Pi, generators */\
+  /* Newton–Schulz coefficients: kQuintic or kCubic (newton_schulz.h) */                         \
+  X(coefficients_t, ns_coefficients,         kQuintic, finite(),  always())                       \
+  /* gamma_lt by the trace bound */                                                               \
+  X(bool,           spectral_scaling,        true,     any(),     always())                       \
+  X(bool,           reinit_codebook_on_task, false,    any(),     always())                       \
   /* CUDA parameters: capture steady-state steps in a CUDA graph, replay them (FOGO::step) */     \
-  X(bool,           cuda_graph,               false)                                            \
+  X(bool,           cuda_graph,              false,    any(),     added())                        \
   /* true: steps 1, 2, 4 (in parameter space) and 9 only: no Pi, codebook, filters or lift */    \
-  X(bool,           fusion_only,              false)
-
-/// Enumerations, serialized as integers: X(type, name, default).
-#define FOGO_ENUM_OPTIONS(X)                                                                      \
+  X(bool,           fusion_only,             false,    any(),     added())                        \
   /* Newton–Schulz compute dtype (state stays fp32): bf16 (tensor cores, as torch.optim.Muon),  \
-     fp32 or fp64, which also enable the fast stream's Gram route, or auto (kNSDtypeAuto): bf16 \
-     where the device computes it faster, else fp32 (ns_dtype.h) */                               \
-  X(c10::ScalarType,  ns_dtype,         kNSDtypeAuto)                                             \
+     fp16, fp32 or fp64, which also enable the fast stream's Gram route, or auto (kNSDtypeAuto): \
+     bf16 where the device computes it faster, else fp32 (ns_dtype.h) */                          \
+  X(c10::ScalarType, ns_dtype,         kNSDtypeAuto,                                              \
+    one_of(kNSDtypeAuto, c10::kBFloat16, c10::kHalf, c10::kFloat, c10::kDouble), always())       \
   /* Newton–Schulz on X (Plain), on its Gram matrix with restarts (Gram), the faster by time     \
      (Auto), or Default: Auto where ns_dtype auto resolved to fp32, else Plain (newton_schulz.h) */\
-  X(NSForm,           ns_form,          NSForm::Default)                                          \
-  X(ProjectionScale,  projection_scale, ProjectionScale::Unit)                                    \
-  X(NonFinitePolicy,  nonfinite,        NonFinitePolicy::Raise)
+  X(NSForm,          ns_form,          NSForm::Default,                                           \
+    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto, NSForm::Default), added())                 \
+  X(ProjectionScale, projection_scale, ProjectionScale::Unit,                                     \
+    one_of(ProjectionScale::Unit, ProjectionScale::JL), always())                                 \
+  X(NonFinitePolicy, nonfinite,        NonFinitePolicy::Raise, known(), always())
 // clang-format on
-
-namespace detail {
-/// An enumeration option as checkpoints and their checksum hold it: ns_dtype as its
-/// ns_dtype_code (auto -1: c10's number for it moves between LibTorch versions), the others as
-/// their number; enum_from_archive is the inverse.
-template <class T>
-int64_t archived_enum(T v) {
-  if constexpr (std::is_same_v<T, c10::ScalarType>) {
-    return ns_dtype_code(v);
-  } else {
-    return static_cast<int64_t>(v);
-  }
-}
-template <class T>
-T enum_from_archive(int64_t code) {
-  if constexpr (std::is_same_v<T, c10::ScalarType>) {
-    return ns_dtype_from_code(code);
-  } else {
-    return static_cast<T>(code);
-  }
-}
-}  // namespace detail
 
 struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
   using coefficients_t = std::tuple<double, double, double>;
   FOGOOptions(double lr = 1e-3);
 
 #define FOGO_DECLARE_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;
-  FOGO_RANGED_OPTIONS(FOGO_DECLARE_OPTION)
-  FOGO_PLAIN_OPTIONS(FOGO_DECLARE_OPTION)
-  FOGO_ENUM_OPTIONS(FOGO_DECLARE_OPTION)
+  FOGO_OPTIONS(FOGO_DECLARE_OPTION)
 #undef FOGO_DECLARE_OPTION
 
  public:
@@ -137,7 +117,7 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
 };
 
-/// Every option of the tables as a Markdown table (option | default | valid values), in table
+/// Every option of the table as a Markdown table (option | default | valid | checkpoint), in table
 /// order: docs/algorithm.md holds this text, and a test keeps the two equal.
 std::string options_markdown();
 

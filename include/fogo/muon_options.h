@@ -1,19 +1,18 @@
 #pragma once
 // MuonOptions: every option of fogo::Muon, defined once in the table below. Each row generates
-// the builder field (TORCH_ARG), its validation, its serialization both ways, its part in
-// operator== and in the checkpoint checksum, the docs table (docs/muon.md) and the Python
-// keyword (python/src/module.cpp). Defaults are torch.optim.Muon's but ns_dtype's (auto, which
-// is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its arithmetic on
-// every host).
+// the builder field (TORCH_ARG) here and, through src/fogo/detail/options_table.h (the machinery
+// FOGOOptions' table shares), its validation, its serialization both ways, its part in
+// operator== and in a checkpoint's checksum and format, the docs table (docs/muon.md) and the
+// Python keyword (python/src/module.cpp). Defaults are torch.optim.Muon's but ns_dtype's (auto,
+// which is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its
+// arithmetic on every host).
 
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
-#include <array>
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -25,88 +24,49 @@ enum class MuonAdjustLR : int64_t {
   MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
 };
 
-namespace detail {
-class Checksum;
-}
-
-/// The valid values of an option (the table's `valid` column); MuonOptions::validate checks each.
-namespace option_rules {
-struct Any {};  ///< every value
-struct Range {  ///< finite and in [lo, hi]
-  double lo, hi;
-};
-struct Positive {};  ///< finite and > 0
-struct Finite {};    ///< every element finite (a tuple of numbers)
-struct Known {};     ///< is_known(value) (nonfinite.h)
-template <class T, size_t N>
-struct OneOf {  ///< one of `values`
-  std::array<T, N> values;
-};
-constexpr Any any() { return {}; }
-constexpr Range range(double lo, double hi) { return {lo, hi}; }
-constexpr Positive positive() { return {}; }
-constexpr Finite finite() { return {}; }
-constexpr Known known() { return {}; }
-template <class T, class... U>
-constexpr OneOf<T, 1 + sizeof...(U)> one_of(T first, U... rest) {
-  return {{first, rest...}};
-}
-}  // namespace option_rules
-
-/// How an option travels in a checkpoint (the table's last column):
-enum class MuonArchived {
-  /// In every Muon checkpoint: an archive without it is no Muon checkpoint.
-  Always,
-  /// Added later: an older checkpoint lacks it, and the option keeps its value.
-  Added,
-  /// Added after the checkpoints' checksum: as Added, and it enters the checksum only when it
-  /// differs from its default, so that checkpoints written before it still verify. Every option
-  /// added from now on is one.
-  AddedAfterChecksum,
-};
-
 // clang-format off
-/// X(type, name, default, valid values, stored). The rows' order is the checksum's: a row
-/// reordered would make every checkpoint written before fail its checksum, and a new row goes
-/// last, as AddedAfterChecksum.
+/// X(type, name, default, valid values, checkpoint). The columns are read by
+/// src/fogo/detail/options_table.h, which says what they mean (FOGO's table shares it). The
+/// rows' order is the checkpoint checksum's: a row never moves, and a new one is since(N), N the
+/// next format.
 #define FOGO_MUON_OPTIONS(X)                                                                       \
-  X(double,          lr,              1e-3,                   range(0.0, INFINITY), Always)        \
+  X(double,          lr,              1e-3,                   range(0.0, INFINITY), always())      \
   /* decoupled, with the unadjusted lr */                                                          \
-  X(double,          weight_decay,    0.1,                    range(0.0, INFINITY), Always)        \
-  X(double,          momentum,        0.95,                   range(0.0, 1.0), Always)             \
-  X(bool,            nesterov,        true,                   any(), Always)                       \
+  X(double,          weight_decay,    0.1,                    range(0.0, INFINITY), always())      \
+  X(double,          momentum,        0.95,                   range(0.0, 1.0), always())           \
+  X(bool,            nesterov,        true,                   any(), always())                     \
   /* or kCubic (newton_schulz.h) */                                                                \
-  X(coefficients_t,  ns_coefficients, kQuintic,               finite(), Always)                    \
+  X(coefficients_t,  ns_coefficients, kQuintic,               finite(), always())                  \
   /* X0 = U / max(|U|_F, eps) */                                                                   \
-  X(double,          eps,             1e-7,                   positive(), Always)                  \
-  X(int64_t,         ns_steps,        5,                      range(0, 99), Always)                \
+  X(double,          eps,             1e-7,                   positive(), always())                \
+  X(int64_t,         ns_steps,        5,                      range(0, 99), always())              \
   X(MuonAdjustLR,    adjust_lr,       MuonAdjustLR::Original,                                      \
-    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), Always)                           \
-  /* Newton–Schulz compute dtype: bf16 (torch.optim.Muon's, bit for bit), fp32, or auto: bf16     \
+    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), always())                         \
+  /* Newton–Schulz compute dtype: bf16 (torch.optim.Muon's, bit for bit), fp32, or auto: bf16      \
      where the device computes it faster (ns_dtype.h), else fp32 */                                \
   X(c10::ScalarType, ns_dtype,        kNSDtypeAuto,                                                \
-    one_of(kNSDtypeAuto, c10::kBFloat16, c10::kFloat), Always)                                     \
+    one_of(kNSDtypeAuto, c10::kBFloat16, c10::kFloat), always())                                   \
   /* refuse N-D (conv) weights as torch.optim.Muon does, instead of taking their matrix view */    \
-  X(bool,            strict_2d,       false,                  any(), Always)                       \
+  X(bool,            strict_2d,       false,                  any(), always())                     \
   /* a gradient holding NaN/Inf or with a norm where the update's arithmetic overflows: Raise      \
      naming the parameter (one host sync per step), Skip the step, Mask it on the device (no       \
      sync: the parameters and momentum buffers keep their bits), or Unchecked (no check, as        \
      torch.optim.Muon); nonfinite.h. Older checkpoints hold check_finite instead */                \
-  X(NonFinitePolicy, nonfinite,       NonFinitePolicy::Raise, known(), Added)                      \
-  /* Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), the   \
-     faster of the two for the shape, timed (Auto), or Default: Auto where ns_dtype auto resolved   \
+  X(NonFinitePolicy, nonfinite,       NonFinitePolicy::Raise, known(), added())                    \
+  /* Newton–Schulz on X (Plain: torch.optim.Muon's op sequence), on its Gram matrix (Gram), the    \
+     faster of the two for the shape, timed (Auto), or Default: Auto where ns_dtype auto resolved  \
      to fp32, else Plain; newton_schulz.h */                                                       \
   X(NSForm,          ns_form,         NSForm::Default,                                             \
-    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto, NSForm::Default), Added)                     \
+    one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto, NSForm::Default), added())                   \
   /* Gram form: iterations between re-formings of the Gram matrix (0: never) */                    \
-  X(int64_t,         ns_gram_restart, 3,                      range(0, INFINITY), Added)           \
+  X(int64_t,         ns_gram_restart, 3,                      range(0, INFINITY), added())         \
   /* CUDA parameters: capture the group's step in a CUDA graph once and replay it (the learning    \
      rate read on the device; docs/cuda.md). Not with data-parallel sharding (steps eagerly) */    \
-  X(bool,            cuda_graph,      false,                  any(), Added)                        \
+  X(bool,            cuda_graph,      false,                  any(), added())                      \
   /* per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,       \
      torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace                \
-     ns_coefficients */                                                                            \
-  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), AddedAfterChecksum)
+     ns_coefficients. since(1): Muon's checksum left it out until the table (docs/muon.md) */      \
+  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), since(1))
 // clang-format on
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
@@ -126,9 +86,6 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   void validate() const;
   /// Every option equal.
   friend bool operator==(const MuonOptions& a, const MuonOptions& b);
-  /// Adds every option to `sum` in table order (an AddedAfterChecksum one only when it is not
-  /// at its default): the options' part of a Muon checkpoint's checksum.
-  void add_to_checksum(detail::Checksum& sum) const;
 };
 
 /// Every option of the table as a Markdown table (option | default | valid values | how it

@@ -203,9 +203,7 @@ struct FOGOTraits {
   static py::dict to_dict(const Options& o) {
     py::dict d;
 #define FOGO_PY_TO(T, field, ...) d[#field] = Convert<Plain<decltype(o.field())>>::to(o.field());
-    FOGO_RANGED_OPTIONS(FOGO_PY_TO)
-    FOGO_PLAIN_OPTIONS(FOGO_PY_TO)
-    FOGO_ENUM_OPTIONS(FOGO_PY_TO)
+    FOGO_OPTIONS(FOGO_PY_TO)
 #undef FOGO_PY_TO
     return d;
   }
@@ -213,9 +211,7 @@ struct FOGOTraits {
 #define FOGO_PY_FROM(T, field, ...) \
   if (d.contains(#field))           \
     o.field(Convert<Plain<decltype(o.field())>>::from(d[#field], name, #field));
-    FOGO_RANGED_OPTIONS(FOGO_PY_FROM)
-    FOGO_PLAIN_OPTIONS(FOGO_PY_FROM)
-    FOGO_ENUM_OPTIONS(FOGO_PY_FROM)
+    FOGO_OPTIONS(FOGO_PY_FROM)
 #undef FOGO_PY_FROM
     return o;
   }

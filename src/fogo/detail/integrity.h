@@ -65,6 +65,15 @@ void write_checksum(torch::serialize::OutputArchive& archive, const char* key, u
 void verify_checksum(torch::serialize::InputArchive& archive, const char* optimizer,
                      const char* key, uint64_t sum);
 
+/// The checkpoint format an archive states under `key` (FOGO's fogo/format, Muon's muon/format,
+/// the hybrid's fogo_hybrid/format): formats count up from 1, each fogo reads every format up to
+/// its `newest` and writes the oldest that holds what it saves. An archive without the key has
+/// format `absent` (written before the key existed), or, where `absent` is 0, is no checkpoint of
+/// `optimizer` ("not a <kind> checkpoint"); one from a newer fogo (format > newest) is refused
+/// naming both formats, before anything is loaded.
+int64_t read_format(torch::serialize::InputArchive& archive, const char* optimizer,
+                    const char* kind, const char* key, int64_t newest, int64_t absent = 0);
+
 /// Throws unless every element of the floating-point `tensor` is finite, naming `optimizer` and
 /// `what` (a checkpoint's state that would poison every later step).
 void check_finite_state(const char* optimizer, const std::string& what, const at::Tensor& tensor);
