@@ -3,8 +3,8 @@
 #include <fogo/fogo.h>
 #include <torch/extension.h>
 
-#include <algorithm>
-#include <string>
+#include <optional>
+#include <vector>
 
 #include "bindings.h"
 #include "bound.h"
@@ -12,47 +12,36 @@
 namespace fogo_py {
 
 void bind_muon(py::module_& m) {
-  // Owner-computes for sharded (DTensor) parameters (fogo/optim.py): the owner rank of a matrix
-  // orthogonalizes the whole momentum-updated matrix as Muon::step does (the same NSConfig, the
-  // same matrix view [rows, numel / rows], the same cast into the compute dtype); every rank
-  // takes the adjusted learning rate for the shape; the elementwise parts run on the shards.
+  // Owner-computes for row-sharded (DTensor) matrices (fogo/optim.py): the C++ step
+  // (fogo::muon_step_rows) of group `group`'s matrices, given this rank's rows of each; Python
+  // supplies where the rows live: gather(k, update) -> the whole update on the matrix's owner rank
+  // (None elsewhere), scatter(k, O or None, out) -> this rank's rows of O written into `out`.
   m.def(
-      "muon_orthogonalize",
-      [](const at::Tensor& update, const py::dict& group) {
-        const fogo::MuonOptions o = Bound<MuonTraits>::options_from(group);
-        o.validate();
-        TORCH_CHECK(update.dim() >= 2,
-                    "fogo._C.muon_orthogonalize: 'update' must have >= 2 dimensions, got ",
-                    update.sizes());
-        // The step's own, never a copy; auto as it resolves here (resolve_ns_config).
-        const fogo::NSConfig ns = fogo::resolve_ns_config(fogo::ns_config(o), update.device());
-        const int64_t rows = update.size(0), cols = update.numel() / std::max<int64_t>(rows, 1);
-        at::Tensor x = at::empty({rows, cols}, update.options().dtype(ns.compute_dtype));
-        x.view(update.sizes()).copy_(update);
-        const at::Tensor ortho = fogo::newton_schulz(x, ns);
-        // The other ranks receive it into tensors of ns_dtype (auto: ns_compute_dtype's).
-        TORCH_CHECK(ortho.scalar_type() == ns.compute_dtype,
-                    "fogo._C.muon_orthogonalize: the result's dtype is not ns_dtype");
-        return ortho;
+      "muon_step_rows",
+      [](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& bufs, const std::vector<int64_t>& rows,
+         const py::dict& group, const std::optional<at::Tensor>& ok, const py::function& gather,
+         const py::function& scatter) {
+        TORCH_CHECK(grads.size() == params.size() && bufs.size() == params.size() &&
+                        rows.size() == params.size(),
+                    "fogo._C.muon_step_rows: params, grads, bufs and rows differ in length");
+        std::vector<fogo::MuonRows> items;
+        for (size_t k = 0; k < params.size(); ++k)
+          items.push_back({params[k], grads[k], bufs[k], rows[k]});
+        const fogo::RowExchange exchange{[&](size_t k, const at::Tensor& update) {
+                                           const py::object whole = gather(k, update);
+                                           return whole.is_none() ? at::Tensor()
+                                                                  : whole.cast<at::Tensor>();
+                                         },
+                                         [&](size_t k, const at::Tensor& O, const at::Tensor& out) {
+                                           scatter(k, O.defined() ? py::cast(O) : py::none(), out);
+                                         }};
+        fogo::muon_step_rows(items, Bound<MuonTraits>::options_from(group),
+                             MuonTraits::lr_dtype(group), ok ? *ok : at::Tensor(), exchange);
       },
-      py::arg("update"), py::arg("group"));
-  m.def(
-      "muon_adjusted_lr",
-      [](const py::dict& group, int64_t rows, int64_t cols) {
-        const fogo::MuonOptions o = Bound<MuonTraits>::options_from(group);
-        return fogo::muon_adjusted_lr(o.lr(), o.adjust_lr(), rows, cols,
-                                      MuonTraits::lr_dtype(group));
-      },
-      py::arg("group"), py::arg("rows"), py::arg("cols"));
+      py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("rows"), py::arg("group"),
+      py::arg("ok"), py::arg("gather"), py::arg("scatter"));
   // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.
-  m.def(
-      "ns_compute_dtype",
-      [](const py::handle& dtype, const std::string& device) {
-        const c10::ScalarType d =
-            Convert<c10::ScalarType>::from(dtype, "ns_compute_dtype", "dtype");
-        return py::cast(fogo::resolve_ns_dtype(d, c10::Device(device)));
-      },
-      py::arg("dtype"), py::arg("device"));
   m.def("ns_dtype_choices", [] {
     py::list out;
     for (const fogo::NSDtypeChoice& c : fogo::ns_dtype_choices()) {
