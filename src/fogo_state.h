@@ -18,18 +18,17 @@
 namespace fogo {
 
 // Telemetry is kept on the device as one vector and read back only when asked for, so a step
-// never waits on the host for it.
-enum Stat : int64_t {
-  kRbar,
-  kGammaSt,
-  kFracConflicting,
-  kFracOverAligned,
-  kFracLtProtected,
-  kEntropy,
-  kLive,
-  kDeltaRatio,
-  kNumStats
-};
+// never waits on the host for it: the Device statistics of FOGO_TELEMETRY (fogo_optimizer.h), in
+// its order, stat::<name> the index of each. FOGO_TELEMETRY_IF_<source>(...) is its arguments for
+// a Device field and nothing for a Host one.
+#define FOGO_TELEMETRY_IF_Device(...) __VA_ARGS__
+#define FOGO_TELEMETRY_IF_Host(...)
+namespace stat {
+#define FOGO_STAT_INDEX(T, name, source, ...) FOGO_TELEMETRY_IF_##source(name, )
+enum : int64_t { FOGO_TELEMETRY(FOGO_STAT_INDEX) count };
+#undef FOGO_STAT_INDEX
+}  // namespace stat
+inline constexpr int64_t kNumStats = stat::count;
 
 inline at::Generator make_cpu_generator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);

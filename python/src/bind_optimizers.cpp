@@ -11,23 +11,14 @@ namespace fogo_py {
 
 namespace {
 
+// FOGO_TELEMETRY's fields, one dict per group.
 py::list telemetry(const fogo::FOGO& opt) {
   py::list out;
   for (const fogo::FOGOTelemetry& t : opt.telemetry()) {
     py::dict d;
-    d["step"] = t.step;
-    d["rbar"] = t.rbar;
-    d["gamma_st"] = t.gamma_st;
-    d["frac_conflicting"] = t.frac_conflicting;
-    d["frac_over_aligned"] = t.frac_over_aligned;
-    d["frac_lt_protected"] = t.frac_lt_protected;
-    d["codebook_entropy"] = t.codebook_entropy;
-    d["live_centroids"] = t.live_centroids;
-    d["delta_ratio"] = t.delta_ratio;
-    d["frozen"] = t.frozen;
-    d["skipped_steps"] = t.skipped_steps;
-    d["graph_captures"] = t.graph_captures;
-    d["graph_replays"] = t.graph_replays;
+#define FOGO_PY_STAT(T, name, ...) d[#name] = t.name;
+    FOGO_TELEMETRY(FOGO_PY_STAT)
+#undef FOGO_PY_STAT
     out.append(d);
   }
   return out;
