@@ -2,6 +2,7 @@
 // Option values between Python and C++ (fogo._C): Convert<T>::to (C++ -> Python) and
 // Convert<T>::from (Python -> C++, a TypeError or ValueError naming the optimizer and the option)
 // for every type an option table holds (fogo_options.h, muon_options.h).
+#include <fogo/enum_names.h>
 #include <fogo/fogo.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
@@ -20,36 +21,6 @@ namespace py = pybind11;
   throw py::type_error(std::string(optimizer) + ": option '" + option + "' must be " + expected +
                        ", got " + py::repr(value).cast<std::string>());
 }
-
-template <class E>
-struct EnumNames;
-template <>
-struct EnumNames<fogo::ProjectionScale> {
-  static constexpr std::pair<const char*, fogo::ProjectionScale> values[] = {
-      {"unit", fogo::ProjectionScale::Unit}, {"jl", fogo::ProjectionScale::JL}};
-};
-template <>
-struct EnumNames<fogo::NonFinitePolicy> {
-  static constexpr std::pair<const char*, fogo::NonFinitePolicy> values[] = {
-      {"raise", fogo::NonFinitePolicy::Raise},
-      {"skip", fogo::NonFinitePolicy::Skip},
-      {"unchecked", fogo::NonFinitePolicy::Unchecked},
-      {"mask", fogo::NonFinitePolicy::Mask}};
-};
-template <>
-struct EnumNames<fogo::NSForm> {
-  static constexpr std::pair<const char*, fogo::NSForm> values[] = {
-      {"plain", fogo::NSForm::Plain},
-      {"gram", fogo::NSForm::Gram},
-      {"auto", fogo::NSForm::Auto},
-      {"default", fogo::NSForm::Default}};
-};
-template <>
-struct EnumNames<fogo::MuonAdjustLR> {
-  static constexpr std::pair<const char*, fogo::MuonAdjustLR> values[] = {
-      {"original", fogo::MuonAdjustLR::Original},
-      {"match_rms_adamw", fogo::MuonAdjustLR::MatchRmsAdamW}};
-};
 
 template <class T>
 struct Convert;
@@ -121,20 +92,18 @@ struct Convert<c10::ScalarType> {
   }
 };
 
+// An enumeration by its name (fogo/enum_names.h).
 template <class E>
 struct ConvertEnum {
   static py::object to(E v) {
-    for (const auto& [n, e] : EnumNames<E>::values)
-      if (e == v) return py::str(n);
+    if (const char* name = fogo::enum_name(v)) return py::str(name);
     return py::int_(static_cast<int64_t>(v));
   }
   static E from(const py::handle& v, const char* opt, const char* name) {
-    std::string expected = "one of";
-    for (const auto& [n, e] : EnumNames<E>::values) expected += std::string(" '") + n + "'";
+    const std::string expected = "one of " + fogo::enum_names_text<E>("'", " ", " ");
     if (!PyUnicode_Check(v.ptr())) bad_type(opt, name, expected.c_str(), v);
     const std::string s = v.cast<std::string>();
-    for (const auto& [n, e] : EnumNames<E>::values)
-      if (s == n) return e;
+    if (const auto e = fogo::enum_from_name<E>(s)) return *e;
     throw py::value_error(std::string(opt) + ": option '" + name + "' must be " + expected +
                           ", got '" + s + "'");
   }

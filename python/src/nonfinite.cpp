@@ -4,6 +4,7 @@
 // DTensor parameters). The C++ rule, its test and its error are used as they are.
 #include <fogo/detail/checks.h>
 #include <fogo/detail/nonfinite.h>
+#include <fogo/enum_names.h>
 #include <fogo/nonfinite.h>
 #include <torch/extension.h>
 
@@ -18,27 +19,14 @@ namespace fogo_py {
 
 namespace {
 
-const char* kind_name(fogo::NonFiniteDecision::Kind kind) {
-  switch (kind) {
-    case fogo::NonFiniteDecision::Kind::Skip:
-      return "skip";
-    case fogo::NonFiniteDecision::Kind::Raise:
-      return "raise";
-    case fogo::NonFiniteDecision::Kind::Mask:
-      return "mask";
-    default:
-      return "step";
-  }
-}
-
 at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t ? *t : at::Tensor(); }
 
 }  // namespace
 
 void bind_nonfinite(py::module_& m) {
   py::class_<fogo::NonFiniteDecision>(m, "NonFiniteDecision")
-      .def_property_readonly("kind",
-                             [](const fogo::NonFiniteDecision& d) { return kind_name(d.kind); })
+      .def_property_readonly(
+          "kind", [](const fogo::NonFiniteDecision& d) { return fogo::enum_name(d.kind); })
       .def_readonly("item", &fogo::NonFiniteDecision::item)
       .def_property_readonly("ok",
                              [](const fogo::NonFiniteDecision& d) -> std::optional<at::Tensor> {
