@@ -615,12 +615,12 @@ class Muon(_CppOptimizer):
 
     # -- owner-computes for DTensor parameters ------------------------------------------------
     #
-    # Each row-sharded matrix has one owner rank (greedy by Newton-Schulz cost, costliest first
-    # to the least-loaded rank, as fogo::dist::assign_owners; the same on every rank). The step
-    # is the C++ one (fogo::muon_step_rows: momentum, Nesterov, Newton-Schulz, decay and update,
-    # the bits of fogo.Muon's step on the whole matrices); Python supplies only where the rows
-    # live: the owner gathers each momentum-updated (Nesterov) matrix and scatters its
-    # orthogonalized rows back (_RowShards). The momentum is a DTensor laid out as its parameter.
+    # Each row-sharded matrix has one owner rank (fogo::assign_owners: greedy by Newton-Schulz
+    # cost, costliest first to the least-loaded rank; the same on every rank). The step is the
+    # C++ one (fogo::muon_step_rows: momentum, Nesterov, Newton-Schulz, decay and update, the
+    # bits of fogo.Muon's step on the whole matrices); Python supplies only where the rows live:
+    # the owner gathers each momentum-updated (Nesterov) matrix and scatters its orthogonalized
+    # rows back (_RowShards). The momentum is a DTensor laid out as its parameter.
 
     def _owner_computes(self, p: torch.Tensor) -> bool:
         return (self._dtensor == "owner" and p.device_mesh.ndim == 1
@@ -631,18 +631,14 @@ class Muon(_CppOptimizer):
         parameter, in group order (every rank issues the collectives in this order)."""
         items = [(group, i, p) for group in self.param_groups
                  for i, p in enumerate(group["params"]) if id(p) in self._locals]
-        costs = []
-        for _, _, p in items:
-            rows = p.shape[0]
-            cols = p.numel() // max(rows, 1)
-            costs.append(float(rows) * cols * min(rows, cols))
         owners = [0] * len(items)
-        load: dict[Any, list[float]] = {}
-        for k in sorted(range(len(items)), key=lambda k: -costs[k]):  # stable: ties in order
-            mesh = items[k][2].device_mesh
-            ranks = load.setdefault(mesh, [0.0] * mesh.size())
-            owners[k] = min(range(len(ranks)), key=ranks.__getitem__)
-            ranks[owners[k]] += costs[k]
+        meshes: dict[Any, list[int]] = {}  # each mesh's ranks balanced on their own
+        for k, (_, _, p) in enumerate(items):
+            meshes.setdefault(p.device_mesh, []).append(k)
+        for mesh, ks in meshes.items():
+            assigned = _C.assign_owners([list(items[k][2].shape) for k in ks], mesh.size())
+            for k, owner in zip(ks, assigned):
+                owners[k] = owner
         return [(g, i, p, r) for (g, i, p), r in zip(items, owners)]
 
     def _owner_step(self, ok: Optional[torch.Tensor]) -> None:
