@@ -10,8 +10,8 @@ namespace py = pybind11;
 void bind_optimizers(py::module_& m);
 /// Muon's owner-computed step for row-sharded matrices and ns_dtype auto (bind_muon.cpp).
 void bind_muon(py::module_& m);
-/// The lists Python iterates instead of keeping copies: enum names, FOGO's memory fields and
-/// telemetry, the hybrid's split rule, owner assignment (bind_lists.cpp).
+/// The lists Python iterates instead of keeping copies: FOGO's memory fields, the hybrid's split
+/// rule, sharded steps' owner assignment (bind_lists.cpp).
 void bind_lists(py::module_& m);
 /// The non-finite policy's decision and its machinery (nonfinite.cpp).
 void bind_nonfinite(py::module_& m);
