@@ -299,7 +299,8 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
       const bool transposed = !item.O.is_contiguous() && item.O.t().is_contiguous();
       const at::Tensor O = transposed ? item.O : item.O.contiguous();
       inputs.push_back(O);
-      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols);
+      const auto [A, B] = adjusted_lr_shape(item);  // a row shard's: its whole matrix's
+      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, A, B);
       if (rows * cols > 0)
         chunk.t[chunk.count++] = {
             item.param.data_ptr(), O.data_ptr(), rows, cols, f1, f2, transposed};

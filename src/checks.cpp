@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>
-#include <fogo/step_shard.h>
 
 #include <cmath>
 #include <limits>
@@ -131,13 +130,3 @@ void check_state_shape(const char* optimizer, size_t g, size_t i, const at::Tens
 }
 
 }  // namespace fogo::detail
-
-namespace fogo {
-
-bool StepShard::enabled(const char* optimizer) const {
-  TORCH_CHECK(static_cast<bool>(owns) == static_cast<bool>(exchange), optimizer,
-              ": a StepShard needs both owns and exchange, or neither");
-  return static_cast<bool>(owns);
-}
-
-}  // namespace fogo

@@ -293,14 +293,10 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     for (size_t k = 0; k < groups.size(); ++k) {
       const double* v = host.data_ptr<double>() + k * (kNumStats + 1);
       FOGOTelemetry& t = out[groups[k]];
-      t.rbar = v[kRbar];
-      t.gamma_st = v[kGammaSt];
-      t.frac_conflicting = v[kFracConflicting];
-      t.frac_over_aligned = v[kFracOverAligned];
-      t.frac_lt_protected = v[kFracLtProtected];
-      t.codebook_entropy = v[kEntropy];
-      t.live_centroids = static_cast<int64_t>(v[kLive]);
-      t.delta_ratio = v[kDeltaRatio];
+#define FOGO_UNPACK_STAT(T, name, source, ...) \
+  FOGO_TELEMETRY_IF_##source(t.name = static_cast<T>(v[stat::name]);)
+      FOGO_TELEMETRY(FOGO_UNPACK_STAT)
+#undef FOGO_UNPACK_STAT
       t.skipped_steps = static_cast<int64_t>(v[kNumStats]);
     }
   }

@@ -396,11 +396,13 @@ void record_telemetry(GroupMemory& mem, const ProjectedStepResult& r,
   at::Tensor delta_ratio = at::zeros({}, r.dz.options());
   for (const at::Tensor& ratio : delta_ratios) delta_ratio += ratio;
   at::Tensor stats = at::zeros({kNumStats}, r.dz.options());
-  stats.slice(0, kGammaSt, kGammaSt + 4).copy_(r.stats);
-  stats[kRbar] = mem.rbar;
-  stats[kEntropy] = entropy(mem.book.N);
-  stats[kLive] = (mem.book.N >= o.reseed_threshold()).sum();
-  stats[kDeltaRatio] = delta_ratio / static_cast<double>(delta_ratios.size());
+  // The projected step's four fractions, in its order (projected.h).
+  static_assert(stat::frac_lt_protected - stat::gamma_st == 3, "FOGO_TELEMETRY's order");
+  stats.slice(0, stat::gamma_st, stat::frac_lt_protected + 1).copy_(r.stats);
+  stats[stat::rbar] = mem.rbar;
+  stats[stat::codebook_entropy] = entropy(mem.book.N);
+  stats[stat::live_centroids] = (mem.book.N >= o.reseed_threshold()).sum();
+  stats[stat::delta_ratio] = delta_ratio / static_cast<double>(delta_ratios.size());
   if (mem.stats.defined()) {
     mem.stats.copy_(stats);
   } else {

@@ -18,18 +18,17 @@
 namespace fogo {
 
 // Telemetry is kept on the device as one vector and read back only when asked for, so a step
-// never waits on the host for it.
-enum Stat : int64_t {
-  kRbar,
-  kGammaSt,
-  kFracConflicting,
-  kFracOverAligned,
-  kFracLtProtected,
-  kEntropy,
-  kLive,
-  kDeltaRatio,
-  kNumStats
-};
+// never waits on the host for it: the Device statistics of FOGO_TELEMETRY (fogo_optimizer.h), in
+// its order, stat::<name> the index of each. FOGO_TELEMETRY_IF_<source>(...) is its arguments for
+// a Device field and nothing for a Host one.
+#define FOGO_TELEMETRY_IF_Device(...) __VA_ARGS__
+#define FOGO_TELEMETRY_IF_Host(...)
+namespace stat {
+#define FOGO_STAT_INDEX(T, name, source, ...) FOGO_TELEMETRY_IF_##source(name, )
+enum : int64_t { FOGO_TELEMETRY(FOGO_STAT_INDEX) count };
+#undef FOGO_STAT_INDEX
+}  // namespace stat
+inline constexpr int64_t kNumStats = stat::count;
 
 inline at::Generator make_cpu_generator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -58,29 +57,50 @@ struct GroupMemory {
   /// step reads or writes), Mask's restore (kMasked: what a step changes).
   enum Use : unsigned { kSaved = 1, kStep = 2, kMasked = 4 };
   /// f(name, tensor, uses) for every tensor field, in one order: the one list of the memory's
-  /// tensors (a field added here reaches the checkpoint, the graph and Mask).
+  /// tensors (a field added here reaches the checkpoint, the graph, Mask and Python's
+  /// state_dict).
   template <class F>
   void visit(F&& f) {
-    visit_fields(*this, f);
+    visit_fields(*this,
+                 [&f](const char* name, auto& t, unsigned use, const char*) { f(name, t, use); });
   }
   template <class F>
   void visit(F&& f) const {
-    visit_fields(*this, f);
+    visit_fields(*this,
+                 [&f](const char* name, auto& t, unsigned use, const char*) { f(name, t, use); });
+  }
+
+  /// A tensor field as the list has it: its name, uses and shape once defined, a dimension per
+  /// character: 'C' codebook_size, 'd' proj_dim, 'F' the frozen bank's size (grows by a block
+  /// per task), 'K' kNumStats; "" a 0-d tensor. Python's state_dict lays the memory out by it
+  /// (python/fogo/_memory.py).
+  struct Field {
+    const char* name;
+    unsigned use;
+    const char* shape;
+  };
+  static std::vector<Field> fields() {
+    std::vector<Field> out;
+    const GroupMemory m;
+    visit_fields(m, [&out](const char* name, const at::Tensor&, unsigned use, const char* shape) {
+      out.push_back({name, use, shape});
+    });
+    return out;
   }
 
  private:
   template <class Self, class F>
-  static void visit_fields(Self& m, F& f) {
-    f("centroids", m.book.centroids, kSaved | kStep | kMasked);
-    f("S", m.book.S, kSaved | kStep | kMasked);
-    f("N", m.book.N, kSaved | kStep | kMasked);
-    f("start", m.start, kSaved);
-    f("frozen", m.frozen, kSaved | kStep);
-    f("frozen_nu", m.frozen_nu, kSaved | kStep);
-    f("rbar", m.rbar, kSaved | kStep | kMasked);
-    f("stats", m.stats, kSaved | kStep | kMasked);
-    f("skipped", m.skipped, kStep);
-    f("stepped_since_consolidate", m.stepped_since_consolidate, kStep);
+  static void visit_fields(Self& m, F&& f) {
+    f("centroids", m.book.centroids, kSaved | kStep | kMasked, "Cd");
+    f("S", m.book.S, kSaved | kStep | kMasked, "Cd");
+    f("N", m.book.N, kSaved | kStep | kMasked, "C");
+    f("start", m.start, kSaved, "Cd");
+    f("frozen", m.frozen, kSaved | kStep, "Fd");
+    f("frozen_nu", m.frozen_nu, kSaved | kStep, "F");
+    f("rbar", m.rbar, kSaved | kStep | kMasked, "");
+    f("stats", m.stats, kSaved | kStep | kMasked, "K");
+    f("skipped", m.skipped, kStep, "");
+    f("stepped_since_consolidate", m.stepped_since_consolidate, kStep, "");
   }
 };
 

@@ -26,7 +26,8 @@ std::vector<std::regex> compile(const std::vector<std::string>& patterns, const 
     try {
       out.emplace_back(pattern, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      TORCH_CHECK(false, "ParamSplitRules.", field, ": invalid regex '", pattern, "': ", e.what());
+      TORCH_CHECK_VALUE(false, "ParamSplitRules.", field, ": invalid regex '", pattern,
+                        "': ", e.what());
     }
   }
   return out;
@@ -107,36 +108,47 @@ void step_side(torch::optim::Optimizer& side, const StepContext& context) {
 
 }  // namespace
 
-ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules) {
+std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules) {
   const auto rest_patterns = compile(rules.rest_patterns, "rest_patterns");
   const auto matrix_patterns = compile(rules.matrix_patterns, "matrix_patterns");
-
-  std::unordered_set<const c10::TensorImpl*> embedding_weights;
-  if (rules.embeddings_to_rest) {
-    for (const auto& child : module.modules(/*include_self=*/true)) {
-      if (child->as<torch::nn::Embedding>() || child->as<torch::nn::EmbeddingBag>()) {
-        for (const auto& p : child->parameters()) embedding_weights.insert(p.unsafeGetTensorImpl());
-      }
+  std::vector<bool> out;
+  for (const SplitInput& p : params) {
+    const auto dim = p.sizes.size();
+    if (any_match(matrix_patterns, p.name)) {
+      TORCH_CHECK_VALUE(dim >= 2, "ParamSplitRules.matrix_patterns matched '", p.name,
+                        "' of shape ", at::IntArrayRef(p.sizes),
+                        ", but matrix optimizers need >= 2-D parameters");
+      out.push_back(true);
+    } else {
+      out.push_back(dim >= 2 && !(rules.embeddings_to_rest && p.embedding) &&
+                    !any_match(rest_patterns, p.name));
     }
   }
+  return out;
+}
 
-  ParamSplit split;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    const torch::Tensor& p = item.value();
-    if (!p.requires_grad()) continue;
-    bool to_matrix;
-    if (any_match(matrix_patterns, name)) {
-      TORCH_CHECK(p.dim() >= 2, "ParamSplitRules.matrix_patterns matched '", name, "' of shape ",
-                  p.sizes(), ", but matrix optimizers need >= 2-D parameters");
-      to_matrix = true;
-    } else {
-      to_matrix = p.dim() >= 2 && !embedding_weights.count(p.unsafeGetTensorImpl()) &&
-                  !any_match(rest_patterns, name);
+ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules) {
+  std::unordered_set<const c10::TensorImpl*> embedding_weights;
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    if (child->as<torch::nn::Embedding>() || child->as<torch::nn::EmbeddingBag>()) {
+      for (const auto& p : child->parameters()) embedding_weights.insert(p.unsafeGetTensorImpl());
     }
-    NamedParams& side = to_matrix ? split.matrix : split.rest;
-    side.names.push_back(name);
-    side.params.push_back(p);
+  }
+  std::vector<SplitInput> inputs;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    const at::Tensor& p = item.value();
+    inputs.push_back(
+        {item.key(), p.sizes().vec(), embedding_weights.count(p.unsafeGetTensorImpl()) > 0});
+    named.emplace_back(item.key(), p);
+  }
+  const std::vector<bool> to_matrix = matrix_side(inputs, rules);
+  ParamSplit split;
+  for (size_t k = 0; k < named.size(); ++k) {
+    NamedParams& side = to_matrix[k] ? split.matrix : split.rest;
+    side.names.push_back(named[k].first);
+    side.params.push_back(named[k].second);
   }
   return split;
 }

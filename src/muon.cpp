@@ -1,6 +1,7 @@
 #include "fogo/muon.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
@@ -62,10 +63,6 @@ double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype) {
 
 void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
   if (items.empty()) return;
-  const auto matrix = [](const at::Tensor& param) {
-    const int64_t rows = param.size(0);
-    return std::pair{rows, param.numel() / std::max<int64_t>(rows, 1)};
-  };
   if (!p.device_lr.defined()) {
     // torch.optim.Muon's ops, per tensor, as Python dispatches them: `param.mul_(float)` is
     // mul_.Tensor with a wrapped 0-d double on the CPU, whatever the parameter's device. C++'s
@@ -77,7 +74,7 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
     decay.unsafeGetTensorImpl()->set_wrapped_number(true);
     for (const MuonUpdateItem& item : items) {
       item.param.mul_(decay);
-      const auto [rows, cols] = matrix(item.param);
+      const auto [rows, cols] = adjusted_lr_shape(item);
       item.param.add_(item.O.reshape(item.param.sizes()),
                       -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols, p.lr_dtype));
     }
@@ -88,7 +85,7 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
   const at::Tensor decay = 1.0 - p.device_lr * p.weight_decay;
   for (const MuonUpdateItem& item : items) {
     const at::Tensor& param = item.param;
-    const auto [rows, cols] = matrix(param);
+    const auto [rows, cols] = adjusted_lr_shape(item);
     const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols);
     const at::Tensor step = p.device_lr * f1 * f2;
     const auto type = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -270,6 +267,15 @@ at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, NSConfig ns)
   return inputs.size() == 1 ? newton_schulz(X[0], ns).unsqueeze(0) : newton_schulz(X, ns);
 }
 
+// The momentum EMA and the Nesterov blend as multi-tensor ops (per tensor what PyTorch's
+// lerp_/lerp compute; on the CPU those calls): every parameter's update U, the buffers updated.
+std::vector<at::Tensor> momentum_updates(const std::vector<at::Tensor>& bufs,
+                                         const std::vector<at::Tensor>& grads,
+                                         const MuonOptions& o) {
+  at::_foreach_lerp_(bufs, grads, 1.0 - o.momentum());
+  return o.nesterov() ? at::_foreach_lerp(grads, bufs, o.momentum()) : bufs;
+}
+
 }  // namespace
 
 void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
@@ -292,11 +298,7 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
       run_grads.push_back(grads[order[i]]);
       run_bufs.push_back(bufs[order[i]]);
     }
-    // The momentum EMA and the Nesterov blend as multi-tensor ops (per tensor what PyTorch's
-    // lerp_/lerp compute; on the CPU those calls), for every parameter.
-    at::_foreach_lerp_(run_bufs, run_grads, 1.0 - o.momentum());
-    const std::vector<at::Tensor> U =
-        o.nesterov() ? at::_foreach_lerp(run_grads, run_bufs, o.momentum()) : run_bufs;
+    const std::vector<at::Tensor> U = momentum_updates(run_bufs, run_grads, o);
     // Sharded: Newton–Schulz and the update of the owned parameters only.
     std::vector<at::Tensor> mine, inputs;
     for (size_t k = 0; k < run.size(); ++k) {
@@ -314,6 +316,52 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
   const at::ScalarType lr_dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
   ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype});
+  keep.restore();
+}
+
+void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
+                    at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
+  o.validate();
+  TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
+  std::vector<at::Tensor> params, grads, bufs;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const MuonRows& m = items[k];
+    TORCH_CHECK(m.param.dim() >= 2 && (!o.strict_2d() || m.param.dim() == 2) &&
+                    m.grad.sizes() == m.param.sizes() && m.buf.sizes() == m.param.sizes() &&
+                    m.rows >= m.param.size(0),
+                "muon_step_rows: matrix ", k, " must be rows of a ",
+                o.strict_2d() ? "2-D" : ">= 2-D", " parameter with its gradient and buffer of ",
+                "the same shape, got ", m.param.sizes(), ", ", m.grad.sizes(), ", ", m.buf.sizes(),
+                " (", m.rows, " rows in all)");
+    params.push_back(m.param);
+    grads.push_back(m.grad);
+    bufs.push_back(m.buf);
+  }
+  std::vector<at::Tensor> changed;  // Mask: what the step changes (as update_group)
+  if (ok.defined()) {
+    changed = params;
+    changed.insert(changed.end(), bufs.begin(), bufs.end());
+  }
+  const detail::MaskScope keep(ok, std::move(changed));
+  const std::vector<at::Tensor> U = momentum_updates(bufs, grads, o);
+  std::vector<MuonUpdateItem> updates;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const at::Tensor& p = params[k];
+    const int64_t cols = c10::multiply_integers(p.sizes().slice(1));
+    const at::Tensor whole = exchange.gather(k, U[k]);
+    at::Tensor O;  // on the rank that orthogonalizes matrix k
+    if (whole.defined()) {
+      TORCH_CHECK(whole.size(0) == items[k].rows && whole.sizes().slice(1) == p.sizes().slice(1),
+                  "muon_step_rows: gather returned ", whole.sizes(), " for matrix ", k, " of ",
+                  items[k].rows, " rows");
+      O = orthogonalize_run({whole}, ns_config(o))[0];
+    }
+    const NSConfig ns = resolve_ns_config(ns_config(o), p.device());
+    const at::Tensor mine = at::empty({p.size(0), cols}, p.options().dtype(ns.compute_dtype));
+    exchange.scatter(k, O, mine);
+    updates.push_back({p, mine, items[k].rows, cols});
+  }
+  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype});
   keep.restore();
 }
 

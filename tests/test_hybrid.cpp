@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -85,6 +86,32 @@ TEST(SplitParameters, FrozenParametersAreLeftOut) {
   net->fc1->weight.set_requires_grad(false);
   const auto split = fogo::split_parameters(*net);
   EXPECT_EQ(split.matrix.names, std::vector<std::string>{"conv.weight"});
+}
+
+// The rule itself, on parameters described (what Python's fogo.split_parameters hands it):
+// split_parameters' decisions, embeddings by the flag, and ValueErrors naming the problem.
+TEST(SplitParameters, MatrixSideIsTheRuleOnDescribedParameters) {
+  TinyNet net;
+  std::vector<fogo::SplitInput> inputs;
+  for (const auto& item : net->named_parameters())
+    inputs.push_back({item.key(), item.value().sizes().vec(), item.key() == "embed.weight"});
+  const auto split = fogo::split_parameters(*net);
+  const std::vector<bool> sides = fogo::matrix_side(inputs, {});
+  ASSERT_EQ(sides.size(), inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const auto& names = sides[k] ? split.matrix.names : split.rest.names;
+    EXPECT_NE(std::find(names.begin(), names.end(), inputs[k].name), names.end()) << inputs[k].name;
+  }
+  fogo::ParamSplitRules keep_embeddings;
+  keep_embeddings.embeddings_to_rest = false;
+  EXPECT_EQ(fogo::matrix_side({{"embed.weight", {10, 4}, true}}, {}), std::vector<bool>{false});
+  EXPECT_EQ(fogo::matrix_side({{"embed.weight", {10, 4}, true}}, keep_embeddings),
+            std::vector<bool>{true});
+  fogo::ParamSplitRules rules;
+  rules.matrix_patterns = {R"(norm\.weight)"};
+  EXPECT_THROW(fogo::matrix_side({{"norm.weight", {4}, false}}, rules), c10::ValueError);
+  rules.matrix_patterns = {"(unclosed"};
+  EXPECT_THROW(fogo::matrix_side({}, rules), c10::ValueError);
 }
 
 TEST(GroupBy, ShapeKeyGroupsSameShapes) {

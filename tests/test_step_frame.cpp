@@ -161,6 +161,21 @@ TEST(StepFrame, NonFiniteGradientsFollowEachPolicyThroughTheFrame) {
   }
 }
 
+// Sharded steps' owners (step_shard.h): costliest first to the least-loaded rank, ties to the
+// earlier parameter and the lower rank; the cost Newton–Schulz's m n min(m, n), numel for
+// vectors.
+TEST(AssignOwners, GreedyByCostTiesInOrder) {
+  EXPECT_EQ(fogo::newton_schulz_cost({24, 12}), 24.0 * 12 * 12);
+  EXPECT_EQ(fogo::newton_schulz_cost({8, 3, 2, 2}), 8.0 * 12 * 8);  // its [8, 12] view
+  EXPECT_EQ(fogo::newton_schulz_cost({7}), 7.0);
+  // 10 -> rank 0; 8 -> 1; the first 5 -> 1 (loads 10, 8); the second 5 -> 0 (loads 10, 13);
+  // 1 -> 1 (loads 15, 13).
+  EXPECT_EQ(fogo::assign_owners({5, 10, 8, 5, 1}, 2), (std::vector<int64_t>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(fogo::assign_owners({3, 3, 3}, 3), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(fogo::assign_owners({3, 3}, 1), (std::vector<int64_t>{0, 0}));
+  EXPECT_THROW(fogo::assign_owners({1}, 0), c10::Error);
+}
+
 TEST(MaskScope, PutsBackWhereTheFlagIsFalseAndOnlyThere) {
   torch::manual_seed(5);
   const torch::Tensor a0 = torch::randn({3, 4}), b0 = torch::randn({5});

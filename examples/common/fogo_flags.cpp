@@ -1,10 +1,13 @@
 #include "fogo_flags.h"
 
+#include <fogo/enum_names.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <type_traits>
 
 #include "cli.h"
 #include "runtime.h"
@@ -68,26 +71,12 @@ c10::ScalarType parse(const std::string& text, c10::ScalarType*) {
   throw std::invalid_argument("expected auto, bf16, fp32 or fp64, got '" + text + "'");
 }
 
-NSForm parse(const std::string& text, NSForm*) {
-  if (text == "plain") return NSForm::Plain;
-  if (text == "gram") return NSForm::Gram;
-  if (text == "auto") return NSForm::Auto;
-  if (text == "default") return NSForm::Default;
-  throw std::invalid_argument("expected plain, gram, auto or default, got '" + text + "'");
-}
-
-ProjectionScale parse(const std::string& text, ProjectionScale*) {
-  if (text == "unit") return ProjectionScale::Unit;
-  if (text == "jl") return ProjectionScale::JL;
-  throw std::invalid_argument("expected unit or jl, got '" + text + "'");
-}
-
-NonFinitePolicy parse(const std::string& text, NonFinitePolicy*) {
-  if (text == "raise") return NonFinitePolicy::Raise;
-  if (text == "skip") return NonFinitePolicy::Skip;
-  if (text == "unchecked") return NonFinitePolicy::Unchecked;
-  if (text == "mask") return NonFinitePolicy::Mask;
-  throw std::invalid_argument("expected raise, skip, unchecked or mask, got '" + text + "'");
+// An enumeration by its name (fogo/enum_names.h).
+template <class E, class = std::enable_if_t<std::is_enum_v<E>>>
+E parse(const std::string& text, E*) {
+  if (const auto e = enum_from_name<E>(text)) return *e;
+  throw std::invalid_argument("expected " + enum_names_text<E>("", ", ", " or ") + ", got '" +
+                              text + "'");
 }
 
 }  // namespace

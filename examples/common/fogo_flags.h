@@ -6,8 +6,8 @@
 // The parser is generated from the option table of fogo/fogo_options.h (FOGO_OPTIONS), so a new
 // option is settable without a change here.
 // Values: numbers as strtod/strtoll read them (whole text), booleans true/false/1/0/on/off,
-// ns_coefficients quintic | cubic | a,b,c, ns_dtype auto | bf16 | fp32 | fp64, ns_form plain |
-// gram | auto | default, projection_scale unit | jl, nonfinite raise | skip | unchecked | mask.
+// ns_coefficients quintic | cubic | a,b,c, ns_dtype auto | bf16 | fp32 | fp64, and the
+// enumerations (ns_form, projection_scale, nonfinite) by their names in fogo/enum_names.h.
 
 #include <fogo/fogo_options.h>
 

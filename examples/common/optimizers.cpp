@@ -50,15 +50,10 @@ void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid) {
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& t = groups[g];
     const std::string prefix = "fogo/" + hybrid.group_name(g) + "/";
-    record.set(prefix + "rbar", t.rbar)
-        .set(prefix + "gamma_st", t.gamma_st)
-        .set(prefix + "frac_conflicting", t.frac_conflicting)
-        .set(prefix + "frac_over_aligned", t.frac_over_aligned)
-        .set(prefix + "frac_lt_protected", t.frac_lt_protected)
-        .set(prefix + "codebook_entropy", t.codebook_entropy)
-        .set(prefix + "live_centroids", t.live_centroids)
-        .set(prefix + "delta_ratio", t.delta_ratio)
-        .set(prefix + "frozen", t.frozen);
+#define FOGO_RECORD_STAT(T, name, source, logged) \
+  if (logged) record.set(prefix + #name, t.name);
+    FOGO_TELEMETRY(FOGO_RECORD_STAT)
+#undef FOGO_RECORD_STAT
   }
 }
 

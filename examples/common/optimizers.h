@@ -37,9 +37,9 @@ std::string describe_ns_dtype(const std::string& value, const c10::Device& devic
 
 /// Sets the statistics of the last step of `hybrid`'s FOGO side on `record`, one field per
 /// codebook group and statistic: "fogo/<group>/<stat>", <group> the param group's name
-/// (hybrid.group_name(g)) and <stat> one of rbar, gamma_st, frac_conflicting,
-/// frac_over_aligned, frac_lt_protected, codebook_entropy, live_centroids, delta_ratio, frozen
-/// (fogo::FOGOTelemetry). Sets nothing when
+/// (hybrid.group_name(g)) and <stat> each field of fogo::FOGOTelemetry marked logged in
+/// FOGO_TELEMETRY (rbar, gamma_st, frac_conflicting, frac_over_aligned, frac_lt_protected,
+/// codebook_entropy, live_centroids, delta_ratio, frozen). Sets nothing when
 /// the hybrid has no matrix side; throws (HybridOptimizer::matrix<fogo::FOGO>()) when its
 /// matrix side is not a fogo::FOGO, so call it for FOGO runs only.
 void add_fogo_telemetry(Record& record, const fogo::HybridOptimizer& hybrid);

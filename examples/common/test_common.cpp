@@ -1,6 +1,7 @@
 // Tests of the shared trainer utilities: flag parsing and exit statuses, metrics files (and
 // their trimming on resume), tables, checkpoints and histories, run signatures, the optimizer
 // flags and telemetry, and plots.
+#include <fogo/enum_names.h>
 #include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -604,6 +605,38 @@ TEST(FogoFlags, BadKeysAndValuesNameTheFlagAndTheKey) {
               apply_fogo_flags(o, "half", {});
             }).rfind("--ablation: unknown ablation 'half' (full, no-slerp, ", 0),
             0u);
+}
+
+// The enumerations by the names of fogo/enum_names.h, each list read from there (a name added
+// there is a flag value with no change here), and a wrong one answered with the whole list.
+template <class E, class Get>
+void expect_every_name_parses(const std::string& key, Get get) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : fogo::EnumNames<E>::values) {
+    fogo::FOGOOptions o;
+    apply_fogo_assignment(o, key + "=" + name);
+    EXPECT_EQ(get(o), value) << key << "=" << name;
+    names.push_back(name);
+  }
+  std::string listed;
+  for (size_t k = 0; k < names.size(); ++k)
+    listed += (k == 0 ? "" : k + 1 == names.size() ? " or " : ", ") + names[k];
+  fogo::FOGOOptions o;
+  EXPECT_EQ(fogo_error([&] { apply_fogo_assignment(o, key + "=nope"); }),
+            "--fogo: " + key + ": expected " + listed + ", got 'nope'");
+}
+
+TEST(FogoFlags, EnumerationsTakeTheirListedNames) {
+  expect_every_name_parses<fogo::NSForm>("ns_form",
+                                         [](const fogo::FOGOOptions& o) { return o.ns_form(); });
+  expect_every_name_parses<fogo::ProjectionScale>(
+      "projection_scale", [](const fogo::FOGOOptions& o) { return o.projection_scale(); });
+  expect_every_name_parses<fogo::NonFinitePolicy>(
+      "nonfinite", [](const fogo::FOGOOptions& o) { return o.nonfinite(); });
+  // The texts before the lists (the flags' documented spellings).
+  fogo::FOGOOptions o;
+  EXPECT_EQ(fogo_error([&] { apply_fogo_assignment(o, "nonfinite=ignore"); }),
+            "--fogo: nonfinite: expected raise, skip, unchecked or mask, got 'ignore'");
 }
 
 TEST(FogoFlags, RepeatableFlagKeepsCommasAndAblationsSetTheirFields) {

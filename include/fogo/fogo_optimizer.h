@@ -41,26 +41,39 @@ struct FOGOParamState : public torch::optim::OptimizerCloneableParamState<FOGOPa
   friend bool operator==(const FOGOParamState& a, const FOGOParamState& b);
 };
 
-/// Per-group statistics of the last step, for a trainer to log.
+// clang-format off
+/// FOGO's telemetry, per param group, the one list of it: X(type, name, source, logged).
+/// source: Device, a statistic the step records on the device (GroupMemory::stats, in this
+/// order; computed in record_telemetry, src/fogo_stages.cpp), or Host, known on the host
+/// (computed in FOGO::telemetry). logged: whether the trainers record it each step
+/// (examples/common/optimizers.cpp). FOGOTelemetry, telemetry()'s read-back, the trainers'
+/// records and Python's telemetry dicts are made from it.
+#define FOGO_TELEMETRY(X)                                                                        \
+  X(int64_t, step,              Host,   false)  /* the group's step counter */                   \
+  X(double,  rbar,              Device, true)   /* conflict EMA */                               \
+  X(double,  gamma_st,          Device, true)   /* adaptive short-term strength */               \
+  X(double,  frac_conflicting,  Device, true)   /* rows with a non-empty conflicting set C_i */  \
+  X(double,  frac_over_aligned, Device, true)   /* rows with a non-empty over-aligned set H_i */ \
+  X(double,  frac_lt_protected, Device, true)   /* rows with a non-empty long-term set B_i */    \
+  X(double,  codebook_entropy,  Device, true)   /* entropy of N_j / sum N (nats) */              \
+  X(int64_t, live_centroids,    Device, true)   /* centroids with N_j >= reseed_threshold */     \
+  X(double,  delta_ratio,       Device, true)   /* mean over parameters of |delta|_F/|O_s|_F */  \
+  X(int64_t, frozen,            Host,   true)   /* frozen-bank size */                           \
+  /* NonFinitePolicy::Mask: steps whose unusable gradients were masked on the device (since      \
+     construction or the last load; not checkpointed) */                                          \
+  X(int64_t, skipped_steps,     Host,   false)                                                   \
+  /* FOGOOptions::cuda_graph: captures of the group's step (the first steady-state step, and     \
+     again after what changes its memory layout: a task boundary, a load, other parameters), and \
+     steps run from a captured graph (the capturing step included) */                            \
+  X(int64_t, graph_captures,    Host,   false)                                                   \
+  X(int64_t, graph_replays,     Host,   false)
+// clang-format on
+
+/// Per-group statistics of the last step, for a trainer to log (FOGO_TELEMETRY).
 struct FOGOTelemetry {
-  int64_t step = 0;
-  double rbar = 0;               ///< conflict EMA
-  double gamma_st = 0;           ///< adaptive short-term strength
-  double frac_conflicting = 0;   ///< rows with a non-empty conflicting set C_i
-  double frac_over_aligned = 0;  ///< rows with a non-empty over-aligned set H_i
-  double frac_lt_protected = 0;  ///< rows with a non-empty long-term set B_i
-  double codebook_entropy = 0;   ///< entropy of N_j / sum N (nats)
-  int64_t live_centroids = 0;    ///< centroids with N_j >= reseed_threshold
-  double delta_ratio = 0;        ///< mean over parameters of |delta|_F / |O_s|_F
-  int64_t frozen = 0;            ///< frozen-bank size
-  /// NonFinitePolicy::Mask: steps whose unusable gradients were masked on the device (since
-  /// construction or the last load; not checkpointed)
-  int64_t skipped_steps = 0;
-  /// FOGOOptions::cuda_graph: captures of the group's step (the first steady-state step, and
-  /// again after what changes its memory layout: a task boundary, a load, other parameters), and
-  /// steps run from a captured graph (the capturing step included)
-  int64_t graph_captures = 0;
-  int64_t graph_replays = 0;
+#define FOGO_TELEMETRY_FIELD(T, name, ...) T name = 0;
+  FOGO_TELEMETRY(FOGO_TELEMETRY_FIELD)
+#undef FOGO_TELEMETRY_FIELD
 };
 
 /// The step (step(), step_with()) is MatrixOptimizer's frame (matrix_optimizer.h): everything that

@@ -47,9 +47,24 @@ struct ParamSplit {
   NamedParams rest;    ///< biases, norms, embeddings, heads for AdamW
 };
 
-/// Splits `module.named_parameters()` (those with requires_grad) by `rules`. Throws on an
-/// invalid regex, or when a matrix_patterns match names a 0-D/1-D parameter.
+/// Splits `module.named_parameters()` (those with requires_grad) by `rules` (matrix_side).
 ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules = {});
+
+/// A parameter as the split sees it: its full name, its shape, and whether it is a weight of an
+/// Embedding / EmbeddingBag module.
+struct SplitInput {
+  std::string name;
+  std::vector<int64_t> sizes;
+  bool embedding = false;
+};
+
+/// The split's rule, per parameter: true for the matrix side. A parameter matching one of
+/// `rules.matrix_patterns` goes there (it must be >= 2-D); otherwise a >= 2-D one does unless it
+/// is an embedding weight (with embeddings_to_rest) or matches rest_patterns. split_parameters
+/// applies it to a module; Python's fogo.split_parameters to an nn.Module's parameters. Throws
+/// c10::ValueError on an invalid regex, or when a matrix_patterns match names a 0-D/1-D
+/// parameter.
+std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules);
 
 /// Key that decides which codebook group (param group) a matrix parameter joins; the key is also
 /// the group's name.

@@ -30,6 +30,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
+#include <functional>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -51,6 +52,38 @@ double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype = at::
 /// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2,
 /// sqrt(max(A, B))).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
+
+/// One matrix of a row-sharded step (muon_step_rows): this rank's rows of a parameter, of its
+/// gradient and of its momentum buffer (a contiguous range of the whole matrix's rows, as FSDP2's
+/// Shard(0) lays them out; possibly none), and the whole matrix's number of rows.
+struct MuonRows {
+  at::Tensor param, grad, buf;
+  int64_t rows = 0;
+};
+
+/// Where the rows of row-sharded matrices live (the caller's communication; both collectives,
+/// called by every rank for every matrix k in order):
+///   gather(k, update)     this rank's rows of matrix k's update in; out, the whole update
+///                         [rows, ...] on the rank that orthogonalizes it, undefined elsewhere
+///   scatter(k, O, out)    that rank's orthogonalized update O [rows, cols] (undefined elsewhere)
+///                         in; this rank's rows of it written into `out`
+struct RowExchange {
+  std::function<at::Tensor(size_t k, const at::Tensor& update)> gather;
+  std::function<void(size_t k, const at::Tensor& O, const at::Tensor& out)> scatter;
+};
+
+/// fogo::Muon's step of one param group's matrices whose rows are spread over ranks
+/// (owner-computes; fogo.Muon's FSDP2 path): the step's own code, with `exchange` supplying only
+/// where the matrices live. The momentum and the Nesterov blend on this rank's rows, Newton–Schulz
+/// of the whole update on the rank `gather` hands it to, weight decay and the update on this
+/// rank's rows with the whole matrix's adjusted learning rate. Every operation outside
+/// Newton–Schulz is elementwise and Newton–Schulz sees the whole matrix, so the result is
+/// fogo::Muon's on the whole matrices bit for bit wherever that step runs one Newton–Schulz per
+/// matrix (the CPU; on CUDA, matrices of distinct shapes). `o`: the group's options (validated
+/// here); `lr_dtype`: as Muon::set_lr_dtype; `ok` (Mask): where false, the parameters and buffers
+/// keep their bits.
+void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
+                    at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange);
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);

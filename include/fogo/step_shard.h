@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -25,5 +26,16 @@ struct StepShard {
   /// `optimizer`.
   bool enabled(const char* optimizer) const;
 };
+
+/// The cost sharded steps balance for a parameter of shape `sizes`: m·n·min(m, n) for its m×n
+/// matrix view (its first dimension by the rest), proportional to Newton–Schulz's flops; numel
+/// for a vector or scalar.
+double newton_schulz_cost(at::IntArrayRef sizes);
+
+/// Each parameter's owner rank among `world`, by `costs` (one per parameter): greedy, costliest
+/// first (ties: the earlier parameter) to the least-loaded rank (ties: the lower rank). Only the
+/// costs enter, so every rank computes the same owners. Used by fogo::dist's sharded steps and by
+/// Python's owner-computes for FSDP2 (python/fogo/optim.py).
+std::vector<int64_t> assign_owners(const std::vector<double>& costs, int64_t world);
 
 }  // namespace fogo

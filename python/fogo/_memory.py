@@ -9,9 +9,12 @@ bank, one block per task) or may not exist (the last step's statistics) is a lis
 DCP stores whole. fp32 values round-trip exactly through Python floats.
 
 Keys: ``created`` (the group has stepped, or loaded memory; before that the C++ optimizer seeds
-its generator afresh), ``initialized``, ``consolidated``, ``step``; tensors ``centroids`` [C, d],
-``S`` [C, d], ``N`` [C], ``start`` [C, d], ``rbar`` [], ``generator`` (the CPU generator's state);
-lists ``stats``, ``frozen`` [F][d], ``frozen_nu`` [F] (None: undefined); ``undefined``.
+its generator afresh), ``initialized``, ``consolidated``, ``step``, ``generator`` (the CPU
+generator's state), ``undefined``, and one per tensor the C++ checkpoint saves, from its one list
+(``GroupMemory::visit``, src/fogo_state.h, through ``fogo._C.memory_fields()``): a tensor where its
+shape comes from the group's options alone (``centroids`` [C, d], ``S`` [C, d], ``N`` [C],
+``start`` [C, d], ``rbar`` []), else a list (``frozen`` [F][d], ``frozen_nu`` [F], ``stats`` [K];
+None: undefined).
 """
 
 from __future__ import annotations
@@ -20,19 +23,23 @@ from typing import Any, Optional
 
 import torch
 
-#: Tensors of fixed shape, by (codebook_size C, proj_dim d).
-_FIXED = {
-    "centroids": lambda C, d: (C, d),
-    "S": lambda C, d: (C, d),
-    "N": lambda C, d: (C,),
-    "start": lambda C, d: (C, d),
-    "rbar": lambda C, d: (),
-}
-_LISTS = ("stats", "frozen", "frozen_nu")
+from . import _C
+
+#: The tensors a checkpoint saves, (name, shape) in the archive's order: the shape a string of
+#: dimensions (C codebook_size, d proj_dim, F the frozen bank's size, K the statistics').
+_SAVED = [(name, shape) for name, uses, shape in _C.memory_fields() if "saved" in uses]
+#: Tensors of fixed shape, by (codebook_size C, proj_dim d): those whose dimensions are all C or d.
+_FIXED = {name: shape for name, shape in _SAVED if set(shape) <= {"C", "d"}}
+#: The others: what grows or may not exist, as lists of floats.
+_LISTS = tuple(name for name, _ in _SAVED if name not in _FIXED)
 _FLAGS = ("initialized", "consolidated")
 #: The memory's floating dtype (the projected space is fp32 whatever the parameters').
 _DTYPE = torch.float32
 _GENERATOR_STATE = torch.Generator().get_state().numel()
+
+
+def _shape(shape: str, C: int, d: int) -> tuple[int, ...]:
+    return tuple({"C": C, "d": d}[dim] for dim in shape)
 
 
 def _device(group: dict[str, Any]) -> torch.device:
@@ -48,7 +55,7 @@ def empty(group: dict[str, Any]) -> dict[str, Any]:
     C, d, device = group["codebook_size"], group["proj_dim"], _device(group)
     mem: dict[str, Any] = {"created": False, "initialized": False, "consolidated": False, "step": 0}
     for k, shape in _FIXED.items():
-        mem[k] = torch.zeros(shape(C, d), dtype=_DTYPE, device=device)
+        mem[k] = torch.zeros(_shape(shape, C, d), dtype=_DTYPE, device=device)
     mem["generator"] = torch.zeros(_GENERATOR_STATE, dtype=torch.uint8)
     for k in _LISTS:
         mem[k] = None

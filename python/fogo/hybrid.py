@@ -4,7 +4,6 @@ optimizer stepping both sides (fogo::HybridOptimizer's Python counterpart)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -27,35 +26,23 @@ def split_parameters(
     embeddings_to_rest: bool = True,
 ) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
     """(matrix, rest) lists of (name, parameter) over ``module.named_parameters()`` with
-    requires_grad: a parameter matching one of ``matrix_patterns`` (regexes searched in the full
-    name; it must be >= 2-D) goes to the matrix side; otherwise >= 2-D parameters go there unless
-    they are weights of nn.Embedding / nn.EmbeddingBag (with ``embeddings_to_rest``) or match
-    ``rest_patterns`` (default: DEFAULT_REST_PATTERNS, the usual heads)."""
-    rest_res = [re.compile(p) for p in (DEFAULT_REST_PATTERNS if rest_patterns is None else rest_patterns)]
-    matrix_res = [re.compile(p) for p in matrix_patterns]
+    requires_grad, by fogo::split_parameters' rule (fogo::matrix_side, the C++ code itself): a
+    parameter matching one of ``matrix_patterns`` (ECMAScript regexes, as C++'s std::regex reads
+    them, searched in the full name; it must be >= 2-D) goes to the matrix side; otherwise >= 2-D
+    parameters go there unless they are weights of nn.Embedding / nn.EmbeddingBag (with
+    ``embeddings_to_rest``) or match ``rest_patterns`` (default: DEFAULT_REST_PATTERNS, the usual
+    heads). ValueError for an invalid pattern or a matrix_patterns match of fewer than 2-D."""
     embedding_weights = set()
-    if embeddings_to_rest:
-        for child in module.modules():
-            if isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-                embedding_weights.update(id(p) for p in child.parameters())
-    matrix, rest = [], []
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
-        if any(r.search(name) for r in matrix_res):
-            if p.dim() < 2:
-                raise ValueError(
-                    f"matrix_patterns matched '{name}' of shape {list(p.shape)}, but matrix "
-                    "optimizers need >= 2-D parameters"
-                )
-            to_matrix = True
-        else:
-            to_matrix = (
-                p.dim() >= 2
-                and id(p) not in embedding_weights
-                and not any(r.search(name) for r in rest_res)
-            )
-        (matrix if to_matrix else rest).append((name, p))
+    for child in module.modules():
+        if isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            embedding_weights.update(id(p) for p in child.parameters())
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    sides = _C.matrix_side(
+        [(name, list(p.shape), id(p) in embedding_weights) for name, p in named],
+        None if rest_patterns is None else list(rest_patterns), list(matrix_patterns),
+        embeddings_to_rest)
+    matrix = [item for item, to_matrix in zip(named, sides) if to_matrix]
+    rest = [item for item, to_matrix in zip(named, sides) if not to_matrix]
     return matrix, rest
 
 

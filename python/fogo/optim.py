@@ -440,6 +440,44 @@ class _CppOptimizer(torch.optim.Optimizer):
         self._restore()
 
 
+class _RowShards:
+    """Where the rows of an owner-computed matrix live (FSDP2's Shard(0) over a 1-D mesh: rows
+    laid out as torch.chunk does, ceil(rows / world) a rank, the last ones shorter or empty), for
+    fogo::muon_step_rows: its gather to the owner rank and scatter from it. Shards travel padded
+    to the same size."""
+
+    def __init__(self, p: torch.Tensor, owner: int):
+        mesh = p.device_mesh
+        self.group, self.world, self.rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+        self.owner, self.rows = owner, p.shape[0]
+        self.src = torch.distributed.get_global_rank(self.group, owner)
+        self.chunk = -(-self.rows // self.world)
+
+    def _padded(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.new_zeros((self.chunk,) + tuple(t.shape[1:]))
+        out[: t.shape[0]].copy_(t)
+        return out
+
+    def gather(self, rows: torch.Tensor) -> Optional[torch.Tensor]:
+        """This rank's ``rows`` in; the whole matrix on the owner, None elsewhere."""
+        padded = self._padded(rows)
+        pieces = ([torch.empty_like(padded) for _ in range(self.world)]
+                  if self.rank == self.owner else None)
+        torch.distributed.gather(padded, pieces, dst=self.src, group=self.group)
+        return None if pieces is None else torch.cat(pieces)[: self.rows]
+
+    def scatter(self, whole: Optional[torch.Tensor], out: torch.Tensor) -> None:
+        """The owner's ``whole`` matrix (None elsewhere) in; this rank's rows of it into
+        ``out``, whose dtype every rank's C++ step chose alike (ns_dtype as it resolves)."""
+        mine = out.new_empty((self.chunk,) + tuple(out.shape[1:]))
+        pieces = None
+        if whole is not None:
+            pieces = [self._padded(piece) for piece in whole.split(self.chunk)]
+            pieces += [torch.zeros_like(mine) for _ in range(self.world - len(pieces))]
+        torch.distributed.scatter(mine, pieces, src=self.src, group=self.group)
+        out.copy_(mine[: out.shape[0]])
+
+
 def _signature(cpp: Any) -> inspect.Signature:
     defaults = cpp.default_options()
     P = inspect.Parameter
@@ -577,12 +615,12 @@ class Muon(_CppOptimizer):
 
     # -- owner-computes for DTensor parameters ------------------------------------------------
     #
-    # Each row-sharded matrix has one owner rank (greedy by Newton-Schulz cost, costliest first
-    # to the least-loaded rank, as fogo::dist::assign_owners; the same on every rank). A step:
-    # every rank updates its shard of the momentum (elementwise: the C++ step's ops, so the same
-    # numbers as on the full matrix), the owner gathers the momentum-updated (Nesterov) matrix,
-    # orthogonalizes it with the C++ Newton-Schulz, and scatters it back; every rank applies the
-    # update to its own shard. The momentum is a DTensor laid out as its parameter.
+    # Each row-sharded matrix has one owner rank (fogo::assign_owners: greedy by Newton-Schulz
+    # cost, costliest first to the least-loaded rank; the same on every rank). The step is the
+    # C++ one (fogo::muon_step_rows: momentum, Nesterov, Newton-Schulz, decay and update, the
+    # bits of fogo.Muon's step on the whole matrices); Python supplies only where the rows live:
+    # the owner gathers each momentum-updated (Nesterov) matrix and scatters its orthogonalized
+    # rows back (_RowShards). The momentum is a DTensor laid out as its parameter.
 
     def _owner_computes(self, p: torch.Tensor) -> bool:
         return (self._dtensor == "owner" and p.device_mesh.ndim == 1
@@ -593,63 +631,28 @@ class Muon(_CppOptimizer):
         parameter, in group order (every rank issues the collectives in this order)."""
         items = [(group, i, p) for group in self.param_groups
                  for i, p in enumerate(group["params"]) if id(p) in self._locals]
-        costs = []
-        for _, _, p in items:
-            rows = p.shape[0]
-            cols = p.numel() // max(rows, 1)
-            costs.append(float(rows) * cols * min(rows, cols))
         owners = [0] * len(items)
-        load: dict[Any, list[float]] = {}
-        for k in sorted(range(len(items)), key=lambda k: -costs[k]):  # stable: ties in order
-            mesh = items[k][2].device_mesh
-            ranks = load.setdefault(mesh, [0.0] * mesh.size())
-            owners[k] = min(range(len(ranks)), key=ranks.__getitem__)
-            ranks[owners[k]] += costs[k]
+        meshes: dict[Any, list[int]] = {}  # each mesh's ranks balanced on their own
+        for k, (_, _, p) in enumerate(items):
+            meshes.setdefault(p.device_mesh, []).append(k)
+        for mesh, ks in meshes.items():
+            assigned = _C.assign_owners([list(items[k][2].shape) for k in ks], mesh.size())
+            for k, owner in zip(ks, assigned):
+                owners[k] = owner
         return [(g, i, p, r) for (g, i, p), r in zip(items, owners)]
 
     def _owner_step(self, ok: Optional[torch.Tensor]) -> None:
-        dist = torch.distributed
-        stepped = [(group, p, owner) for group, _, p, owner in self._owned() if p.grad is not None]
-        # "mask": every rank takes part in the collectives; where the step's flag is false, the
-        # shards and momenta are put back (on the device, nothing read back).
-        changed = [t for _, p, _ in stepped
-                   for t in (p.to_local(), self.state[p]["momentum_buffer"].to_local())]
-        keep = None if ok is None else _C.MaskScope(ok, changed)
-        for group, p, owner in stepped:
-            grad, buf, local = p.grad.to_local(), self.state[p]["momentum_buffer"].to_local(), \
-                p.to_local()
-            momentum = group["momentum"]
-            buf.lerp_(grad, 1.0 - momentum)
-            update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-            mesh_group = p.device_mesh.get_group()
-            world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
-            src = dist.get_global_rank(mesh_group, owner)
-            # Shard(0) lays rows out as torch.chunk does: ceil(rows / world) a rank, the last
-            # ones shorter or empty. Shards travel padded to that size.
-            chunk = -(-p.shape[0] // world)
-            padded = update.new_zeros((chunk,) + tuple(p.shape[1:]))
-            padded[: update.shape[0]].copy_(update)
-            pieces = [torch.empty_like(padded) for _ in range(world)] if rank == owner else None
-            dist.gather(padded, pieces, dst=src, group=mesh_group)
-            ortho_pieces = None
-            if rank == owner:
-                full = torch.cat(pieces)[: p.shape[0]]
-                ortho = _C.muon_orthogonalize(full, group).reshape(p.shape)
-                ortho_pieces = [padded.new_zeros(padded.shape, dtype=ortho.dtype)
-                                for _ in range(world)]
-                for r, piece in enumerate(ortho.split(chunk)):
-                    ortho_pieces[r][: piece.shape[0]].copy_(piece)
-            # ns_dtype "auto" as it resolves here (every rank must resolve it alike: the
-            # owner's result arrives in this dtype).
-            dtype = _C.ns_compute_dtype(group["ns_dtype"], str(padded.device))
-            mine = padded.new_empty(padded.shape, dtype=dtype)
-            dist.scatter(mine, ortho_pieces, src=src, group=mesh_group)
-            lr = group["lr"]
-            adjusted_lr = _C.muon_adjusted_lr(group, p.shape[0], p.numel() // max(p.shape[0], 1))
-            local.mul_(1.0 - lr * group["weight_decay"])
-            local.add_(mine[: local.shape[0]], alpha=-adjusted_lr)
-        if keep is not None:
-            keep.restore()
+        owned = [(group, p, owner) for group, _, p, owner in self._owned() if p.grad is not None]
+        for group in self.param_groups:  # each group with its options, in order
+            mine = [(p, owner) for g, p, owner in owned if g is group]
+            if not mine:
+                continue
+            _C.muon_step_rows(
+                [p.to_local() for p, _ in mine], [p.grad.to_local() for p, _ in mine],
+                [self.state[p]["momentum_buffer"].to_local() for p, _ in mine],
+                [p.shape[0] for p, _ in mine], group, ok,
+                lambda k, update: _RowShards(*mine[k]).gather(update),
+                lambda k, ortho, out: _RowShards(*mine[k]).scatter(ortho, out))
 
     def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}

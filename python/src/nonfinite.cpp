@@ -4,42 +4,29 @@
 // DTensor parameters). The C++ rule, its test and its error are used as they are.
 #include <fogo/detail/checks.h>
 #include <fogo/detail/nonfinite.h>
+#include <fogo/enum_names.h>
 #include <fogo/nonfinite.h>
 #include <torch/extension.h>
 
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace py = pybind11;
+#include "bindings.h"
+#include "convert.h"
+
+namespace fogo_py {
 
 namespace {
-
-const char* kind_name(fogo::NonFiniteDecision::Kind kind) {
-  switch (kind) {
-    case fogo::NonFiniteDecision::Kind::Skip:
-      return "skip";
-    case fogo::NonFiniteDecision::Kind::Raise:
-      return "raise";
-    case fogo::NonFiniteDecision::Kind::Mask:
-      return "mask";
-    default:
-      return "step";
-  }
-}
 
 at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t ? *t : at::Tensor(); }
 
 }  // namespace
 
-// Called from module.cpp's module definition; `policy_from` converts a policy's Python name
-// (the options' own conversion).
-void bind_nonfinite(py::module_& m,
-                    const std::function<fogo::NonFinitePolicy(const py::handle&)>& policy_from) {
+void bind_nonfinite(py::module_& m) {
   py::class_<fogo::NonFiniteDecision>(m, "NonFiniteDecision")
-      .def_property_readonly("kind",
-                             [](const fogo::NonFiniteDecision& d) { return kind_name(d.kind); })
+      .def_property_readonly(
+          "kind", [](const fogo::NonFiniteDecision& d) { return fogo::enum_name(d.kind); })
       .def_readonly("item", &fogo::NonFiniteDecision::item)
       .def_property_readonly("ok",
                              [](const fogo::NonFiniteDecision& d) -> std::optional<at::Tensor> {
@@ -48,10 +35,11 @@ void bind_nonfinite(py::module_& m,
                              });
   m.def(
       "decide_nonfinite",
-      [policy_from](const py::sequence& policies,
-                    const std::vector<std::optional<at::Tensor>>& usable, bool maskable) {
+      [](const py::sequence& policies, const std::vector<std::optional<at::Tensor>>& usable,
+         bool maskable) {
         std::vector<fogo::NonFinitePolicy> p;
-        for (const py::handle v : policies) p.push_back(policy_from(v));
+        for (const py::handle v : policies)
+          p.push_back(Convert<fogo::NonFinitePolicy>::from(v, "decide_nonfinite", "policies"));
         std::vector<at::Tensor> flags;
         for (const auto& f : usable) flags.push_back(or_undefined(f));
         return fogo::decide_nonfinite(p, flags, maskable);
@@ -77,3 +65,5 @@ void bind_nonfinite(py::module_& m,
            py::arg("ok"), py::arg("tensors"))
       .def("restore", [](const fogo::detail::MaskScope& s) { s.restore(); });
 }
+
+}  // namespace fogo_py

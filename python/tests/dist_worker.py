@@ -85,6 +85,50 @@ def zero(tmp):
     assert not all(torch.equal(p, q) for p, q in zip(full, restart)), "the test cannot fail"
 
 
+def owner_bits(tmp):
+    """Owner-computes (fogo::muon_step_rows) is fogo.Muon's step on the whole matrices, bit for
+    bit: row-sharded DTensor parameters given the gradients of an unsharded fogo.Muon (the same
+    tensors, sharded), two groups of different options (Nesterov on and off, both adjust_lr_fn
+    rules, ns_dtype fp32 and bf16, a Tensor lr), uneven and empty shards and an N-D weight;
+    parameters and momenta compared after every step, a masked NaN step included."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    shapes = [(16, 24), (33, 16), (8, 3, 2, 2), (1, 7)]  # 33 rows: uneven; 1 row: empty shards
+    options = [{"lr": 0.02, "weight_decay": 0.1, "ns_dtype": torch.float32},
+               {"lr": torch.tensor(0.03), "momentum": 0.9, "nesterov": False,
+                "weight_decay": 0.05, "ns_dtype": torch.bfloat16,
+                "adjust_lr_fn": "match_rms_adamw"}]
+    full = init(shapes)
+    ref = leaves(full)
+    sharded = [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in full]
+
+    def make(params):
+        return fogo.Muon([{"params": params[:2], **options[0]},
+                          {"params": params[2:], **copy.deepcopy(options[1])}], nonfinite="mask")
+
+    ref_opt, opt = make(ref), make(sharded)
+    assert len(opt._locals) == len(shapes), "owner-computes is not in use"
+    for t in range(5):
+        gs = grads(t, shapes)
+        if t == 3:  # a masked step: every bit kept, on both
+            gs[2][1, 0] = float("nan")
+        before = [p.detach().clone() for p in ref]
+        set_grads(ref, gs)
+        for q, g in zip(sharded, gs):
+            q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        ref_opt.step()
+        opt.step()
+        for k, (p, q) in enumerate(zip(ref, sharded)):
+            assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
+            buf = opt.state[q]["momentum_buffer"].full_tensor()
+            assert torch.equal(buf, ref_opt.state[p]["momentum_buffer"]), f"step {t}, buffer {k}"
+        changed = [not torch.equal(b, p.detach()) for b, p in zip(before, ref)]
+        assert changed == [t != 3] * len(ref), f"step {t}: parameters changed {changed}"
+
+
 class Chain(torch.nn.Module):
     def __init__(self, bias=False):
         super().__init__()
@@ -442,6 +486,8 @@ def main():
                     fsdp_muon_dcp(tmp)
                 elif case == "fsdp_muon_nonfinite":
                     fsdp_muon_nonfinite(tmp)
+                elif case == "owner_bits":
+                    owner_bits(tmp)
                 else:
                     fsdp(tmp, case)
             except Exception as e:

@@ -329,6 +329,27 @@ def test_hybrid_param_groups():
     assert "head.weight" in forced[0]["param_names"]
     with pytest.raises(ValueError, match="matrix_patterns matched 'norm.weight'"):
         fogo.hybrid_param_groups(net, matrix_patterns=["norm"])
+    # The rule is fogo::matrix_side's (C++), its patterns ECMAScript regexes: an invalid one is
+    # a ValueError naming it; embeddings stay on the matrix side when asked.
+    with pytest.raises(ValueError, match=r"rest_patterns: invalid regex '\(unclosed'"):
+        fogo.split_parameters(net, rest_patterns=["(unclosed"])
+    kept, _ = fogo.split_parameters(net, embeddings_to_rest=False)
+    assert [name for name, _ in kept] == ["emb.weight", "conv.weight", "fc1.weight", "fc2.weight"]
+    frozen = Net()
+    frozen.fc1.weight.requires_grad_(False)
+    matrix, rest = fogo.split_parameters(frozen)
+    assert "fc1.weight" not in [n for n, _ in matrix + rest]
+
+
+def test_owner_assignment_is_the_cpp_one():
+    # fogo::assign_owners by fogo::newton_schulz_cost, as fogo::dist's sharded steps and FSDP2
+    # owner-computes (fogo.Muon) use it: costliest first to the least-loaded rank, ties to the
+    # earlier matrix and the lower rank. Costs: 24x24 13824 (twice), 24x12 3456, 5x24 600; on two
+    # ranks the 24x12 goes to rank 0 (tied loads), the 5x24 to rank 1.
+    shapes = [[24, 12], [24, 24], [24, 24], [5, 24]]
+    assert fogo._C.assign_owners(shapes, 2) == [0, 0, 1, 1]
+    assert fogo._C.assign_owners(shapes, 3) == [2, 0, 1, 2]
+    assert fogo._C.assign_owners(shapes, 1) == [0, 0, 0, 0]
 
 
 # -- ns_dtype "auto" (docs/muon.md, "The Newton-Schulz dtype") -------------------------------

@@ -28,12 +28,12 @@ def torchrun(case, tmp_path, nproc=2):
 
 
 def test_zero_resumes_and_fsdp2_equals_the_unsharded_run(tmp_path):
-    # One launch for the cases (dist_worker.py: zero, fsdp_muon (owner-computes),
-    # fsdp_muon_gather, fsdp_fogo, fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_dcp,
-    # fsdp_muon_nonfinite), and
+    # One launch for the cases (dist_worker.py: zero, fsdp_muon (owner-computes), owner_bits
+    # (owner-computes bit for bit against the unsharded step), fsdp_muon_gather, fsdp_fogo,
+    # fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_dcp, fsdp_muon_nonfinite), and
     # fsdp_dcp's and fsdp_muon_dcp's checkpoints, loaded here on one process, unsharded: bit for
     # bit what the two ranks held (the state does not depend on the sharding).
-    out = torchrun("zero,fsdp_muon,fsdp_muon_gather,fsdp_fogo,fsdp_hybrid,fsdp_hybrid_muon,"
+    out = torchrun("zero,fsdp_muon,owner_bits,fsdp_muon_gather,fsdp_fogo,fsdp_hybrid,fsdp_hybrid_muon,"
                    "fsdp_dcp,fsdp_muon_dcp,fsdp_muon_nonfinite", tmp_path)
     print(out)
     load_muon_checkpoint_unsharded(tmp_path)
@@ -77,5 +77,5 @@ def load_muon_checkpoint_unsharded(tmp_path):
 
 def test_muon_owner_computes_on_three_ranks(tmp_path):
     # Three ranks: each matrix has its own owner, and a 16-row matrix shards 6/6/4.
-    print(torchrun("fsdp_muon,fsdp_muon_dcp", tmp_path, nproc=3))
+    print(torchrun("fsdp_muon,owner_bits,fsdp_muon_dcp", tmp_path, nproc=3))
     load_muon_checkpoint_unsharded(tmp_path)

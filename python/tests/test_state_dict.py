@@ -113,6 +113,50 @@ def test_fogo_state_dict_layout(gen):
     assert plain(sd)
 
 
+def memory_mismatches(opt):
+    """Where the state_dict's memory, turned back into the C++ archive's entries
+    (fogo._memory.to_archive), differs from the archive the C++ optimizer writes: a key one has
+    and the other lacks, or a value that differs."""
+    from fogo import _memory
+
+    groups = opt.state_dict()["param_groups"]
+    ours, theirs = _memory.to_archive(groups), opt._cpp.extra_state()
+    out = []
+    for g in range(len(groups)):
+        a, b = ours.get(f"fogo/group/{g}", {}), theirs.get(f"fogo/group/{g}", {})
+        out += [f"group {g}: {k} only in C++'s" for k in sorted(set(b) - set(a))]
+        out += [f"group {g}: {k} only in Python's" for k in sorted(set(a) - set(b))]
+        for k in sorted(set(a) & set(b)):
+            x, y = a[k], b[k]
+            same = (torch.equal(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                    else x == y)
+            if not same:
+                out.append(f"group {g}: {k} differs")
+    return out
+
+
+def test_memory_layout_is_the_cpp_list(gen, monkeypatch):
+    # The state_dict's memory holds every tensor the C++ checkpoint saves, laid out from the C++
+    # list (GroupMemory::visit through fogo._C.memory_fields), and gives back the C++ archive's
+    # entries exactly: a field added in C++ reaches load_state_dict with no change in Python.
+    from fogo import _memory
+
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(4)], boundary_at=2)
+    saved = [name for name, uses, _ in fogo._C.memory_fields() if "saved" in uses]
+    assert saved == ["centroids", "S", "N", "start", "frozen", "frozen_nu", "rbar", "stats"]
+    assert set(saved) <= set(opt.state_dict()["param_groups"][0]["memory"])
+    assert memory_mismatches(opt) == []
+    # A Python list that lacked a field C++ saves (as the hand-kept one would once C++ added
+    # one) is caught here, and its checkpoint would not load.
+    monkeypatch.setattr(_memory, "_LISTS", tuple(k for k in _memory._LISTS if k != "frozen_nu"))
+    assert memory_mismatches(opt) == ["group 0: frozen_nu only in C++'s",
+                                      "group 1: frozen_nu only in C++'s"]
+    with pytest.raises(RuntimeError, match="frozen_nu"):
+        fogo_opt(model(gen)).load_state_dict(opt.state_dict())
+
+
 def test_rejected_load_changes_nothing(gen):
     params = model(gen)
     opt = fogo_opt(params)

@@ -1,12 +1,21 @@
 // fogo._testing: harnesses for python/tests, built beside fogo._C in the build tree only (with
 // FOGO_BUILD_TESTS; never installed, not in the wheel).
 //
-// It converts param-group options exactly as fogo._C does by compiling fogo._C's source for its
-// conversion tables (Bound<Traits>::options_from) without that module's definition
-// (FOGO_PY_CONVERSIONS_ONLY): a trajectory here and one through fogo.FOGO / fogo.Muon then start
-// from the same C++ options, and what differs is only who drives the optimizer.
-#define FOGO_PY_CONVERSIONS_ONLY
-#include "../src/module.cpp"
+// It converts param-group options with fogo._C's own tables (python/src/traits.h): a trajectory
+// here and one through fogo.FOGO / fogo.Muon then start from the same C++ options, and what
+// differs is only who drives the optimizer.
+#include <fogo/fogo.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../src/traits.h"
+
+namespace py = pybind11;
 
 namespace {
 
@@ -29,11 +38,11 @@ std::vector<std::vector<at::Tensor>> cpp_trajectory(
     for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_(true));
     all.insert(all.end(), copies.begin(), copies.end());
     if (kind == "FOGO") {
-      auto o = Bound<FOGOTraits>::options_from(options);
+      auto o = fogo_py::FOGOTraits::from_dict(options, {});
       base_lr.push_back(o.lr());
       param_groups.emplace_back(copies, std::make_unique<fogo::FOGOOptions>(o));
     } else {
-      auto o = Bound<MuonTraits>::options_from(options);
+      auto o = fogo_py::MuonTraits::from_dict(options, {});
       base_lr.push_back(o.lr());
       param_groups.emplace_back(copies, std::make_unique<fogo::MuonOptions>(o));
     }

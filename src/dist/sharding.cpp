@@ -18,36 +18,17 @@ using namespace detail;
 // Sharded optimizer mode
 
 double newton_schulz_cost(const torch::Tensor& param) {
-  if (param.dim() < 2) {
-    return static_cast<double>(param.numel());
-  }
-  const auto m = static_cast<double>(param.size(0));
-  const auto n = static_cast<double>(param.numel()) / std::max(m, 1.0);
-  return m * n * std::min(m, n);
+  return fogo::newton_schulz_cost(param.sizes());
 }
 
 namespace {
 
-/// Greedy balance: costliest first (ties: the earlier parameter), to the least-loaded rank
-/// (ties: the lower rank). Only shapes enter, so every rank computes the same owners.
+/// fogo::assign_owners by `cost` (step_shard.h).
 std::vector<int64_t> assign_owners(const std::vector<at::Tensor>& params, int64_t world,
                                    const ShardedOptimizer::Cost& cost) {
-  std::vector<size_t> order(params.size());
-  std::vector<double> costs(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    order[i] = i;
-    costs[i] = cost(params[i]);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
-  std::vector<double> load(static_cast<size_t>(world), 0.0);
-  std::vector<int64_t> owners(params.size(), 0);
-  for (const auto i : order) {
-    const auto r = std::min_element(load.begin(), load.end()) - load.begin();
-    owners[i] = r;
-    load[r] += costs[i];
-  }
-  return owners;
+  std::vector<double> costs;
+  for (const auto& p : params) costs.push_back(cost(p));
+  return fogo::assign_owners(costs, world);
 }
 
 /// Overwrites every rank's tensors[i] with owners[i]'s: per owner, one flat broadcast per device

@@ -5,6 +5,8 @@
 #include <ATen/Tensor.h>
 #include <fogo/muon.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 namespace fogo {
@@ -13,7 +15,17 @@ namespace fogo {
 /// numel / size(0)]) and its orthogonalized momentum O [A, B] (the Newton–Schulz compute dtype).
 struct MuonUpdateItem {
   at::Tensor param, O;
+  /// Where `param` and O are some rows of a larger matrix (muon_step_rows): that matrix's shape
+  /// [A, B], whose adjusted learning rate applies; 0: param's own matrix view.
+  int64_t rows = 0, cols = 0;
 };
+
+/// The matrix shape [A, B] whose adjusted learning rate (muon_adjusted_lr) `item` takes.
+inline std::pair<int64_t, int64_t> adjusted_lr_shape(const MuonUpdateItem& item) {
+  if (item.rows > 0) return {item.rows, item.cols};
+  const int64_t rows = item.param.size(0);
+  return {rows, item.param.numel() / std::max<int64_t>(rows, 1)};
+}
 
 struct MuonUpdateParams {
   double lr = 0.0, weight_decay = 0.0;

@@ -15,8 +15,8 @@
 
 namespace fogo::dist {
 
-/// The cost sharded mode balances: m·n·min(m, n) for a parameter viewed as an m×n matrix (its
-/// first dimension by the rest), proportional to Newton–Schulz's flops; numel for vectors.
+/// The cost sharded mode balances: fogo::newton_schulz_cost of the parameter's shape
+/// (step_shard.h; owners by fogo::assign_owners).
 double newton_schulz_cost(const torch::Tensor& param);
 
 /// Sharded optimizer mode, for optimizers whose update of a parameter depends only on that

@@ -1,0 +1,63 @@
+// The lists that Python iterates rather than keeping copies of (python/fogo/*.py): each is C++'s
+// own, so a change to it in C++ reaches Python without a change there.
+#include <fogo/fogo.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.h"
+#include "fogo_state.h"
+
+namespace fogo_py {
+
+void bind_lists(py::module_& m) {
+  // FOGO's group memory, the tensors of GroupMemory::visit: (name, uses, shape) each, in its
+  // order (python/fogo/_memory.py lays the state_dict's "memory" out by it).
+  m.def("memory_fields", [] {
+    py::list out;
+    for (const fogo::GroupMemory::Field& f : fogo::GroupMemory::fields()) {
+      py::list uses;
+      if (f.use & fogo::GroupMemory::kSaved) uses.append("saved");
+      if (f.use & fogo::GroupMemory::kStep) uses.append("step");
+      if (f.use & fogo::GroupMemory::kMasked) uses.append("masked");
+      out.append(py::make_tuple(f.name, py::tuple(uses), f.shape));
+    }
+    return out;
+  });
+  // The hybrid's split (fogo::matrix_side): per parameter (name, shape, embedding weight),
+  // whether it goes to the matrix side; rest_patterns None: the C++ default.
+  m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
+  m.def(
+      "matrix_side",
+      [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
+         const std::optional<std::vector<std::string>>& rest_patterns,
+         const std::vector<std::string>& matrix_patterns, bool embeddings_to_rest) {
+        fogo::ParamSplitRules rules;
+        if (rest_patterns) rules.rest_patterns = *rest_patterns;
+        rules.matrix_patterns = matrix_patterns;
+        rules.embeddings_to_rest = embeddings_to_rest;
+        std::vector<fogo::SplitInput> inputs;
+        for (const auto& [name, sizes, embedding] : params)
+          inputs.push_back({name, sizes, embedding});
+        return fogo::matrix_side(inputs, rules);
+      },
+      py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
+      py::arg("embeddings_to_rest"));
+  m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
+
+  // Sharded steps' owners (fogo::assign_owners by fogo::newton_schulz_cost): each shape's owner
+  // rank among `world`, the same on every rank.
+  m.def(
+      "assign_owners",
+      [](const std::vector<std::vector<int64_t>>& shapes, int64_t world) {
+        std::vector<double> costs;
+        for (const auto& s : shapes) costs.push_back(fogo::newton_schulz_cost(s));
+        return fogo::assign_owners(costs, world);
+      },
+      py::arg("shapes"), py::arg("world"));
+}
+
+}  // namespace fogo_py

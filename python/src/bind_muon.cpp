@@ -1,0 +1,68 @@
+// fogo._C's Muon functions beyond the optimizer: the owner-computed step of row-sharded
+// (DTensor) matrices (python/fogo/optim.py) and ns_dtype auto (fogo/ns_dtype.h).
+#include <fogo/fogo.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+#include "bindings.h"
+#include "bound.h"
+
+namespace fogo_py {
+
+void bind_muon(py::module_& m) {
+  // Owner-computes for row-sharded (DTensor) matrices (fogo/optim.py): the C++ step
+  // (fogo::muon_step_rows) of group `group`'s matrices, given this rank's rows of each; Python
+  // supplies where the rows live: gather(k, update) -> the whole update on the matrix's owner rank
+  // (None elsewhere), scatter(k, O or None, out) -> this rank's rows of O written into `out`.
+  m.def(
+      "muon_step_rows",
+      [](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& bufs, const std::vector<int64_t>& rows,
+         const py::dict& group, const std::optional<at::Tensor>& ok, const py::function& gather,
+         const py::function& scatter) {
+        TORCH_CHECK(grads.size() == params.size() && bufs.size() == params.size() &&
+                        rows.size() == params.size(),
+                    "fogo._C.muon_step_rows: params, grads, bufs and rows differ in length");
+        std::vector<fogo::MuonRows> items;
+        for (size_t k = 0; k < params.size(); ++k)
+          items.push_back({params[k], grads[k], bufs[k], rows[k]});
+        const fogo::RowExchange exchange{[&](size_t k, const at::Tensor& update) {
+                                           const py::object whole = gather(k, update);
+                                           return whole.is_none() ? at::Tensor()
+                                                                  : whole.cast<at::Tensor>();
+                                         },
+                                         [&](size_t k, const at::Tensor& O, const at::Tensor& out) {
+                                           scatter(k, O.defined() ? py::cast(O) : py::none(), out);
+                                         }};
+        fogo::muon_step_rows(items, Bound<MuonTraits>::options_from(group),
+                             MuonTraits::lr_dtype(group), ok ? *ok : at::Tensor(), exchange);
+      },
+      py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("rows"), py::arg("group"),
+      py::arg("ok"), py::arg("gather"), py::arg("scatter"));
+  // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.
+  m.def("ns_dtype_choices", [] {
+    py::list out;
+    for (const fogo::NSDtypeChoice& c : fogo::ns_dtype_choices()) {
+      py::dict d;
+      d["device"] = c.device;
+      d["dtype"] = py::cast(c.dtype);
+      d["reason"] = c.reason;
+      d["isa"] = c.isa;
+      d["bf16_ms"] = c.bf16_ms;
+      d["fp32_ms"] = c.fp32_ms;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "set_ns_auto_dtype",
+      [](const py::handle& dtype) {
+        fogo::set_ns_auto_dtype(
+            Convert<c10::ScalarType>::from(dtype, "set_ns_auto_dtype", "dtype"));
+      },
+      py::arg("dtype"));
+}
+
+}  // namespace fogo_py
