@@ -14,8 +14,8 @@
 // the optimizers' default; steps only)[, stage].
 #include <benchmark/benchmark.h>
 #include <fogo/fogo.h>
-#include <fogo/ops.h>
-#include <fogo/projection.h>
+#include <fogo_private/ops.h>
+#include <fogo_private/projection.h>
 #include <torch/torch.h>
 
 #include <functional>

@@ -1,6 +1,6 @@
 #include <fcntl.h>
 #include <fogo/checkpoint.h>
-#include <fogo/detail/integrity.h>
+#include <fogo_private/detail/integrity.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/utils.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
-// Input validation (fogo/detail/checks.h): every error names what is wrong, before anything
+// Input validation (fogo_private/detail/checks.h): every error names what is wrong, before anything
 // changes.
-#include "fogo/detail/checks.h"
+#include "fogo_private/detail/checks.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>

@@ -1,4 +1,4 @@
-#include "fogo/codebook.h"
+#include "fogo_private/codebook.h"
 
 #include <ATen/ATen.h>
 

@@ -17,9 +17,9 @@
 #include <tuple>
 #include <utility>
 
-#include "fogo/codebook.h"
-#include "fogo/detail/checks.h"
-#include "fogo/ops.h"
+#include "fogo_private/codebook.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/ops.h"
 #include "fogo_stages.h"
 #include "fogo_state.h"
 

@@ -1,10 +1,10 @@
 // FOGOOptions: validation, serialization, comparison and docs from the option table of
-// fogo_options.h (through fogo/detail/options_table.h); and the paper's presets.
+// fogo_options.h (through fogo_private/detail/options_table.h); and the paper's presets.
 #include "fogo/fogo_options.h"
 
 #include <torch/serialize/archive.h>
 
-#include "fogo/detail/options_table.h"
+#include "fogo_private/detail/options_table.h"
 
 namespace fogo {
 

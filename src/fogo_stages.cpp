@@ -7,10 +7,10 @@
 #include <optional>
 #include <tuple>
 
-#include "fogo/codebook.h"
-#include "fogo/detail/checks.h"
-#include "fogo/ops.h"
-#include "fogo/projection.h"
+#include "fogo_private/codebook.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/ops.h"
+#include "fogo_private/projection.h"
 
 namespace fogo {
 

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "fogo/detail/batching.h"
-#include "fogo/detail/nonfinite.h"
+#include "fogo_private/detail/batching.h"
+#include "fogo_private/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
-#include "fogo/projected.h"
+#include "fogo_private/projected.h"
 #include "fogo_state.h"
 
 namespace fogo {

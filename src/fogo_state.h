@@ -10,9 +10,9 @@
 #include <tuple>
 #include <vector>
 
-#include "fogo/codebook.h"
+#include "fogo_private/codebook.h"
 #include "fogo/fogo_optimizer.h"
-#include "fogo/projection.h"
+#include "fogo_private/projection.h"
 #include "graphed_step.h"
 
 namespace fogo {

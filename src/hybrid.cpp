@@ -10,9 +10,9 @@
 #include <tuple>
 #include <unordered_set>
 
-#include "fogo/detail/checks.h"
-#include "fogo/detail/integrity.h"
-#include "fogo/detail/nonfinite.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/detail/integrity.h"
+#include "fogo_private/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/matrix_optimizer.h"
 #include "fogo/muon.h"

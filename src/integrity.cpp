@@ -1,5 +1,5 @@
-// Checkpoint integrity (fogo/detail/integrity.h): all-or-nothing loads, checksums, finite state.
-#include "fogo/detail/integrity.h"
+// Checkpoint integrity (fogo_private/detail/integrity.h): all-or-nothing loads, checksums, finite state.
+#include "fogo_private/detail/integrity.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>

@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 
-#include "fogo/detail/checks.h"
-#include "fogo/detail/nonfinite.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/detail/nonfinite.h"
 
 namespace fogo {
 

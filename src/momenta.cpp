@@ -1,4 +1,4 @@
-#include "fogo/momenta.h"
+#include "fogo_private/momenta.h"
 
 #include <ATen/ATen.h>
 

@@ -12,15 +12,15 @@
 #include <tuple>
 #include <vector>
 
-#include "fogo/detail/batching.h"
-#include "fogo/detail/checks.h"
-#include "fogo/detail/integrity.h"
-#include "fogo/detail/nonfinite.h"
-#include "fogo/detail/ns_dtype_record.h"
-#include "fogo/detail/options_table.h"
-#include "fogo/muon_update.h"
+#include "fogo_private/detail/batching.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/detail/integrity.h"
+#include "fogo_private/detail/nonfinite.h"
+#include "fogo_private/detail/ns_dtype_record.h"
+#include "fogo_private/detail/options_table.h"
+#include "fogo_private/muon_update.h"
 #include "fogo/newton_schulz.h"
-#include "fogo/ops.h"
+#include "fogo_private/ops.h"
 #include "graphed_step.h"
 
 namespace fogo {

@@ -1,10 +1,10 @@
 // MuonOptions: validation, serialization, comparison and docs from the option table of
-// muon_options.h (through fogo/detail/options_table.h).
+// muon_options.h (through fogo_private/detail/options_table.h).
 #include "fogo/muon_options.h"
 
 #include <torch/serialize/archive.h>
 
-#include "fogo/detail/options_table.h"
+#include "fogo_private/detail/options_table.h"
 
 namespace fogo {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "fogo/detail/agreement.h"
+#include "fogo_private/detail/agreement.h"
 
 #ifdef FOGO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -20,7 +20,7 @@
 namespace fogo {
 
 // ---------------------------------------------------------------------------------------------
-// The job's agreement on decisions (fogo/detail/agreement.h).
+// The job's agreement on decisions (fogo_private/detail/agreement.h).
 
 namespace detail {
 namespace {

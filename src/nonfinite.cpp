@@ -1,5 +1,5 @@
-// The non-finite decision (fogo/nonfinite.h) and its machinery (fogo/detail/nonfinite.h).
-#include "fogo/detail/nonfinite.h"
+// The non-finite decision (fogo/nonfinite.h) and its machinery (fogo_private/detail/nonfinite.h).
+#include "fogo_private/detail/nonfinite.h"
 
 #include <ATen/ATen.h>
 

@@ -13,8 +13,8 @@
 #include <optional>
 #include <sstream>
 
-#include "fogo/detail/agreement.h"
-#include "fogo/detail/ns_dtype_record.h"
+#include "fogo_private/detail/agreement.h"
+#include "fogo_private/detail/ns_dtype_record.h"
 
 #ifdef FOGO_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>

@@ -1,6 +1,6 @@
-#include "fogo/ops.h"
+#include "fogo_private/ops.h"
 
-#include "fogo/detail/routing.h"
+#include "fogo_private/detail/routing.h"
 
 #ifdef FOGO_WITH_CUDA
 #include <initializer_list>

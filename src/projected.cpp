@@ -1,10 +1,10 @@
-#include "fogo/projected.h"
+#include "fogo_private/projected.h"
 
 #include <ATen/ATen.h>
 
 #include <limits>
 
-#include "fogo/codebook.h"
+#include "fogo_private/codebook.h"
 
 namespace fogo {
 

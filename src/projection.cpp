@@ -1,4 +1,4 @@
-#include "fogo/projection.h"
+#include "fogo_private/projection.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

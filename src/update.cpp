@@ -1,4 +1,4 @@
-#include "fogo/update.h"
+#include "fogo_private/update.h"
 
 #include <ATen/ATen.h>
 

@@ -12,11 +12,11 @@
 // held to a loose bound only, and allowed for in the group totals. The ATen reference run in fp32
 // passes these checks against itself in float64, which is how the bounds were set.
 #include <ATen/Context.h>
-#include <fogo/codebook.h>
+#include <fogo_private/codebook.h>
 #include <fogo/fogo.h>
 #include <fogo/newton_schulz.h>
-#include <fogo/ops.h>
-#include <fogo/projected.h>
+#include <fogo_private/ops.h>
+#include <fogo_private/projected.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -25,7 +25,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "fogo/detail/routing.h"
+#include "fogo_private/detail/routing.h"
 #include "graphed_step.h"
 #ifdef FOGO_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -724,7 +724,7 @@ TEST(OpsEdges, EmptyItemsAndCodebooksAreAnsweredByTheDispatch) {
   EXPECT_EQ(book.centroids.sizes(), (std::vector<int64_t>{0, 8}));
 }
 
-// The dispatch's routing (fogo/detail/routing.h), which decides per item: each part in the
+// The dispatch's routing (fogo_private/detail/routing.h), which decides per item: each part in the
 // items' order, the results merged back into it; on the CPU every item goes to the reference
 // (counted by ops::routed_items), empty RMS-update items to neither.
 TEST(OpsEdges, EachItemGoesToItsOwnImplementationInItsOrder) {

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "dist/internal.h"
-#include "fogo/detail/agreement.h"
+#include "fogo_private/detail/agreement.h"
 #include "rank_launcher.h"
 
 namespace {

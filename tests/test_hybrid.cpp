@@ -1,6 +1,6 @@
 // The hybrid: which side each parameter goes to, and the two optimizers stepping, scheduling
 // and checkpointing as one.
-#include <fogo/detail/nonfinite.h>
+#include <fogo_private/detail/nonfinite.h>
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>

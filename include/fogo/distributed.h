@@ -28,7 +28,7 @@
 // dist/gradients.h (GradientAverager), dist/lockstep.h (broadcasts, lockstep checks),
 // dist/sharding.h (ShardedOptimizer, shard_step).
 
-#include "fogo/dist/gradients.h"
-#include "fogo/dist/lockstep.h"
-#include "fogo/dist/process_group.h"
-#include "fogo/dist/sharding.h"
+#include "fogo/distributed/gradients.h"
+#include "fogo/distributed/lockstep.h"
+#include "fogo/distributed/process_group.h"
+#include "fogo/distributed/sharding.h"

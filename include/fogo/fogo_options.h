@@ -1,6 +1,6 @@
 #pragma once
 // FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the table below. Each
-// row generates the builder field (TORCH_ARG) here and, through src/fogo/detail/options_table.h
+// row generates the builder field (TORCH_ARG) here and, through src/fogo_private/detail/options_table.h
 // (the machinery MuonOptions' table shares), its validation, its serialization both ways, its
 // part in operator== and in a checkpoint's checksum and format, the docs table
 // (docs/algorithm.md), the Python keyword and the trainers' --fogo name=value; FOGO's step reads
@@ -28,7 +28,7 @@ enum class ProjectionScale : int64_t {
 
 // clang-format off
 /// X(type, name, default, valid values, checkpoint): every option of FOGO, symbols of
-/// docs/algorithm.md in the comments. The columns are read by src/fogo/detail/options_table.h,
+/// docs/algorithm.md in the comments. The columns are read by src/fogo_private/detail/options_table.h,
 /// which says what they mean (in `valid`, `o` is the options being checked). The rows' order is
 /// the checkpoint checksum's: a row never moves, and a new one is since(N), N the next format.
 #define FOGO_OPTIONS(X)                                                                           \

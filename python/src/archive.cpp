@@ -1,7 +1,7 @@
 // Optimizer archives <-> plain Python (archive.h).
 #include "archive.h"
 
-#include <fogo/detail/integrity.h>
+#include <fogo_private/detail/integrity.h>
 
 #include <sstream>
 #include <stdexcept>

@@ -121,14 +121,14 @@ RACECHECK = """========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1a40 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021
 =========     and Read access at void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)+0x1b20 in /pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1030 [32 hazards]
 =========
-========= Error: Race reported between Write access at fogo::cuda::rms_update_kernel(Table)+0x200 in /work/main/cuda/update.cu:120
-=========     and Read access at fogo::cuda::rms_update_kernel(Table)+0x260 in /work/main/cuda/update.cu:131 [4 hazards]
+========= Error: Race reported between Write access at fogo::cuda::rms_update_kernel(Table)+0x200 in /work/main/src/cuda/update.cu:120
+=========     and Read access at fogo::cuda::rms_update_kernel(Table)+0x260 in /work/main/src/cuda/update.cu:131 [4 hazards]
 [       OK ] CudaParity.Update (40 ms)
 ========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)
 """
 MEMCHECK_OLD = """========= CUDA-MEMCHECK
 ========= Invalid __global__ read of size 4
-=========     at 0x00000150 in /work/main/cuda/codebook.cu:119:flush_kernel(float*, int)
+=========     at 0x00000150 in /work/main/src/cuda/codebook.cu:119:flush_kernel(float*, int)
 =========     by thread (0,0,0) in block (0,0,0)
 =========     Address 0x7f0000000000 is out of bounds
 ========= ERROR SUMMARY: 1 error
@@ -144,8 +144,8 @@ def test_sanitizer_report_deduplicates_by_kernel_and_location_and_names_ours(tmp
     assert ("- ATen (PyTorch): **Error: Race reported between Write access** ×2 (96 hazard(s)/error(s)) "
             "in `void at::native::reduce_kernel<512, 1>") in md
     assert "at `/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021`" in md
-    assert "in `fogo::cuda::rms_update_kernel(Table)` at `/work/main/cuda/update.cu:120`" in md
-    assert "in `flush_kernel(float*, int)` at `/work/main/cuda/codebook.cu:119`" in md
+    assert "in `fogo::cuda::rms_update_kernel(Table)` at `/work/main/src/cuda/update.cu:120`" in md
+    assert "in `flush_kernel(float*, int)` at `/work/main/src/cuda/codebook.cu:119`" in md
     assert "Reports in fogo's kernels: 2." in md
     assert "Reports in library code: 1 (ATen (PyTorch) 1)." in md
     assert "1 ok, 0 failed under the tool" in md
@@ -208,7 +208,7 @@ def test_sanitizer_shards_merge_and_unfinished_or_unstarted_runs_show(tmp_path):
 def test_ours_is_fogo_by_name_or_by_a_project_source_never_atens():
     assert gpu_report.is_ours("fogo::cuda::(anonymous namespace)::momenta_kernel<float>(Table)",
                               "(unknown location)")
-    assert gpu_report.is_ours("flush_kernel(float*, int)", "/work/wt-x/cuda/reduce.cuh:33")
+    assert gpu_report.is_ours("flush_kernel(float*, int)", "/work/wt-x/src/cuda/reduce.cuh:33")
     assert not gpu_report.is_ours("void at::native::reduce_kernel<512, 1>(...)",
                                   "/pytorch/aten/src/ATen/native/cuda/Reduce.cuh:1021")
     assert not gpu_report.is_ours("kernel", "/usr/local/cuda-13.0/include/cuda/std/x.cuh:4")

@@ -1,5 +1,5 @@
 #pragma once
-// What the parts of fogo::dist share (src/dist/*.cpp): the process group's state and the
+// What the parts of fogo::dist share (src/distributed/*.cpp): the process group's state and the
 // collectives the others build on. Private to the library.
 #include <fogo/distributed.h>
 
@@ -81,7 +81,7 @@ struct ProcessGroup::Impl {
   /// so that every rank reports it).
   void offer_backends();
   void create_backends();
-  /// Makes ns_form Auto's decisions the job's (fogo/detail/agreement.h) through the store.
+  /// Makes ns_form Auto's decisions the job's (fogo_private/detail/agreement.h) through the store.
   void install_agreement();
   void shutdown() noexcept;
 

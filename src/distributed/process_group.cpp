@@ -21,7 +21,7 @@
 #include <sstream>
 #include <thread>
 
-#include "fogo/detail/agreement.h"
+#include "fogo_private/detail/agreement.h"
 #include "internal.h"
 
 namespace fogo::dist {

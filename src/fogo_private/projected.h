@@ -3,7 +3,7 @@
 // takes all rows of a codebook group at once ([R, d]); nothing loops over rows.
 
 #include <ATen/Tensor.h>
-#include <fogo/codebook.h>
+#include <fogo_private/codebook.h>
 
 namespace fogo {
 

@@ -5,11 +5,11 @@
 // tensors, when fogo was built with its kernels (FOGO_WITH_CUDA), the fused kernels of cuda/ run
 // instead. The choice is made here and nowhere else; kernels compute, they do not decide.
 
-#include <fogo/codebook.h>
-#include <fogo/momenta.h>
-#include <fogo/muon_update.h>
-#include <fogo/projected.h>
-#include <fogo/update.h>
+#include <fogo_private/codebook.h>
+#include <fogo_private/momenta.h>
+#include <fogo_private/muon_update.h>
+#include <fogo_private/projected.h>
+#include <fogo_private/update.h>
 
 namespace fogo::ops {
 

@@ -4,11 +4,11 @@
 // Same contracts and results as the ATen references (projected.h, codebook.h, update.h), up to
 // floating-point summation order.
 
-#include <fogo/codebook.h>
-#include <fogo/momenta.h>
-#include <fogo/muon_update.h>
-#include <fogo/projected.h>
-#include <fogo/update.h>
+#include <fogo_private/codebook.h>
+#include <fogo_private/momenta.h>
+#include <fogo_private/muon_update.h>
+#include <fogo_private/projected.h>
+#include <fogo_private/update.h>
 
 namespace fogo::cuda {
 

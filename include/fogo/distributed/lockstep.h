@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "fogo/dist/process_group.h"
+#include "fogo/distributed/process_group.h"
 
 namespace fogo {
 class FOGO;

@@ -33,7 +33,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "fogo/detail/checks.h"
+#include "fogo_private/detail/checks.h"
 #include "fogo/fogo_options.h"
 #include "fogo/muon_options.h"
 

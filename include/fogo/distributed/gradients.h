@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "fogo/dist/process_group.h"
+#include "fogo/distributed/process_group.h"
 
 namespace fogo::dist {
 
