@@ -31,6 +31,9 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
       // torch.optim.Muon's order, lr * (0.2 * sqrt(max(A, B))): lr * 0.2 * sqrt(...) rounds
       // differently, which float64 parameters show.
       return {0.2 * std::sqrt(static_cast<double>(std::max(A, B))), 1.0};
+    case MuonAdjustLR::Spectral:
+      // sqrt(fan_out / fan_in) of the matrix view, below 1 for a wide matrix (no clamp).
+      return {std::sqrt(static_cast<double>(A) / static_cast<double>(B)), 1.0};
   }
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }

@@ -619,7 +619,8 @@ TEST(CudaParity, MuonUpdateKernelRoundsAsTheEagerOpsAndReadsTheLrOnTheDevice) {
   for (int k = 0; k < 60; ++k) shapes.push_back({3 + k % 9, 4 + 5 * (k % 4)});
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (const auto o_dtype : {torch::kBFloat16, torch::kFloat}) {
-      for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW}) {
+      for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW,
+                              fogo::MuonAdjustLR::Spectral}) {
         std::vector<torch::Tensor> bases, Os;
         std::vector<fogo::MuonUpdateItem> got, on_device, aten;
         for (const auto& shape : shapes) {

@@ -578,11 +578,17 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
       // parameters see the other order's rounding).
       EXPECT_EQ(fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::MatchRmsAdamW, A, B),
                 lr * (0.2 * std::sqrt(std::max(a, b))));
+      // spectral (not torch.optim.Muon's): lr sqrt(A / B), below lr for a wide matrix; in float64
+      // against the square of the ratio.
+      const double spectral = fogo::muon_adjusted_lr(lr, fogo::MuonAdjustLR::Spectral, A, B);
+      EXPECT_EQ(spectral, lr * std::sqrt(a / b));
+      EXPECT_NEAR(spectral * spectral / (lr * lr), a / b, 4e-16 * a / b);
     }
   }
   torch::manual_seed(23);
   for (const auto dtype : {torch::kFloat, torch::kDouble}) {
-    for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW}) {
+    for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW,
+                            fogo::MuonAdjustLR::Spectral}) {
       const auto p0 = torch::randn({12, 4, 2}, dtype), q0 = torch::randn({5, 30}, dtype);
       const auto O1 = torch::randn({12, 8}).to(torch::kBFloat16), O2 = torch::randn({5, 30});
       std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
@@ -820,7 +826,7 @@ TEST(MuonOptions, EveryCheckedOptionRejectsAnInvalidValueNamingIt) {
        }},
       {"eps", [](MuonOptions& o) { o.eps(0.0); }},
       {"ns_steps", [](MuonOptions& o) { o.ns_steps(100); }},
-      {"adjust_lr", [](MuonOptions& o) { o.adjust_lr(static_cast<fogo::MuonAdjustLR>(2)); }},
+      {"adjust_lr", [](MuonOptions& o) { o.adjust_lr(static_cast<fogo::MuonAdjustLR>(3)); }},
       {"ns_dtype", [](MuonOptions& o) { o.ns_dtype(torch::kDouble); }},
       {"nonfinite", [](MuonOptions& o) { o.nonfinite(static_cast<fogo::NonFinitePolicy>(9)); }},
       {"ns_form", [](MuonOptions& o) { o.ns_form(static_cast<fogo::NSForm>(7)); }},

@@ -9,6 +9,7 @@
 //   p *= 1 - lr * weight_decay                        decoupled, unadjusted lr
 //   p -= adjust(lr, A, B) * O                         'original': sqrt(max(1, A/B))
 //                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
+//                                                     'spectral' (fogo's): sqrt(A/B)
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
 // unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
 //
@@ -48,8 +49,9 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
 /// them to float32, a bf16 one to bf16); with `lr_dtype` that dtype, these are its bits.
 double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype = at::kDouble);
 
-/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2,
-/// sqrt(max(A, B))).
+/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2
+/// sqrt(max(A, B)), 1), Spectral (sqrt(A / B), 1). A function of the shape alone: a block of a
+/// fused weight takes its own (rows, cols).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {

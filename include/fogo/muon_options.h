@@ -23,6 +23,7 @@ namespace fogo {
 enum class MuonAdjustLR : int64_t {
   Original = 0,       ///< lr * sqrt(max(1, A / B))   (Keller Jordan's Muon; PyTorch default)
   MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
+  Spectral = 2,       ///< lr * sqrt(A / B), unclamped (the spectral-norm scaling: dion, torchtitan)
 };
 
 namespace detail {

@@ -71,7 +71,8 @@ template <>
 struct EnumNames<fogo::MuonAdjustLR> {
   static constexpr std::pair<const char*, fogo::MuonAdjustLR> values[] = {
       {"original", fogo::MuonAdjustLR::Original},
-      {"match_rms_adamw", fogo::MuonAdjustLR::MatchRmsAdamW}};
+      {"match_rms_adamw", fogo::MuonAdjustLR::MatchRmsAdamW},
+      {"spectral", fogo::MuonAdjustLR::Spectral}};
 };
 
 template <class T>
