@@ -82,7 +82,7 @@ enum class MuonArchived {
   X(double,          eps,             1e-7,                   positive(), Always)                  \
   X(int64_t,         ns_steps,        5,                      range(0, 99), Always)                \
   X(MuonAdjustLR,    adjust_lr,       MuonAdjustLR::Original,                                      \
-    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), Always)                           \
+    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW, MuonAdjustLR::Spectral), Always)   \
   /* Newton–Schulz compute dtype: bf16 (torch.optim.Muon's, bit for bit), fp32, or auto: bf16     \
      where the device computes it faster (ns_dtype.h), else fp32 */                                \
   X(c10::ScalarType, ns_dtype,        kNSDtypeAuto,                                                \
@@ -107,7 +107,17 @@ enum class MuonArchived {
   /* per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,       \
      torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace                \
      ns_coefficients */                                                                            \
-  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), AddedAfterChecksum)
+  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), AddedAfterChecksum)   \
+  /* NorMuon (Li et al. 2025): each row of the orthogonalized update divided by the root of its    \
+     second moment (a per-row EMA of its mean square, state), then rescaled to the update's        \
+     Frobenius norm; docs/muon.md */                                                               \
+  X(bool,            normuon,         false,                  any(), AddedAfterChecksum)           \
+  /* NorMuon: the second moment's EMA coefficient */                                               \
+  X(double,          normuon_beta2,   0.95,                   range(0.0, 1.0), AddedAfterChecksum) \
+  /* NorMuon: added to each row's root second moment and to the normalized update's norm (the     \
+     lower bound keeps it above zero in fp32 arithmetic) */                                        \
+  X(double,          normuon_eps,     1e-10,                  range(1e-30, INFINITY),              \
+    AddedAfterChecksum)
 // clang-format on
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
