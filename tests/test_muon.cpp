@@ -832,6 +832,8 @@ TEST(MuonOptions, EveryCheckedOptionRejectsAnInvalidValueNamingIt) {
       {"ns_form", [](MuonOptions& o) { o.ns_form(static_cast<fogo::NSForm>(7)); }},
       {"ns_gram_restart", [](MuonOptions& o) { o.ns_gram_restart(-1); }},
       {"ns_schedule", [](MuonOptions& o) { o.ns_schedule(3); }},
+      {"normuon_beta2", [](MuonOptions& o) { o.normuon_beta2(1.01); }},
+      {"normuon_eps", [](MuonOptions& o) { o.normuon_eps(0.0); }},
   };
   std::set<std::string> checked, listed;
   for (const Row& row : rows())

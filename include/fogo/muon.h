@@ -11,7 +11,8 @@
 //                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
 //                                                     'spectral' (fogo's): sqrt(A/B)
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
-// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
+// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf;
+// `normuon` replaces O by its rows normalized by their second moments (NorMuon; docs/muon.md).
 //
 // Batching: within a param group, the momentum, nesterov and decay updates are multi-tensor
 // ops per shape bucket (same arithmetic per tensor as PyTorch's per-parameter ops). On a CUDA
@@ -56,11 +57,16 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);
+  /// MuonOptions::normuon: the per-row second moment of the orthogonalized update, [size(0)],
+  /// fp32 (fp64 for an fp64 parameter). Undefined until a step with normuon on (zeros then); a
+  /// step with it off leaves it as it is.
+  TORCH_ARG(torch::Tensor, second_moment);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Buffers equal (torch::equal), as LibTorch's param states compare.
+  /// Buffers equal (torch::equal; both undefined or both equal), as LibTorch's param states
+  /// compare.
   friend bool operator==(const MuonParamState& a, const MuonParamState& b);
 };
 
@@ -126,8 +132,10 @@ class Muon : public MatrixOptimizer {
                     const std::vector<at::Tensor>& grads, const at::Tensor& ok,
                     const at::Tensor& device_lr);
   const MuonOptions& options(size_t g) const;
-  /// The momentum buffers of `params` (their state exists).
-  std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params) const;
+  /// The momentum buffers of `params` (their state exists), or their NorMuon second moments
+  /// (undefined where there is none).
+  std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params,
+                                  bool second_moments = false) const;
   void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                          const MuonOptions& options) const;
   template <typename Self, typename Archive>
