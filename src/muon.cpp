@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fogo/newton_schulz.h"
 #include "fogo_private/detail/batching.h"
 #include "fogo_private/detail/checks.h"
 #include "fogo_private/detail/integrity.h"
@@ -19,7 +20,7 @@
 #include "fogo_private/detail/ns_dtype_record.h"
 #include "fogo_private/detail/options_table.h"
 #include "fogo_private/muon_update.h"
-#include "fogo/newton_schulz.h"
+#include "fogo_private/normuon.h"
 #include "fogo_private/ops.h"
 #include "graphed_step.h"
 
@@ -33,6 +34,9 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
       // torch.optim.Muon's order, lr * (0.2 * sqrt(max(A, B))): lr * 0.2 * sqrt(...) rounds
       // differently, which float64 parameters show.
       return {0.2 * std::sqrt(static_cast<double>(std::max(A, B))), 1.0};
+    case MuonAdjustLR::Spectral:
+      // sqrt(fan_out / fan_in) of the matrix view, below 1 for a wide matrix (no clamp).
+      return {std::sqrt(static_cast<double>(A) / static_cast<double>(B)), 1.0};
   }
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
@@ -98,17 +102,23 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
 // State
 
 bool operator==(const MuonParamState& a, const MuonParamState& b) {
-  const auto& x = a.momentum_buffer();
-  const auto& y = b.momentum_buffer();
-  return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
+  const auto same = [](const at::Tensor& x, const at::Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
+  };
+  return same(a.momentum_buffer(), b.momentum_buffer()) &&
+         same(a.second_moment(), b.second_moment());
 }
 
+// second_moment only where defined (NorMuon's): a checkpoint without it (normuon never on, or
+// one written before the option) loads with none.
 void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(second_moment);
 }
 
 void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, second_moment);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,11 +190,12 @@ void Muon::check_param(size_t g, size_t i, const at::Tensor& p) const {
   }
 }
 
-std::vector<at::Tensor> Muon::buffers(const std::vector<at::Tensor>& params) const {
+std::vector<at::Tensor> Muon::buffers(const std::vector<at::Tensor>& params,
+                                      bool second_moments) const {
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : params) {
-    out.push_back(
-        static_cast<const MuonParamState&>(*state_.at(p.unsafeGetTensorImpl())).momentum_buffer());
+    const auto& st = static_cast<const MuonParamState&>(*state_.at(p.unsafeGetTensorImpl()));
+    out.push_back(second_moments ? st.second_moment() : st.momentum_buffer());
   }
   return out;
 }
@@ -192,11 +203,16 @@ std::vector<at::Tensor> Muon::buffers(const std::vector<at::Tensor>& params) con
 void Muon::step_group(const GroupStep& s) {
   const auto& o = options(s.group);
   for (size_t k = 0; k < s.params.size(); ++k) {  // state created on the host, before device work
-    auto& slot = state_[s.params[k].unsafeGetTensorImpl()];
+    const at::Tensor& p = s.params[k];
+    auto& slot = state_[p.unsafeGetTensorImpl()];
     if (!slot) {
       auto fresh = std::make_unique<MuonParamState>();
       fresh->momentum_buffer(torch::zeros_like(s.grads[k], at::MemoryFormat::Preserve));
       slot = std::move(fresh);
+    }
+    auto& st = static_cast<MuonParamState&>(*slot);
+    if (o.normuon() && !st.second_moment().defined()) {
+      st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
     }
   }
   auto& graph = graphs_->of(s.group);
@@ -205,7 +221,9 @@ void Muon::step_group(const GroupStep& s) {
       graph, graphed, o,
       [&] {  // what the work touches besides the static inputs
         std::vector<at::Tensor> touched = s.params;
-        for (const at::Tensor& b : buffers(s.params)) touched.push_back(b);
+        for (const bool second : {false, true})
+          for (const at::Tensor& b : buffers(s.params, second))
+            if (b.defined()) touched.push_back(b);
         return touched;
       },
       {s.grads, {s.ok}, {}}, s.params.front().device(),
@@ -221,13 +239,17 @@ void Muon::step_group(const GroupStep& s) {
 
 void Muon::finish_step(const std::vector<GroupStep>& groups) {
   if (!shard_.enabled("Muon")) return;
-  // Every parameter with a gradient from its owner (a collective: every rank calls it).
+  // Every parameter with a gradient from its owner (a collective: every rank calls it), with
+  // NorMuon's second moment, which only the owner updates (every rank holds one where normuon
+  // is on: the options and the state's keys are the same on every rank).
   std::vector<at::Tensor> params;
   std::vector<std::vector<at::Tensor>> values;
   for (const GroupStep& s : groups) {
-    for (const at::Tensor& p : s.params) {
-      params.push_back(p);
-      values.push_back({p});
+    const std::vector<at::Tensor> second = buffers(s.params, true);
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      params.push_back(s.params[k]);
+      values.push_back({s.params[k]});
+      if (options(s.group).normuon()) values.back().push_back(second[k]);
     }
   }
   shard_.exchange(params, values);
@@ -283,34 +305,41 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
                         const at::Tensor& device_lr) {
   const auto& o = options(g);
   const std::vector<at::Tensor> bufs = buffers(params);
+  const std::vector<at::Tensor> second = buffers(params, true);  // NorMuon's, or undefined
   std::vector<at::Tensor> changed;  // Mask: what the step changes (nothing to copy without it)
   if (ok.defined()) {
     changed = params;
     changed.insert(changed.end(), bufs.begin(), bufs.end());
+    if (o.normuon()) changed.insert(changed.end(), second.begin(), second.end());
   }
   const detail::MaskScope keep(ok, std::move(changed));
   std::vector<size_t> order;
   std::vector<MuonUpdateItem> updates;  // each (owned) parameter with its orthogonalized momentum
   for (const auto& [begin, end] : shape_runs(params, order)) {
-    std::vector<at::Tensor> run, run_grads, run_bufs;
+    std::vector<at::Tensor> run, run_grads, run_bufs, run_second;
     for (size_t i = begin; i < end; ++i) {
       run.push_back(params[order[i]]);
       run_grads.push_back(grads[order[i]]);
       run_bufs.push_back(bufs[order[i]]);
+      run_second.push_back(second[order[i]]);
     }
     const std::vector<at::Tensor> U = momentum_updates(run_bufs, run_grads, o);
     // Sharded: Newton–Schulz and the update of the owned parameters only.
-    std::vector<at::Tensor> mine, inputs;
+    std::vector<at::Tensor> mine, inputs, mine_second;
     for (size_t k = 0; k < run.size(); ++k) {
       if (!shard_.owns || shard_.owns(run[k])) {
         mine.push_back(run[k]);
         inputs.push_back(U[k]);
+        mine_second.push_back(run_second[k]);
       }
     }
     if (mine.empty()) continue;
     const at::Tensor O = orthogonalize_run(inputs, ns_config(o));
-    for (size_t k = 0; k < mine.size(); ++k)
-      updates.push_back({mine[k], O[static_cast<int64_t>(k)]});
+    // NorMuon: each O's rows normalized by their second moments (normuon.h), then the same update.
+    const std::vector<at::Tensor> Os =
+        o.normuon() ? normuon_normalize(O, mine_second, o.normuon_beta2(), o.normuon_eps())
+                    : O.unbind(0);
+    for (size_t k = 0; k < mine.size(); ++k) updates.push_back({mine[k], Os[k]});
   }
   // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
@@ -323,6 +352,10 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
   o.validate();
   TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
+  // NorMuon's per-row second moments would have to live with the owner's gathered rows.
+  TORCH_CHECK(!o.normuon(),
+              "muon_step_rows: option 'normuon' is not supported for row-sharded matrices (FSDP2 "
+              "owner-computes) yet; use fogo::Muon or fogo::dist's sharded steps");
   std::vector<at::Tensor> params, grads, bufs;
   for (size_t k = 0; k < items.size(); ++k) {
     const MuonRows& m = items[k];
@@ -406,7 +439,11 @@ uint64_t state_checksum(const Muon& muon, option_table::HeldOptions& held) {
       if (it == muon.state().end()) {
         sum.add(int64_t{0});
       } else {
-        sum.add(int64_t{1}).add(static_cast<const MuonParamState&>(*it->second).momentum_buffer());
+        const auto& st = static_cast<const MuonParamState&>(*it->second);
+        sum.add(int64_t{1}).add(st.momentum_buffer());
+        // NorMuon's second moment where there is one: a checkpoint without (every one from
+        // before the option) sums as it did.
+        if (st.second_moment().defined()) sum.add(int64_t{2}).add(st.second_moment());
       }
     }
   }
@@ -461,6 +498,17 @@ void Muon::load(torch::serialize::InputArchive& archive) {
                                    buf);
         static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
         st.momentum_buffer(buf.to(p.device()));  // archives load onto the CPU
+        const at::Tensor& v = st.second_moment();
+        if (!v.defined()) return;  // NorMuon off when saved: a step with it on starts at zeros
+        TORCH_CHECK(v.dim() == 1 && v.size(0) == p.size(0) && v.is_floating_point(),
+                    "Muon::load: the checkpoint's second_moment for ",
+                    detail::describe_param(g, i, p), " has shape ", v.sizes(), " (",
+                    v.scalar_type(), "), expected [", p.size(0),
+                    "] floating point (one per row); the checkpoint was made for a different "
+                    "model");
+        detail::check_finite_state("Muon", "second_moment for " + detail::describe_param(g, i, p),
+                                   v);
+        st.second_moment(v.to(p.device(), normuon_dtype(p)));
       });
   detail::warn_on_changed_ns_dtypes(archive, kMuonNSDtypes, "Muon",
                                     detail::group_ns_dtypes<MuonOptions>(param_groups_));

@@ -619,7 +619,8 @@ TEST(CudaParity, MuonUpdateKernelRoundsAsTheEagerOpsAndReadsTheLrOnTheDevice) {
   for (int k = 0; k < 60; ++k) shapes.push_back({3 + k % 9, 4 + 5 * (k % 4)});
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (const auto o_dtype : {torch::kBFloat16, torch::kFloat}) {
-      for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW}) {
+      for (const auto rule : {fogo::MuonAdjustLR::Original, fogo::MuonAdjustLR::MatchRmsAdamW,
+                              fogo::MuonAdjustLR::Spectral}) {
         std::vector<torch::Tensor> bases, Os;
         std::vector<fogo::MuonUpdateItem> got, on_device, aten;
         for (const auto& shape : shapes) {
@@ -911,13 +912,18 @@ TEST(CudaParity, FogoStepOnCudaMatchesCpuAcrossATaskBoundary) {
   }
 }
 
+// With normuon too (its row normalization batched over each shape run on the GPU, per parameter
+// on the CPU).
 TEST(CudaParity, MuonOnCudaMatchesCpu) {
   FOGO_REQUIRE_GPU();
-  for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
+  for (const auto [ns_dtype, normuon] : {std::pair{torch::kFloat, false},
+                                         {torch::kBFloat16, false},
+                                         {torch::kFloat, true},
+                                         {torch::kBFloat16, true}}) {
     auto cpu = small_network(torch::kCPU), gpu = small_network(torch::kCUDA);
     std::vector<torch::Tensor> start;
     for (const auto& p : cpu) start.push_back(p.detach().clone());
-    const auto options = fogo::MuonOptions(0.02).ns_dtype(ns_dtype);
+    const auto options = fogo::MuonOptions(0.02).ns_dtype(ns_dtype).normuon(normuon);
     fogo::Muon on_cpu(cpu, options), on_gpu(gpu, options);
     for (int step = 0; step < 5; ++step) {
       set_gradients(cpu, step);
@@ -928,7 +934,7 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
       // differently; two bf16 roundings of the same steps (CPU, gradients perturbed by 1e-3)
       // differ by up to 3e-2.
       EXPECT_LT(max_relative_change_error(gpu, cpu, start), ns_dtype == torch::kFloat ? 1e-4 : 8e-2)
-          << c10::toString(ns_dtype) << " step " << step;
+          << c10::toString(ns_dtype) << " normuon " << normuon << " step " << step;
     }
   }
 }
@@ -1165,14 +1171,17 @@ TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
 // learning rate on the device, with the host's roundings), so only cuBLAS choosing other
 // algorithms for the capture's stream could move the bits: parameters within 1e-5 of their size
 // after 10 steps (a learning rate 5% off would move them ~1e-4).
+// With normuon the captured work also updates the second moments (masked with the rest).
 TEST(CudaGraph, MuonReplayedStepsFollowEagerSteps) {
   FOGO_REQUIRE_GPU();
-  for (const auto ns_dtype : {torch::kBFloat16, torch::kFloat}) {
+  for (const auto [ns_dtype, normuon] :
+       {std::pair{torch::kBFloat16, false}, {torch::kFloat, false}, {torch::kBFloat16, true}}) {
     const auto run = [&](bool graph, fogo::Muon::GraphStats* stats) {
       auto params = small_network(torch::kCUDA);
       fogo::Muon opt(params, fogo::MuonOptions(0.02)
                                  .ns_dtype(ns_dtype)
                                  .nonfinite(fogo::NonFinitePolicy::Mask)
+                                 .normuon(normuon)
                                  .cuda_graph(graph));
       for (int step = 0; step < 10; ++step) {
         opt.param_groups()[0].options().set_lr(0.02 * (1.0 + 0.05 * step));
@@ -1192,7 +1201,7 @@ TEST(CudaGraph, MuonReplayedStepsFollowEagerSteps) {
     for (size_t k = 0; k < eager.size(); ++k) {
       EXPECT_TRUE(torch::isfinite(graphed[k]).all().item<bool>());
       EXPECT_LE(max_abs(graphed[k] - eager[k]), 1e-5 * max_abs(eager[k]))
-          << c10::toString(ns_dtype) << " parameter " << k;
+          << c10::toString(ns_dtype) << " normuon " << normuon << " parameter " << k;
     }
   }
 }

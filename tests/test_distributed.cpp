@@ -390,14 +390,14 @@ void scenario_replicated(const fogo::dist::ProcessGroup& group) {
 // --- sharded Muon == replicated Muon ---------------------------------------------------------
 
 /// 8 steps of fogo::Muon on averaged gradients, replicated (every rank steps every parameter) and
-/// sharded (each parameter stepped by its owner, then broadcast): bit-identical parameters.
-void scenario_sharded(const fogo::dist::ProcessGroup& group) {
+/// sharded (each parameter stepped by its owner, then broadcast): bit-identical parameters. With
+/// `options` Muon's defaults and NorMuon (whose second moments live on their owners).
+void scenario_sharded(const fogo::dist::ProcessGroup& group, const fogo::MuonOptions& options) {
   const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 8;
   torch::manual_seed(8);
   auto replicated = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
   auto sharded = mlp({12, 24, 24, 24, 5}, false, torch::kFloat32);
   copy_params(*sharded, *replicated);
-  const auto options = fogo::MuonOptions(0.02);
   fogo::dist::GradientAverager averager(group, replicated->parameters());
   fogo::Muon opt(replicated->parameters(), options);
   fogo::dist::ShardedOptimizer sharded_opt(
@@ -498,21 +498,22 @@ void sharded_fogo(const fogo::dist::ProcessGroup& group) {
   fogo::dist::check_lockstep(group, state);
 }
 
-/// shard_step on fogo::Muon and on a hybrid (FOGO matrix side, AdamW on the biases, two codebook
-/// groups by shape) against the same optimizers replicated, 8 steps: parameters, momenta and
-/// FOGO memory bit-identical, on every rank.
-void sharded_step_of(const fogo::dist::ProcessGroup& group) {
+/// shard_step on fogo::Muon (`muon_options`: Muon's defaults, or NorMuon, whose second moments
+/// travel from their owners) and on a hybrid (FOGO matrix side, AdamW on the biases, two codebook
+/// groups by shape) against the same optimizers replicated, 8 steps: parameters, momenta, second
+/// moments and FOGO memory bit-identical, on every rank.
+void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOptions& muon_options) {
   const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 8;
   torch::manual_seed(10);
   auto replicated = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
   auto sharded = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
   copy_params(*sharded, *replicated);
-  const auto muon_of = [](torch::nn::Module& m) {
+  const auto muon_of = [&](torch::nn::Module& m) {
     std::vector<torch::Tensor> matrices;
     for (auto& p : m.parameters()) {
       if (p.dim() == 2) matrices.push_back(p);
     }
-    return fogo::Muon(matrices, fogo::MuonOptions(0.02));
+    return fogo::Muon(matrices, muon_options);
   };
   const auto hybrid_of = [](torch::nn::Module& m) {
     return fogo::make_hybrid<fogo::FOGO>(m, small_fogo(), torch::optim::AdamWOptions(0.01), {},
@@ -559,12 +560,13 @@ void sharded_step_of(const fogo::dist::ProcessGroup& group) {
   const auto pr = replicated->parameters(), psh = sharded->parameters();
   for (size_t i = 0; i < pr.size(); ++i) {
     if (pr[i].dim() != 2) continue;
-    const auto momentum = [](fogo::Muon& opt, const torch::Tensor& p) {
-      return static_cast<fogo::MuonParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
-          .momentum_buffer();
+    const auto state = [](fogo::Muon& opt, const torch::Tensor& p) {
+      return static_cast<fogo::MuonParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
     };
-    RANK_CHECK(torch::equal(momentum(muon_replicated, pr[i]), momentum(muon_sharded, psh[i])),
-               "Muon momentum " << i << " differs (every rank keeps every momentum)");
+    RANK_CHECK(state(muon_replicated, pr[i]) == state(muon_sharded, psh[i]),
+               "Muon momentum or second moment " << i << " differs (every rank keeps every state)");
+    RANK_CHECK(state(muon_sharded, psh[i]).second_moment().defined() == muon_options.normuon(),
+               "second moment " << i << " defined where normuon is off, or missing");
   }
   const auto memory = fogo::dist::fogo_memory(*hybrid_replicated.matrix<fogo::FOGO>()),
              sharded_memory = fogo::dist::fogo_memory(*hybrid_sharded.matrix<fogo::FOGO>());
@@ -1052,9 +1054,11 @@ int rank_main(const std::string& scenario) {
       {"checkpoint_save", scenario_checkpoint_save},
       {"checkpoint_resume", scenario_checkpoint_resume},
       {"sharded", [](const fogo::dist::ProcessGroup& g) {
-         scenario_sharded(g);
+         for (const auto& muon : {fogo::MuonOptions(0.02), fogo::MuonOptions(0.02).normuon(true)}) {
+           scenario_sharded(g, muon);
+           sharded_step_of(g, muon);
+         }
          sharded_fogo(g);
-         sharded_step_of(g);
        }}};
   try {
     const auto it = scenarios.find(scenario);

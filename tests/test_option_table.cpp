@@ -1,11 +1,11 @@
 // The option tables of FOGO (fogo_options.h) and Muon (muon_options.h) through their one
-// machinery (src/fogo_private/detail/options_table.h): every row round-trips, compares, is summed and
-// validated; checkpoints written before an option existed load, and keep loading when a row is
+// machinery (src/fogo_private/detail/options_table.h): every row round-trips, compares, is summed
+// and validated; checkpoints written before an option existed load, and keep loading when a row is
 // added to either table; a checkpoint from a newer fogo is refused naming both formats. The tests
 // iterate the tables themselves, so a row added there is covered without a change here.
+#include <fogo/fogo.h>
 #include <fogo_private/detail/integrity.h>
 #include <fogo_private/detail/options_table.h>
-#include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -124,12 +124,14 @@ struct MuonCase {
          }},
         {"eps", [](MuonOptions& o) { o.eps(0.0); }},
         {"ns_steps", [](MuonOptions& o) { o.ns_steps(100); }},
-        {"adjust_lr", [](MuonOptions& o) { o.adjust_lr(static_cast<fogo::MuonAdjustLR>(2)); }},
+        {"adjust_lr", [](MuonOptions& o) { o.adjust_lr(static_cast<fogo::MuonAdjustLR>(3)); }},
         {"ns_dtype", [](MuonOptions& o) { o.ns_dtype(torch::kDouble); }},
         {"nonfinite", [](MuonOptions& o) { o.nonfinite(static_cast<fogo::NonFinitePolicy>(9)); }},
         {"ns_form", [](MuonOptions& o) { o.ns_form(static_cast<fogo::NSForm>(7)); }},
         {"ns_gram_restart", [](MuonOptions& o) { o.ns_gram_restart(-1); }},
         {"ns_schedule", [](MuonOptions& o) { o.ns_schedule(3); }},
+        {"normuon_beta2", [](MuonOptions& o) { o.normuon_beta2(1.01); }},
+        {"normuon_eps", [](MuonOptions& o) { o.normuon_eps(0.0); }},
     };
   }
 };

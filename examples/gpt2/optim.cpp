@@ -28,8 +28,9 @@ void validate(const OptimizerConfig& c) {
                    "must be in [0, 1), got " + tr::flag_text(c.beta2));
   tr::Cli::require(c.muon_momentum >= 0.0 && c.muon_momentum < 1.0, "muon-momentum",
                    "must be in [0, 1), got " + tr::flag_text(c.muon_momentum));
-  tr::Cli::require(c.muon_adjust == "match_rms" || c.muon_adjust == "original", "muon-adjust",
-                   "expected one of match_rms,original, got '" + c.muon_adjust + "'");
+  tr::Cli::require(
+      c.muon_adjust == "match_rms" || c.muon_adjust == "original" || c.muon_adjust == "spectral",
+      "muon-adjust", "expected one of match_rms,original,spectral, got '" + c.muon_adjust + "'");
   tr::parse_ns_dtype(c.ns_dtype);
   fogo_options(c);  // a bad --fogo or --ablation fails before the run, for every optimizer
 }
@@ -101,12 +102,15 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
 
   std::unique_ptr<torch::optim::Optimizer> matrix;
   if (c.name == "muon") {
+    const auto adjust = c.muon_adjust == "match_rms"  ? fogo::MuonAdjustLR::MatchRmsAdamW
+                        : c.muon_adjust == "spectral" ? fogo::MuonAdjustLR::Spectral
+                                                      : fogo::MuonAdjustLR::Original;
     auto options = fogo::MuonOptions(matrix_lr)
                        .weight_decay(c.weight_decay)
                        .momentum(c.muon_momentum)
-                       .adjust_lr(c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
-                                                               : fogo::MuonAdjustLR::Original)
-                       .ns_dtype(ns_dtype);
+                       .adjust_lr(adjust)
+                       .ns_dtype(ns_dtype)
+                       .normuon(c.muon_normuon);
     matrix = std::make_unique<fogo::Muon>(split.matrix.params, options);
     names = {"matrices"};
   } else {

@@ -26,8 +26,10 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double muon_momentum = 0.95;  ///< --muon-momentum (Nesterov)
   /// Muon's lr rule: "match_rms" (0.2 sqrt(max(A, B)): the update RMS of AdamW, so the shared
-  /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does) or "original".
+  /// lr 6e-4 and wd 0.1 carry over, as FOGO's sigma = 0.2 does), "original" or "spectral"
+  /// (sqrt(A / B); docs/muon.md).
   std::string muon_adjust = "match_rms";
+  bool muon_normuon = false;  ///< --muon-normuon: NorMuon's row normalization (MuonOptions)
   /// Newton–Schulz compute dtype of Muon and FOGO: "bf16" (the library default) or "fp32".
   std::string ns_dtype = "auto";
   /// fogo: --fogo key=value (any FOGOOptions field) and --ablation (common/fogo_flags.h),

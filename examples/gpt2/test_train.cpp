@@ -586,6 +586,24 @@ TEST(Flags, MuonMomentumParsesAndReachesMuon) {
                      {"--muon-momentum: must be in [0, 1), got 1"});
 }
 
+// --muon-adjust spectral and --muon-normuon (issue 36) reach Muon's param group.
+TEST(Flags, MuonSpectralAndNorMuonReachMuon) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  const auto options = [&](const TrainConfig& c) {
+    Optimizer opt = make_optimizer(c.optimizer, *model);
+    return static_cast<const fogo::MuonOptions&>(
+        opt.hybrid.matrix()->param_groups().front().options());
+  };
+  const auto plain = options(parse_train_flags({"--optimizer", "muon"}));
+  EXPECT_FALSE(plain.normuon());
+  EXPECT_EQ(plain.adjust_lr(), fogo::MuonAdjustLR::MatchRmsAdamW);
+  const auto c =
+      parse_train_flags({"--optimizer", "muon", "--muon-adjust", "spectral", "--muon-normuon"});
+  const auto o = options(c);
+  EXPECT_TRUE(o.normuon());
+  EXPECT_EQ(o.adjust_lr(), fogo::MuonAdjustLR::Spectral);
+}
+
 // The binary's command line: a refused one exits with status 2 and one error line naming the
 // flag, a failed run with status 1; the same statuses and style as resnet_train.
 TEST(Binary, ExitStatusAndErrorLine) {

@@ -91,8 +91,11 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("beta2", &c.optimizer.beta2, "AdamW beta2");
   cli.flag("muon-momentum", &c.optimizer.muon_momentum,
            "Muon's momentum (Nesterov), in [0, 1): the paper's and PyTorch's 0.95");
-  cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original"},
-             "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS) or original");
+  cli.choice("muon-adjust", &c.optimizer.muon_adjust, {"match_rms", "original", "spectral"},
+             "Muon lr rule: match_rms (0.2 sqrt(max(A,B)), AdamW's update RMS), original "
+             "(sqrt(max(1,A/B))) or spectral (sqrt(A/B))");
+  cli.flag("muon-normuon", &c.optimizer.muon_normuon,
+           "Muon: NorMuon's per-row second-moment normalization of the update (docs/muon.md)");
   tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
   tr::add_fogo_flags(cli, &c.optimizer.fogo_options, &c.optimizer.ablation);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
@@ -246,6 +249,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("seed", cfg.seed);
   // Recorded when not the default, so that checkpoints made before the flag stay resumable.
   if (o.name == "muon" && o.muon_momentum != 0.95) s.add("muon-momentum", o.muon_momentum);
+  if (o.name == "muon" && o.muon_normuon) s.add("muon-normuon", true);
   return s;
 }
 

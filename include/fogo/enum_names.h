@@ -47,7 +47,9 @@ struct EnumNames<NSForm> {
 template <>
 struct EnumNames<MuonAdjustLR> {
   static constexpr std::pair<const char*, MuonAdjustLR> values[] = {
-      {"original", MuonAdjustLR::Original}, {"match_rms_adamw", MuonAdjustLR::MatchRmsAdamW}};
+      {"original", MuonAdjustLR::Original},
+      {"match_rms_adamw", MuonAdjustLR::MatchRmsAdamW},
+      {"spectral", MuonAdjustLR::Spectral}};
 };
 
 /// What a step decided (Python's NonFiniteDecision.kind).

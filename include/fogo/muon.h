@@ -9,8 +9,10 @@
 //   p *= 1 - lr * weight_decay                        decoupled, unadjusted lr
 //   p -= adjust(lr, A, B) * O                         'original': sqrt(max(1, A/B))
 //                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
+//                                                     'spectral' (fogo's): sqrt(A/B)
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
-// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf.
+// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf;
+// `normuon` replaces O by its rows normalized by their second moments (NorMuon; docs/muon.md).
 //
 // Batching: within a param group, the momentum, nesterov and decay updates are multi-tensor
 // ops per shape bucket (same arithmetic per tensor as PyTorch's per-parameter ops). On a CUDA
@@ -49,8 +51,9 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
 /// them to float32, a bf16 one to bf16); with `lr_dtype` that dtype, these are its bits.
 double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype = at::kDouble);
 
-/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2,
-/// sqrt(max(A, B))).
+/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2
+/// sqrt(max(A, B)), 1), Spectral (sqrt(A / B), 1). A function of the shape alone: a block of a
+/// fused weight takes its own (rows, cols).
 std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
 
 /// One matrix of a row-sharded step (muon_step_rows): this rank's rows of a parameter, of its
@@ -87,11 +90,16 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);
+  /// MuonOptions::normuon: the per-row second moment of the orthogonalized update, [size(0)],
+  /// fp32 (fp64 for an fp64 parameter). Undefined until a step with normuon on (zeros then); a
+  /// step with it off leaves it as it is.
+  TORCH_ARG(torch::Tensor, second_moment);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Buffers equal (torch::equal), as LibTorch's param states compare.
+  /// Buffers equal (torch::equal; both undefined or both equal), as LibTorch's param states
+  /// compare.
   friend bool operator==(const MuonParamState& a, const MuonParamState& b);
 };
 
@@ -157,8 +165,10 @@ class Muon : public MatrixOptimizer {
                     const std::vector<at::Tensor>& grads, const at::Tensor& ok,
                     const at::Tensor& device_lr);
   const MuonOptions& options(size_t g) const;
-  /// The momentum buffers of `params` (their state exists).
-  std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params) const;
+  /// The momentum buffers of `params` (their state exists), or their NorMuon second moments
+  /// (undefined where there is none).
+  std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params,
+                                  bool second_moments = false) const;
   void check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                          const MuonOptions& options) const;
   template <typename Self, typename Archive>

@@ -22,6 +22,7 @@ namespace fogo {
 enum class MuonAdjustLR : int64_t {
   Original = 0,       ///< lr * sqrt(max(1, A / B))   (Keller Jordan's Muon; PyTorch default)
   MatchRmsAdamW = 1,  ///< lr * 0.2 * sqrt(max(A, B)) (Moonshot; reuses AdamW's lr and wd)
+  Spectral = 2,       ///< lr * sqrt(A / B), unclamped (the spectral-norm scaling: dion, torchtitan)
 };
 
 // clang-format off
@@ -41,7 +42,8 @@ enum class MuonAdjustLR : int64_t {
   X(double,          eps,             1e-7,                   positive(), always())                \
   X(int64_t,         ns_steps,        5,                      range(0, 99), always())              \
   X(MuonAdjustLR,    adjust_lr,       MuonAdjustLR::Original,                                      \
-    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW), always())                         \
+    one_of(MuonAdjustLR::Original, MuonAdjustLR::MatchRmsAdamW, MuonAdjustLR::Spectral),        \
+    always())                                                                                      \
   /* Newton–Schulz compute dtype: bf16 (torch.optim.Muon's, bit for bit), fp32, or auto: bf16      \
      where the device computes it faster (ns_dtype.h), else fp32 */                                \
   X(c10::ScalarType, ns_dtype,        kNSDtypeAuto,                                                \
@@ -66,7 +68,16 @@ enum class MuonAdjustLR : int64_t {
   /* per-iteration Newton–Schulz coefficients: kNSConstant (ns_coefficients every iteration,       \
      torch.optim.Muon's), kPolarExpress or kTuned5 (newton_schulz.h), which replace                \
      ns_coefficients. since(1): Muon's checksum left it out until the table (docs/muon.md) */      \
-  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), since(1))
+  X(int64_t,         ns_schedule,     kNSConstant,            range(0, 2), since(1))              \
+  /* NorMuon (Li et al. 2025): each row of the orthogonalized update divided by the root of its    \
+     second moment (a per-row EMA of its mean square, state), then rescaled to the update's        \
+     Frobenius norm; docs/muon.md */                                                               \
+  X(bool,            normuon,         false,                  any(), since(2))                    \
+  /* NorMuon: the second moment's EMA coefficient */                                               \
+  X(double,          normuon_beta2,   0.95,                   range(0.0, 1.0), since(2))          \
+  /* NorMuon: added to each row's root second moment and to the normalized update's norm (the     \
+     lower bound keeps it above zero in fp32 arithmetic) */                                        \
+  X(double,          normuon_eps,     1e-10,                  range(1e-30, INFINITY), since(2))
 // clang-format on
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {

@@ -582,8 +582,11 @@ class Muon(_CppOptimizer):
     ``ns_dtype`` is "auto" (as for :class:`FOGO`) or a torch.dtype: ``torch.bfloat16`` is
     torch.optim.Muon's arithmetic bit for bit on every host.
     ``adjust_lr_fn`` (torch.optim.Muon's name; fogo 0.1's ``adjust_lr`` is accepted for it) is
-    "original" (also given as None, torch.optim.Muon's default) or "match_rms_adamw". Param
-    groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
+    "original" (also given as None, torch.optim.Muon's default), "match_rms_adamw" or
+    "spectral" (fogo's: lr sqrt(rows / cols), unclamped; torch.optim.Muon has no such rule).
+    Param groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
+    ``normuon`` (NorMuon, docs/muon.md) is the C++ optimizer's only for now: True is refused
+    (its per-row state does not travel in this package's state_dict yet).
     ``nonfinite`` is "raise", "skip", "unchecked" (torch.optim.Muon's behaviour) or "mask", as
     for :class:`FOGO`.
 
@@ -608,6 +611,14 @@ class Muon(_CppOptimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_dtensor": self._dtensor}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _refuse_normuon([{**self.defaults, **param_group}])
+        super().add_param_group(param_group)
+
+    def _sync(self) -> None:
+        _refuse_normuon(self.param_groups)
+        super()._sync()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dtensor = state.pop("_dtensor", "owner")
@@ -668,6 +679,16 @@ class Muon(_CppOptimizer):
         and run from one (``captures``, ``replays``)."""
         self._sync()
         return self._cpp.graph_stats(group)
+
+
+def _refuse_normuon(groups: list[dict[str, Any]]) -> None:
+    # fogo::Muon's second moments (NorMuon) would live in the C++ state only: opt.state, and so
+    # state_dict, copies and the DTensor owner-computes step, do not carry them yet.
+    for g, group in enumerate(groups):
+        if group.get("normuon"):
+            raise NotImplementedError(
+                f"Muon: option 'normuon' (param group {g}) is not available in Python yet: its "
+                "per-row second moments would not travel in state_dict; use the C++ fogo::Muon")
 
 
 for _cls in (FOGO, Muon):
