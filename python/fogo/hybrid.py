@@ -10,8 +10,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from . import _C, _nonfinite
-from .optim import (FOGO, Muon, evaluate_closure, repr_without_memory, run_load_post_hooks,
-                    run_load_pre_hooks)
+from ._cpp_optimizer import (evaluate_closure, repr_without_memory, run_load_post_hooks,
+                             run_load_pre_hooks)
+from .optim import FOGO, Muon
 
 __all__ = ["split_parameters", "hybrid_param_groups", "Hybrid"]
 
