@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/internal.h"
+#include "distributed/internal.h"
 #include "fogo_private/detail/agreement.h"
 #include "rank_launcher.h"
 
