@@ -2,11 +2,11 @@
 // (codebook, EMA statistics, frozen bank, generator, step counter).
 #include <torch/serialize/archive.h>
 
+#include "fogo/fogo_optimizer.h"
 #include "fogo_private/detail/checks.h"
 #include "fogo_private/detail/integrity.h"
 #include "fogo_private/detail/ns_dtype_record.h"
 #include "fogo_private/detail/options_table.h"
-#include "fogo/fogo_optimizer.h"
 #include "fogo_state.h"
 
 namespace fogo {

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "fogo/fogo_optimizer.h"
 #include "fogo_private/detail/batching.h"
 #include "fogo_private/detail/nonfinite.h"
-#include "fogo/fogo_optimizer.h"
 #include "fogo_private/projected.h"
 #include "fogo_state.h"
 

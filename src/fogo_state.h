@@ -10,8 +10,8 @@
 #include <tuple>
 #include <vector>
 
-#include "fogo_private/codebook.h"
 #include "fogo/fogo_optimizer.h"
+#include "fogo_private/codebook.h"
 #include "fogo_private/projection.h"
 #include "graphed_step.h"
 

@@ -10,12 +10,12 @@
 #include <tuple>
 #include <unordered_set>
 
-#include "fogo_private/detail/checks.h"
-#include "fogo_private/detail/integrity.h"
-#include "fogo_private/detail/nonfinite.h"
 #include "fogo/fogo_optimizer.h"
 #include "fogo/matrix_optimizer.h"
 #include "fogo/muon.h"
+#include "fogo_private/detail/checks.h"
+#include "fogo_private/detail/integrity.h"
+#include "fogo_private/detail/nonfinite.h"
 
 namespace fogo {
 namespace {

@@ -1,4 +1,5 @@
-// Checkpoint integrity (fogo_private/detail/integrity.h): all-or-nothing loads, checksums, finite state.
+// Checkpoint integrity (fogo_private/detail/integrity.h): all-or-nothing loads, checksums, finite
+// state.
 #include "fogo_private/detail/integrity.h"
 
 #include <ATen/ATen.h>

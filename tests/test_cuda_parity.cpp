@@ -12,9 +12,9 @@
 // held to a loose bound only, and allowed for in the group totals. The ATen reference run in fp32
 // passes these checks against itself in float64, which is how the bounds were set.
 #include <ATen/Context.h>
-#include <fogo_private/codebook.h>
 #include <fogo/fogo.h>
 #include <fogo/newton_schulz.h>
+#include <fogo_private/codebook.h>
 #include <fogo_private/ops.h>
 #include <fogo_private/projected.h>
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
 // fogo::FOGO end to end: the memory-disabled reduction to slow-stream Muon (checked against a
 // hand computation in double precision), protection at task boundaries, checkpoints, and bad
 // or extreme input.
-#include <fogo_private/detail/nonfinite.h>
 #include <fogo/fogo.h>
+#include <fogo_private/detail/nonfinite.h>
 #include <fogo_private/projection.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,9 +1,9 @@
 // The hybrid: which side each parameter goes to, and the two optimizers stepping, scheduling
 // and checkpointing as one.
-#include <fogo_private/detail/nonfinite.h>
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
+#include <fogo_private/detail/nonfinite.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -2,9 +2,9 @@
 // the same outcome on every C++ path that steps (FOGO, Muon, the hybrid over either), for a NaN in
 // a matrix gradient and in an AdamW gradient; and the step's scalars checked for an optimizer fogo
 // does not know (a test-only MatrixOptimizer).
-#include <fogo_private/detail/nonfinite.h>
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
+#include <fogo_private/detail/nonfinite.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

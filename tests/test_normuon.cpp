@@ -1,6 +1,6 @@
-// fogo::Muon's `normuon` option (NorMuon, src/fogo_private/normuon.h) and its `spectral` learning-rate
-// rule: the equations against a float64 reference written out here, the state in checkpoints,
-// bad options, degenerate gradients and the non-finite policies.
+// fogo::Muon's `normuon` option (NorMuon, src/fogo_private/normuon.h) and its `spectral`
+// learning-rate rule: the equations against a float64 reference written out here, the state in
+// checkpoints, bad options, degenerate gradients and the non-finite policies.
 #include <fogo/muon.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

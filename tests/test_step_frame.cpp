@@ -2,8 +2,8 @@
 // a step (StepContext) reaches the step explicitly and rules it, and Mask's restore
 // (detail::MaskScope) puts back exactly what a masked step changed; a CUDA graph capture that
 // fails puts back what its host code changed (detail::SavedStates, GraphedStep::run).
-#include <fogo_private/detail/nonfinite.h>
 #include <fogo/fogo.h>
+#include <fogo_private/detail/nonfinite.h>
 #include <fogo_private/ops.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

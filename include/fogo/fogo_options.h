@@ -1,11 +1,11 @@
 #pragma once
 // FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the table below. Each
-// row generates the builder field (TORCH_ARG) here and, through src/fogo_private/detail/options_table.h
-// (the machinery MuonOptions' table shares), its validation, its serialization both ways, its
-// part in operator== and in a checkpoint's checksum and format, the docs table
-// (docs/algorithm.md), the Python keyword and the trainers' --fogo name=value; FOGO's step reads
-// the fields and hands the stage functions their own small parameter structs (projected.h,
-// codebook.h, update.h). The paper's configurations are in fogo::presets.
+// row generates the builder field (TORCH_ARG) here and, through
+// src/fogo_private/detail/options_table.h (the machinery MuonOptions' table shares), its
+// validation, its serialization both ways, its part in operator== and in a checkpoint's checksum
+// and format, the docs table (docs/algorithm.md), the Python keyword and the trainers' --fogo
+// name=value; FOGO's step reads the fields and hands the stage functions their own small parameter
+// structs (projected.h, codebook.h, update.h). The paper's configurations are in fogo::presets.
 
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>

@@ -1,9 +1,9 @@
 #pragma once
 // MuonOptions: every option of fogo::Muon, defined once in the table below. Each row generates
-// the builder field (TORCH_ARG) here and, through src/fogo_private/detail/options_table.h (the machinery
-// FOGOOptions' table shares), its validation, its serialization both ways, its part in
+// the builder field (TORCH_ARG) here and, through src/fogo_private/detail/options_table.h (the
+// machinery FOGOOptions' table shares), its validation, its serialization both ways, its part in
 // operator== and in a checkpoint's checksum and format, the docs table (docs/muon.md) and the
-// Python keyword (python/src/module.cpp). Defaults are torch.optim.Muon's but ns_dtype's (auto,
+// Python keyword (python/src/traits.h). Defaults are torch.optim.Muon's but ns_dtype's (auto,
 // which is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its
 // arithmetic on every host).
 

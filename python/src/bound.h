@@ -13,9 +13,9 @@
 // to Python as nested dicts of tensors and numbers (extra_state, archive.h); loading rebuilds a
 // LibTorch archive from the state, options and those entries and goes through the C++ load(), so
 // its checks and its all-or-nothing behaviour apply unchanged.
+#include <fogo/fogo.h>
 #include <fogo_private/detail/checks.h>
 #include <fogo_private/detail/integrity.h>
-#include <fogo/fogo.h>
 #include <torch/extension.h>
 #include <torch/serialize/archive.h>
 

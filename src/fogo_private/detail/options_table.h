@@ -33,9 +33,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "fogo_private/detail/checks.h"
 #include "fogo/fogo_options.h"
 #include "fogo/muon_options.h"
+#include "fogo_private/detail/checks.h"
 
 namespace fogo::option_table {
 
