@@ -33,11 +33,12 @@ std::vector<std::regex> compile(const std::vector<std::string>& patterns, const 
   return out;
 }
 
-bool any_match(const std::vector<std::regex>& patterns, const std::string& name) {
-  for (const auto& re : patterns) {
-    if (std::regex_search(name, re)) return true;
+// The index of the first of `patterns` found in `name`, or -1.
+int64_t first_match(const std::vector<std::regex>& patterns, const std::string& name) {
+  for (size_t k = 0; k < patterns.size(); ++k) {
+    if (std::regex_search(name, patterns[k])) return static_cast<int64_t>(k);
   }
-  return false;
+  return -1;
 }
 
 std::string to_bytes(const torch::optim::Optimizer& opt) {
@@ -108,49 +109,104 @@ void step_side(torch::optim::Optimizer& side, const StepContext& context) {
 
 }  // namespace
 
-std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules) {
+std::vector<SplitRoute> split_routes(const std::vector<SplitInput>& params,
+                                     const ParamSplitRules& rules) {
   const auto rest_patterns = compile(rules.rest_patterns, "rest_patterns");
   const auto matrix_patterns = compile(rules.matrix_patterns, "matrix_patterns");
-  std::vector<bool> out;
+  std::vector<SplitRoute> out;
   for (const SplitInput& p : params) {
     const auto dim = p.sizes.size();
-    if (any_match(matrix_patterns, p.name)) {
+    const int64_t forced = first_match(matrix_patterns, p.name);
+    const int64_t rest = forced < 0 ? first_match(rest_patterns, p.name) : -1;
+    if (forced >= 0) {
       TORCH_CHECK_VALUE(dim >= 2, "ParamSplitRules.matrix_patterns matched '", p.name,
                         "' of shape ", at::IntArrayRef(p.sizes),
                         ", but matrix optimizers need >= 2-D parameters");
-      out.push_back(true);
+      out.push_back({true, "matrix_patterns '" + rules.matrix_patterns[forced] + "'"});
+    } else if (dim < 2) {
+      out.push_back({false, std::to_string(dim) + "-D (biases, norms, scalars)"});
+    } else if (rules.embeddings_to_rest && p.embedding) {
+      out.push_back({false, "embedding weight (embeddings_to_rest)"});
+    } else if (rest >= 0) {
+      out.push_back({false, "rest_patterns '" + rules.rest_patterns[rest] + "'"});
     } else {
-      out.push_back(dim >= 2 && !(rules.embeddings_to_rest && p.embedding) &&
-                    !any_match(rest_patterns, p.name));
+      out.push_back({true, std::to_string(dim) + "-D weight"});
     }
   }
   return out;
 }
 
-ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules) {
+std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules) {
+  std::vector<bool> out;
+  for (const SplitRoute& route : split_routes(params, rules)) out.push_back(route.matrix);
+  return out;
+}
+
+namespace {
+
+// `module`'s trainable parameters as the split sees them, with the tensors, in its order.
+std::pair<std::vector<SplitInput>, std::vector<at::Tensor>> described(
+    const torch::nn::Module& module) {
   std::unordered_set<const c10::TensorImpl*> embedding_weights;
   for (const auto& child : module.modules(/*include_self=*/true)) {
     if (child->as<torch::nn::Embedding>() || child->as<torch::nn::EmbeddingBag>()) {
       for (const auto& p : child->parameters()) embedding_weights.insert(p.unsafeGetTensorImpl());
     }
   }
-  std::vector<SplitInput> inputs;
-  std::vector<std::pair<std::string, torch::Tensor>> named;
+  std::pair<std::vector<SplitInput>, std::vector<at::Tensor>> out;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     const at::Tensor& p = item.value();
-    inputs.push_back(
+    out.first.push_back(
         {item.key(), p.sizes().vec(), embedding_weights.count(p.unsafeGetTensorImpl()) > 0});
-    named.emplace_back(item.key(), p);
+    out.second.push_back(p);
   }
+  return out;
+}
+
+}  // namespace
+
+ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules) {
+  const auto [inputs, tensors] = described(module);
   const std::vector<bool> to_matrix = matrix_side(inputs, rules);
   ParamSplit split;
-  for (size_t k = 0; k < named.size(); ++k) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
     NamedParams& side = to_matrix[k] ? split.matrix : split.rest;
-    side.names.push_back(named[k].first);
-    side.params.push_back(named[k].second);
+    side.names.push_back(inputs[k].name);
+    side.params.push_back(tensors[k]);
   }
   return split;
+}
+
+std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
+                                         const ParamSplitRules& rules) {
+  const auto inputs = described(module).first;
+  const std::vector<SplitRoute> routes = split_routes(inputs, rules);
+  std::vector<ParamRoute> out;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    out.push_back({inputs[k].name, inputs[k].sizes, routes[k].matrix, routes[k].rule});
+  }
+  return out;
+}
+
+std::string routing_table(const std::vector<ParamRoute>& routes) {
+  std::ostringstream out;
+  out << "| parameter | shape | side | rule | treated as |\n|---|---|---|---|---|\n";
+  for (const ParamRoute& r : routes) {
+    out << "| " << r.name << " | " << at::IntArrayRef(r.sizes) << " | "
+        << (r.matrix ? "matrix" : "AdamW") << " | " << r.rule << " | ";
+    if (!r.matrix) {
+      out << "as is";
+    } else {
+      const int64_t rows = r.sizes.front();
+      int64_t cols = 1;
+      for (size_t d = 1; d < r.sizes.size(); ++d) cols *= r.sizes[d];
+      out << "one " << rows << "x" << cols << " matrix"
+          << (r.sizes.size() > 2 ? " (its trailing dimensions flattened)" : "");
+    }
+    out << " |\n";
+  }
+  return out.str();
 }
 
 std::string shape_key(const std::string& /*name*/, const torch::Tensor& param) {

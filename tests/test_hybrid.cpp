@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "test_util.h"
@@ -65,6 +66,53 @@ TEST(SplitParameters, MatricesToMatrixSideRestToAdamW) {
   EXPECT_EQ(sorted(split.rest.names),
             (std::vector<std::string>{"conv.bias", "embed.weight", "fc1.bias", "head.bias",
                                       "head.weight", "norm.bias", "norm.weight"}));
+}
+
+// The routing table (issue 36, item 5): every trainable parameter with its side and the rule
+// that sent it there, agreeing with split_parameters; the table names each and how the matrix
+// side treats it.
+TEST(SplitParameters, RoutesNameEachParametersSideAndRule) {
+  TinyNet net;
+  fogo::ParamSplitRules rules;
+  rules.rest_patterns.push_back(R"(^conv\.)");
+  const auto routes = fogo::route_parameters(*net, rules);
+  std::map<std::string, std::pair<bool, std::string>> got;
+  for (const auto& r : routes) got[r.name] = {r.matrix, r.rule};
+  const std::map<std::string, std::pair<bool, std::string>> expected = {
+      {"embed.weight", {false, "embedding weight (embeddings_to_rest)"}},
+      {"fc1.weight", {true, "2-D weight"}},
+      {"fc1.bias", {false, "1-D (biases, norms, scalars)"}},
+      {"conv.weight", {false, "rest_patterns '^conv\\.'"}},
+      {"conv.bias", {false, "1-D (biases, norms, scalars)"}},
+      {"norm.weight", {false, "1-D (biases, norms, scalars)"}},
+      {"norm.bias", {false, "1-D (biases, norms, scalars)"}},
+      {"head.weight", {false, "rest_patterns '" + fogo::ParamSplitRules().rest_patterns[0] + "'"}},
+      {"head.bias", {false, "1-D (biases, norms, scalars)"}},
+  };
+  EXPECT_EQ(got, expected);
+  // The same sides as split_parameters, in named_parameters() order.
+  const auto split = fogo::split_parameters(*net, rules);
+  std::vector<std::string> matrix, rest;
+  for (const auto& r : routes) (r.matrix ? matrix : rest).push_back(r.name);
+  EXPECT_EQ(matrix, split.matrix.names);
+  EXPECT_EQ(rest, split.rest.names);
+  // A pattern forcing a weight to the matrix side is named as the rule; conv weights default to
+  // one flattened matrix.
+  fogo::ParamSplitRules forced;
+  forced.matrix_patterns = {R"(^head\.weight$)"};
+  const std::string table = fogo::routing_table(fogo::route_parameters(*net, forced));
+  EXPECT_NE(table.find("| head.weight | [5, 16] | matrix | matrix_patterns '^head\\.weight$' | "
+                       "one 5x16 matrix |"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| conv.weight | [16, 16, 3] | matrix | 3-D weight | one 16x48 matrix "
+                       "(its trailing dimensions flattened) |"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| embed.weight | [50, 8] | AdamW | embedding weight (embeddings_to_rest) "
+                       "| as is |"),
+            std::string::npos)
+      << table;
 }
 
 TEST(SplitParameters, UserOverrides) {

@@ -66,6 +66,30 @@ struct SplitInput {
 /// parameter.
 std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules);
 
+/// The split's rule with its reason, per parameter (matrix_side is its `matrix`): which rule sent
+/// the parameter where ("matrix_patterns '<p>'", "1-D (biases, norms, scalars)", "embedding
+/// weight (embeddings_to_rest)", "rest_patterns '<p>'", "2-D weight", ...).
+struct SplitRoute {
+  bool matrix = false;
+  std::string rule;
+};
+std::vector<SplitRoute> split_routes(const std::vector<SplitInput>& params,
+                                     const ParamSplitRules& rules);
+
+/// One trainable parameter of a module as split_parameters routes it: its name, shape, side
+/// (matrix optimizer or AdamW) and the rule that sent it there. route_parameters returns them in
+/// named_parameters() order; routing_table prints them as a Markdown table, with how the matrix
+/// side treats each (one [size(0), numel / size(0)] matrix: conv weights flattened).
+struct ParamRoute {
+  std::string name;
+  std::vector<int64_t> sizes;
+  bool matrix = false;
+  std::string rule;
+};
+std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
+                                         const ParamSplitRules& rules = {});
+std::string routing_table(const std::vector<ParamRoute>& routes);
+
 /// Key that decides which codebook group (param group) a matrix parameter joins; the key is also
 /// the group's name.
 using GroupKey = std::function<std::string(const std::string& name, const torch::Tensor& param)>;

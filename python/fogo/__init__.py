@@ -10,7 +10,8 @@ docs/python.md has the details.
 import torch  # noqa: F401  (loads LibTorch before the extension module)
 
 from . import _C, presets
-from .hybrid import Hybrid, hybrid_param_groups, split_parameters
+from .hybrid import (Hybrid, hybrid_param_groups, route_parameters, routing_table,
+                     split_parameters)
 from .optim import FOGO, Muon
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ def set_ns_auto_dtype(dtype) -> None:
     _C.set_ns_auto_dtype(dtype)
 
 __all__ = [
-    "FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters", "CUDA_KERNELS",
+    "FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters",
+    "route_parameters", "routing_table", "CUDA_KERNELS",
     "ns_dtype_choices", "set_ns_auto_dtype",
 ]

@@ -14,7 +14,7 @@ from ._cpp_optimizer import (evaluate_closure, repr_without_memory, run_load_pos
                              run_load_pre_hooks)
 from .optim import FOGO, Muon
 
-__all__ = ["split_parameters", "hybrid_param_groups", "Hybrid"]
+__all__ = ["split_parameters", "route_parameters", "routing_table", "hybrid_param_groups", "Hybrid"]
 
 #: fogo::ParamSplitRules' default rest_patterns (output heads and classifiers).
 DEFAULT_REST_PATTERNS: tuple[str, ...] = tuple(_C.default_rest_patterns)
@@ -33,18 +33,46 @@ def split_parameters(
     parameters go there unless they are weights of nn.Embedding / nn.EmbeddingBag (with
     ``embeddings_to_rest``) or match ``rest_patterns`` (default: DEFAULT_REST_PATTERNS, the usual
     heads). ValueError for an invalid pattern or a matrix_patterns match of fewer than 2-D."""
+    named, routes = _routes(module, rest_patterns, matrix_patterns, embeddings_to_rest)
+    matrix = [item for item, (to_matrix, _) in zip(named, routes) if to_matrix]
+    rest = [item for item, (to_matrix, _) in zip(named, routes) if not to_matrix]
+    return matrix, rest
+
+
+def _routes(module: torch.nn.Module, rest_patterns: Optional[Sequence[str]],
+            matrix_patterns: Sequence[str], embeddings_to_rest: bool):
+    """The trainable (name, parameter) pairs and fogo::split_routes' (to matrix side, rule)."""
     embedding_weights = set()
     for child in module.modules():
         if isinstance(child, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
             embedding_weights.update(id(p) for p in child.parameters())
     named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    sides = _C.matrix_side(
+    routes = _C.split_routes(
         [(name, list(p.shape), id(p) in embedding_weights) for name, p in named],
         None if rest_patterns is None else list(rest_patterns), list(matrix_patterns),
         embeddings_to_rest)
-    matrix = [item for item, to_matrix in zip(named, sides) if to_matrix]
-    rest = [item for item, to_matrix in zip(named, sides) if not to_matrix]
-    return matrix, rest
+    return named, routes
+
+
+def route_parameters(
+    module: torch.nn.Module,
+    rest_patterns: Optional[Sequence[str]] = None,
+    matrix_patterns: Sequence[str] = (),
+    embeddings_to_rest: bool = True,
+) -> list[dict[str, Any]]:
+    """Every trainable parameter as :func:`split_parameters` routes it, as data: dicts with
+    ``name``, ``shape``, ``side`` ("matrix" or "adamw") and ``rule`` (the rule that sent it there,
+    fogo::split_routes' words). :func:`routing_table` prints them."""
+    named, routes = _routes(module, rest_patterns, matrix_patterns, embeddings_to_rest)
+    return [{"name": name, "shape": tuple(p.shape), "side": "matrix" if to_matrix else "adamw",
+             "rule": rule} for (name, p), (to_matrix, rule) in zip(named, routes)]
+
+
+def routing_table(routes: list[dict[str, Any]]) -> str:
+    """:func:`route_parameters`' result as fogo::routing_table's Markdown table (parameter,
+    shape, side, rule, how the matrix side treats it)."""
+    return _C.routing_table([(r["name"], list(r["shape"]), r["side"] == "matrix", r["rule"])
+                             for r in routes])
 
 
 def hybrid_param_groups(

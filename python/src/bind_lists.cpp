@@ -13,6 +13,30 @@
 
 namespace fogo_py {
 
+namespace {
+
+// A parameter as Python describes it to the split: (name, shape, embedding weight).
+using SplitTuple = std::tuple<std::string, std::vector<int64_t>, bool>;
+
+std::vector<fogo::SplitInput> split_inputs(const std::vector<SplitTuple>& params) {
+  std::vector<fogo::SplitInput> inputs;
+  for (const auto& [name, sizes, embedding] : params) inputs.push_back({name, sizes, embedding});
+  return inputs;
+}
+
+// rest_patterns None: the C++ default.
+fogo::ParamSplitRules split_rules(const std::optional<std::vector<std::string>>& rest_patterns,
+                                  const std::vector<std::string>& matrix_patterns,
+                                  bool embeddings_to_rest) {
+  fogo::ParamSplitRules rules;
+  if (rest_patterns) rules.rest_patterns = *rest_patterns;
+  rules.matrix_patterns = matrix_patterns;
+  rules.embeddings_to_rest = embeddings_to_rest;
+  return rules;
+}
+
+}  // namespace
+
 void bind_lists(py::module_& m) {
   // FOGO's group memory, the tensors of GroupMemory::visit: (name, uses, shape) each, in its
   // order (python/fogo/_memory.py lays the state_dict's "memory" out by it).
@@ -32,20 +56,39 @@ void bind_lists(py::module_& m) {
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
   m.def(
       "matrix_side",
-      [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
+      [](const std::vector<SplitTuple>& params,
          const std::optional<std::vector<std::string>>& rest_patterns,
          const std::vector<std::string>& matrix_patterns, bool embeddings_to_rest) {
-        fogo::ParamSplitRules rules;
-        if (rest_patterns) rules.rest_patterns = *rest_patterns;
-        rules.matrix_patterns = matrix_patterns;
-        rules.embeddings_to_rest = embeddings_to_rest;
-        std::vector<fogo::SplitInput> inputs;
-        for (const auto& [name, sizes, embedding] : params)
-          inputs.push_back({name, sizes, embedding});
-        return fogo::matrix_side(inputs, rules);
+        return fogo::matrix_side(split_inputs(params),
+                                 split_rules(rest_patterns, matrix_patterns, embeddings_to_rest));
       },
       py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
       py::arg("embeddings_to_rest"));
+  // The same with each parameter's reason (fogo::split_routes), and fogo::routing_table's text.
+  m.def(
+      "split_routes",
+      [](const std::vector<SplitTuple>& params,
+         const std::optional<std::vector<std::string>>& rest_patterns,
+         const std::vector<std::string>& matrix_patterns, bool embeddings_to_rest) {
+        std::vector<std::pair<bool, std::string>> out;
+        for (const auto& r :
+             fogo::split_routes(split_inputs(params),
+                                split_rules(rest_patterns, matrix_patterns, embeddings_to_rest)))
+          out.emplace_back(r.matrix, r.rule);
+        return out;
+      },
+      py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
+      py::arg("embeddings_to_rest"));
+  m.def(
+      "routing_table",
+      [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool, std::string>>&
+             routes) {
+        std::vector<fogo::ParamRoute> in;
+        for (const auto& [name, sizes, matrix, rule] : routes)
+          in.push_back({name, sizes, matrix, rule});
+        return fogo::routing_table(in);
+      },
+      py::arg("routes"));
   m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
 
   // Sharded steps' owners (fogo::assign_owners by fogo::newton_schulz_cost): each shape's owner

@@ -341,6 +341,37 @@ def test_hybrid_param_groups():
     assert "fc1.weight" not in [n for n, _ in matrix + rest]
 
 
+def test_routing_names_each_parameters_side_and_rule():
+    # The visible routing (issue 36, item 5): every trainable parameter with its side and the rule
+    # that sent it there (fogo::split_routes), agreeing with split_parameters; the table is C++'s.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 8)
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.head = torch.nn.Linear(16, 4)
+
+    net = Net()
+    routes = fogo.route_parameters(net)
+    assert [(r["name"], r["shape"], r["side"], r["rule"]) for r in routes] == [
+        ("emb.weight", (10, 8), "adamw", "embedding weight (embeddings_to_rest)"),
+        ("conv.weight", (8, 3, 3, 3), "matrix", "4-D weight"),
+        ("conv.bias", (8,), "adamw", "1-D (biases, norms, scalars)"),
+        ("fc1.weight", (16, 8), "matrix", "2-D weight"),
+        ("fc1.bias", (16,), "adamw", "1-D (biases, norms, scalars)"),
+        ("head.weight", (4, 16), "adamw", f"rest_patterns '{fogo._C.default_rest_patterns[0]}'"),
+        ("head.bias", (4,), "adamw", "1-D (biases, norms, scalars)")]
+    matrix, rest = fogo.split_parameters(net)
+    assert [n for n, _ in matrix] == [r["name"] for r in routes if r["side"] == "matrix"]
+    assert [n for n, _ in rest] == [r["name"] for r in routes if r["side"] == "adamw"]
+    forced = fogo.route_parameters(net, matrix_patterns=[r"^head\.weight$"])
+    assert forced[5]["side"] == "matrix" and forced[5]["rule"] == r"matrix_patterns '^head\.weight$'"
+    table = fogo.routing_table(routes)
+    assert "| conv.weight | [8, 3, 3, 3] | matrix | 4-D weight | one 8x27 matrix (its trailing " \
+        "dimensions flattened) |" in table
+
+
 def test_owner_assignment_is_the_cpp_one():
     # fogo::assign_owners by fogo::newton_schulz_cost, as fogo::dist's sharded steps and FSDP2
     # owner-computes (fogo.Muon) use it: costliest first to the least-loaded rank, ties to the
