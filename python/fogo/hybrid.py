@@ -27,7 +27,7 @@ def split_parameters(
     embeddings_to_rest: bool = True,
 ) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
     """(matrix, rest) lists of (name, parameter) over ``module.named_parameters()`` with
-    requires_grad, by fogo::split_parameters' rule (fogo::matrix_side, the C++ code itself): a
+    requires_grad, by fogo::split_parameters' rule (fogo::split_routes, the C++ code itself): a
     parameter matching one of ``matrix_patterns`` (ECMAScript regexes, as C++'s std::regex reads
     them, searched in the full name; it must be >= 2-D) goes to the matrix side; otherwise >= 2-D
     parameters go there unless they are weights of nn.Embedding / nn.EmbeddingBag (with

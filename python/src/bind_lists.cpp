@@ -54,17 +54,8 @@ void bind_lists(py::module_& m) {
   // The hybrid's split (fogo::matrix_side): per parameter (name, shape, embedding weight),
   // whether it goes to the matrix side; rest_patterns None: the C++ default.
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;
-  m.def(
-      "matrix_side",
-      [](const std::vector<SplitTuple>& params,
-         const std::optional<std::vector<std::string>>& rest_patterns,
-         const std::vector<std::string>& matrix_patterns, bool embeddings_to_rest) {
-        return fogo::matrix_side(split_inputs(params),
-                                 split_rules(rest_patterns, matrix_patterns, embeddings_to_rest));
-      },
-      py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
-      py::arg("embeddings_to_rest"));
-  // The same with each parameter's reason (fogo::split_routes), and fogo::routing_table's text.
+  // Per parameter, its side and the rule that sent it there (fogo::split_routes, which
+  // fogo::matrix_side and split_parameters are), and fogo::routing_table's text.
   m.def(
       "split_routes",
       [](const std::vector<SplitTuple>& params,

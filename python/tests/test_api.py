@@ -329,7 +329,7 @@ def test_hybrid_param_groups():
     assert "head.weight" in forced[0]["param_names"]
     with pytest.raises(ValueError, match="matrix_patterns matched 'norm.weight'"):
         fogo.hybrid_param_groups(net, matrix_patterns=["norm"])
-    # The rule is fogo::matrix_side's (C++), its patterns ECMAScript regexes: an invalid one is
+    # The rule is fogo::split_routes' (C++), its patterns ECMAScript regexes: an invalid one is
     # a ValueError naming it; embeddings stay on the matrix side when asked.
     with pytest.raises(ValueError, match=r"rest_patterns: invalid regex '\(unclosed'"):
         fogo.split_parameters(net, rest_patterns=["(unclosed"])
