@@ -100,6 +100,9 @@ pack() {
   # xz-compressed (about 7x): the uncompressed binaries alone come near the device tool's 64 MiB.
   # `environment` unpacks them there (with Python's lzma: nothing else is assumed).
   xz -T2 -6 -f "$carry"/bin/* "$carry/pymodule/libfogo.a" || die "pack: xz failed"
+  # Native frames of a crash in the test runs (LD_PRELOAD there; scripts/segv_trace.c).
+  cc -shared -fPIC -O1 -o "$carry/lib/libfogo_segv_trace.so" "$root/scripts/segv_trace.c" ||
+    die "pack: building scripts/segv_trace.c failed"
   # The test data directory is compiled in as an absolute path of this checkout.
   echo "$root" >"$carry/bin/SOURCE_ROOT"
   # The commit the binaries were built from names the report (the GPU machine gets no .git).
@@ -470,6 +473,28 @@ step_check() {
 # --------------------------------------------------------------------------------------------
 # There: tests
 
+# The test runs preload scripts/segv_trace.c's library (when packed): a crash prints its native
+# frames, which symbolize() then names with addr2line (the binaries and modules are there).
+segv_trace=$carry/lib/libfogo_segv_trace.so
+preload=()
+[ ! -f "$segv_trace" ] || preload=(LD_PRELOAD="$segv_trace")
+
+symbolize() {
+  # symbolize LOG: appends function and line of each "module(+0xOFFSET)" frame that
+  # segv_trace printed into LOG, for the modules fogo built (binaries, fogo._C, fogo._testing).
+  local log=$1 module offset
+  grep -q '^=== segv_trace' "$log" 2>/dev/null && command -v addr2line >/dev/null || return 0
+  {
+    echo "=== segv_trace: fogo's frames, symbolized (addr2line)"
+    grep -oE '^/[^ (]+\(\+0x[0-9a-f]+\)' "$log" | sort -u | while IFS='(' read -r module offset; do
+      case "$module" in "$bin"/* | */fogo/_C.* | */fogo/_testing.*) ;; *) continue ;; esac
+      offset=${offset#+}
+      offset=${offset%)}
+      echo "${module##*/} $offset: $(timeout 10 addr2line -f -C -i -e "$module" "$offset" | tr '\n' ' ')"
+    done
+  } >>"$log"
+}
+
 run_gtest() {
   # run_gtest NAME END VAR=value... BINARY [FLAGS]: one gtest binary run until END (seconds of
   # the script), with its test list, XML, log and a line of runs.tsv (name, exit status, seconds):
@@ -482,7 +507,8 @@ run_gtest() {
     return 0
   fi
   timeout 30 env "$@" --gtest_list_tests >"$logs/$name.list" 2>/dev/null
-  timeout -k 5 "$t" env "$@" --gtest_output="xml:$logs/$name.xml" >"$logs/$name.log" 2>&1 || rc=$?
+  timeout -k 5 "$t" env "${preload[@]}" "$@" --gtest_output="xml:$logs/$name.xml" >"$logs/$name.log" 2>&1 || rc=$?
+  symbolize "$logs/$name.log"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
   return $rc
 }
@@ -564,9 +590,11 @@ python_tests() {
   t0=$SECONDS
   # pytest -v: a run killed at its budget still shows each test that ended (gpu_report reads it).
   # No wheel build here (test_packaging: minutes of compiling).
-  (PYTHONPATH="$module_path:$carry/pylib" FOGO_SKIP_WHEEL=1 OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 \
+  ([ ${#preload[@]} -eq 0 ] || export "${preload[@]}"
+    PYTHONPATH="$module_path:$carry/pylib" FOGO_SKIP_WHEEL=1 OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1 \
     timeout -k 5 "$t" "$python" -m pytest -v -p no:cacheprovider $py_tests \
     --junitxml="$logs/python_tests.xml" >"$logs/python_tests.log" 2>&1) || rc=$?
+  symbolize "$logs/python_tests.log"
   printf '%s\t%s\t%s\n' python_tests "$rc" "$((SECONDS - t0))" >>"$logs/runs.tsv"
   return $rc
 }

@@ -121,15 +121,19 @@ TEST(Reliability, CheckpointOnAFullDiskKeepsThePreviousOneAndLeavesNoTmp) {
 
 TEST(Reliability, FileSizeLimitFailsTheWriteWithTheSystemsReason) {
   // Another real write failure (EFBIG past RLIMIT_FSIZE), in a child so the limit stays there.
+  // The child only writes: its tensor is made before the fork, since a parallel ATen op in a
+  // forked child of a process whose OpenMP pool exists hangs (libgomp is not fork-safe; seen on
+  // the 16-core GPU machine, 2026-11-27, where torch::ones ran in parallel there). The wait is
+  // bounded: a hung child fails the test instead of the whole binary.
   const fs::path path = temp_dir("fsize") / "checkpoint.pt";
   write_checkpoint(path, 1.0f);
+  CheckpointWriter w;
+  w.put_tensor("big", torch::ones({100000}));
   const pid_t pid = fork();
   if (pid == 0) {
     signal(SIGXFSZ, SIG_IGN);
     rlimit limit{4096, 4096};
     setrlimit(RLIMIT_FSIZE, &limit);
-    CheckpointWriter w;
-    w.put_tensor("big", torch::ones({100000}));
     try {
       w.commit(path.string());
     } catch (const std::runtime_error& e) {
@@ -139,7 +143,15 @@ TEST(Reliability, FileSizeLimitFailsTheWriteWithTheSystemsReason) {
     _exit(2);
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  const auto start = std::chrono::steady_clock::now();
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the writing child did not finish in 60 s (killed)";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 42);
   EXPECT_FALSE(tmp_left(path));

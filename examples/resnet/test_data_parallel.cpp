@@ -202,9 +202,11 @@ TEST_F(ResNetDataParallel, SyncBatchNormTrainsAsOneProcessWithTheGlobalBatch) {
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(sync.size(), 2u);
   ASSERT_EQ(plain.size(), 2u);
-  for (size_t k = 0; k < 2; ++k) {
-    // Seen: ~1e-7 at step 1, ~1e-6 at step 2 (float32 sums in another order).
-    EXPECT_NEAR(sync[k], one[k], 1e-5 * one[k]) << "step " << k + 1;
-  }
+  // Seen: ~1e-7 at step 1 everywhere; at step 2 ~1e-6 on the 2-core Xeons, 1.8e-5 on the GPU
+  // machine's 16-core Xeon (2026-11-27, docs/gpu-runs/2026-11-27-h100-86c2a25: oneDNN sums the
+  // batches of 8 and 16 in another order there, and step 1's rounding is amplified by step 2).
+  // Without --sync-bn, step 1 alone is off by more than 3e-5 (below).
+  EXPECT_NEAR(sync[0], one[0], 1e-5 * one[0]) << "step 1";
+  EXPECT_NEAR(sync[1], one[1], 1e-4 * one[1]) << "step 2";
   EXPECT_GT(std::abs(plain[0] - one[0]), 3e-5 * one[0]);
 }
