@@ -560,6 +560,16 @@ build_python_module() {
   timeout -k 5 $((end - SECONDS)) nice -n 10 cmake --build "$dir" -j "$((jobs / 2 > 1 ? jobs / 2 : 1))" \
     --target fogo_python fogo_python_testing || return
   [ -f "$dir/python/fogo/_C$py_ext" ] || { echo "no $dir/python/fogo/_C$py_ext after the build"; return 3; }
+  # A second libstdc++ inside the module (a compiler whose libstdc++ is static only) crashes it
+  # at its first ostream (2026-11-27); scripts/gpu_python links libtorch's: check it did.
+  local m
+  for m in "$dir"/python/fogo/_C"$py_ext" "$dir"/python/fogo/_testing"$py_ext"; do
+    [[ $(readelf -d "$m" 2>&1) == *"NEEDED"*"[libstdc++.so.6]"* ]] &&
+      [[ $(nm -C "$m" 2>&1) != *" T std::locale::classic()"* ]] || {
+      echo "${m##*/} carries its own libstdc++ (not the libstdc++.so.6 libtorch loads)"
+      return 4
+    }
+  done
 }
 
 python_tests() {
