@@ -7,16 +7,21 @@
 // action, so the process still dies of it (exit status and core as without this library).
 #define _GNU_SOURCE
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+
+// stderr as it was at load: pytest later points fd 2 at its capture file, which a crashing
+// process never prints (Python's faulthandler keeps its own copy of stderr for the same reason).
+static int trace_fd = 2;
 
 static void on_fatal(int sig) {
   static const char head[] = "\n=== segv_trace: fatal signal, native frames:\n";
   void* frames[128];
   const int n = backtrace(frames, 128);
-  (void)!write(2, head, sizeof head - 1);
-  backtrace_symbols_fd(frames, n, 2);
+  (void)!write(trace_fd, head, sizeof head - 1);
+  backtrace_symbols_fd(frames, n, trace_fd);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -24,6 +29,8 @@ static void on_fatal(int sig) {
 __attribute__((constructor)) static void install(void) {
   void* warm[1];
   backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  const int fd = fcntl(2, F_DUPFD_CLOEXEC, 100);
+  if (fd >= 0) trace_fd = fd;
   struct sigaction a;
   memset(&a, 0, sizeof a);
   a.sa_handler = on_fatal;

@@ -162,6 +162,20 @@ mkdir -p "$dir"
 "$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' >"$dir/ext"
 """
 
+# readelf and nm over the modules built there: linked to the libstdc++.so.6 libtorch loads, or
+# (REHEARSE_MODULE_LIBSTDCXX=static) carrying a copy of their own, as the GPU image's compiler
+# made them on 2026-11-27.
+READELF = r"""#!/usr/bin/env bash
+[ "${REHEARSE_MODULE_LIBSTDCXX:-shared}" = static ] ||
+  echo " 0x0000000000000001 (NEEDED)             Shared library: [libstdc++.so.6]"
+echo " 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]"
+"""
+NM = r"""#!/usr/bin/env bash
+[ "${REHEARSE_MODULE_LIBSTDCXX:-shared}" != static ] ||
+  echo "00000000001f2e30 T std::locale::classic()"
+echo "0000000000012340 T PyInit__C"
+"""
+
 # python3: the real interpreter with a stand-in torch, except torch's CUDA scripts.
 PYTHON = r"""#!/usr/bin/env bash
 case "${1:-}" in
@@ -205,7 +219,8 @@ class Sandbox:
         self.tmp, self.carry, self.out = tmp, tmp / "carry", tmp / "out"
         fake = tmp / "fakebin"
         for name, text in (("nvidia-smi", NVIDIA_SMI), ("cuobjdump", CUOBJDUMP),
-                           ("compute-sanitizer", SANITIZER), ("cmake", CMAKE)):
+                           ("compute-sanitizer", SANITIZER), ("cmake", CMAKE),
+                           ("readelf", READELF), ("nm", NM)):
             write(fake / name, text, executable=True)
         write(fake / "python3", PYTHON.replace("@SITE@", str(tmp / "site"))
               .replace("@PYTHON@", sys.executable), executable=True)
@@ -328,6 +343,17 @@ def test_a_passing_run_builds_the_module_for_another_cpython_and_reports_in_8_fi
     assert "resnet18 width 64 fogo: 128 images/s" in report["train.md"]
     # Printed last: the summary survives in the output's tail.
     assert output.rstrip().endswith("no step failed")
+
+
+def test_a_module_that_carries_its_own_libstdcxx_is_not_tested(box):
+    """A module built there with a second libstdc++ (the 2026-11-27 crash) is refused, named."""
+    box.module(".cpython-399-x86_64-linux-gnu.so")
+    rc, output = box.run("check", "test", REHEARSE_MODULE_LIBSTDCXX="static")
+    assert rc == 0, output  # a module that cannot be used is "not run", as a failed build is
+    tests = box.report()["tests.md"]
+    assert ("**Python tests: not run: ABI mismatch: the carried fogo._C is for cpython-399") in tests
+    assert "building it here failed (exit 4): _C." in tests, tests
+    assert "carries its own libstdc++ (not the libstdc++.so.6 libtorch loads)" in tests, tests
 
 
 def test_crash_hang_failed_build_fogo_hazard_and_skips_are_reported_not_fatal(box):
