@@ -1,13 +1,11 @@
 #include "fogo/hybrid.h"
 
-#include <torch/nn/modules/embedding.h>
-
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "fogo/fogo_optimizer.h"
@@ -19,27 +17,6 @@
 
 namespace fogo {
 namespace {
-
-std::vector<std::regex> compile(const std::vector<std::string>& patterns, const char* field) {
-  std::vector<std::regex> out;
-  for (const auto& pattern : patterns) {
-    try {
-      out.emplace_back(pattern, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      TORCH_CHECK_VALUE(false, "ParamSplitRules.", field, ": invalid regex '", pattern,
-                        "': ", e.what());
-    }
-  }
-  return out;
-}
-
-// The index of the first of `patterns` found in `name`, or -1.
-int64_t first_match(const std::vector<std::regex>& patterns, const std::string& name) {
-  for (size_t k = 0; k < patterns.size(); ++k) {
-    if (std::regex_search(name, patterns[k])) return static_cast<int64_t>(k);
-  }
-  return -1;
-}
 
 std::string to_bytes(const torch::optim::Optimizer& opt) {
   torch::serialize::OutputArchive archive;
@@ -109,104 +86,28 @@ void step_side(torch::optim::Optimizer& side, const StepContext& context) {
 
 }  // namespace
 
-std::vector<SplitRoute> split_routes(const std::vector<SplitInput>& params,
-                                     const ParamSplitRules& rules) {
-  const auto rest_patterns = compile(rules.rest_patterns, "rest_patterns");
-  const auto matrix_patterns = compile(rules.matrix_patterns, "matrix_patterns");
-  std::vector<SplitRoute> out;
-  for (const SplitInput& p : params) {
-    const auto dim = p.sizes.size();
-    const int64_t forced = first_match(matrix_patterns, p.name);
-    const int64_t rest = forced < 0 ? first_match(rest_patterns, p.name) : -1;
-    if (forced >= 0) {
-      TORCH_CHECK_VALUE(dim >= 2, "ParamSplitRules.matrix_patterns matched '", p.name,
-                        "' of shape ", at::IntArrayRef(p.sizes),
-                        ", but matrix optimizers need >= 2-D parameters");
-      out.push_back({true, "matrix_patterns '" + rules.matrix_patterns[forced] + "'"});
-    } else if (dim < 2) {
-      out.push_back({false, std::to_string(dim) + "-D (biases, norms, scalars)"});
-    } else if (rules.embeddings_to_rest && p.embedding) {
-      out.push_back({false, "embedding weight (embeddings_to_rest)"});
-    } else if (rest >= 0) {
-      out.push_back({false, "rest_patterns '" + rules.rest_patterns[rest] + "'"});
-    } else {
-      out.push_back({true, std::to_string(dim) + "-D weight"});
-    }
+std::vector<ParamRoute> HybridOptimizer::routes(const torch::nn::Module& module,
+                                                const ParamSplitRules& rules) const {
+  sync_options();
+  std::unordered_map<const c10::TensorImpl*, size_t> group_of;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (const auto& p : param_groups_[g].params()) group_of.emplace(p.unsafeGetTensorImpl(), g);
+  }
+  std::unordered_map<std::string, const c10::TensorImpl*> tensor_of;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    tensor_of.emplace(item.key(), item.value().unsafeGetTensorImpl());
+  std::vector<ParamRoute> out = route_parameters(module, rules);
+  for (ParamRoute& r : out) {
+    const auto it = group_of.find(tensor_of.at(r.name));
+    if (it == group_of.end()) continue;
+    const size_t g = it->second;
+    const bool matrix = route_[g].first == Side::Matrix;
+    if (matrix != r.matrix) r.rule = "placed by hand (the split's rule: " + r.rule + ")";
+    r.matrix = matrix;
+    r.group = group_name(g);
+    r.scale = update_scale(param_groups_[g].options(), r.sizes);
   }
   return out;
-}
-
-std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules) {
-  std::vector<bool> out;
-  for (const SplitRoute& route : split_routes(params, rules)) out.push_back(route.matrix);
-  return out;
-}
-
-namespace {
-
-// `module`'s trainable parameters as the split sees them, with the tensors, in its order.
-std::pair<std::vector<SplitInput>, std::vector<at::Tensor>> described(
-    const torch::nn::Module& module) {
-  std::unordered_set<const c10::TensorImpl*> embedding_weights;
-  for (const auto& child : module.modules(/*include_self=*/true)) {
-    if (child->as<torch::nn::Embedding>() || child->as<torch::nn::EmbeddingBag>()) {
-      for (const auto& p : child->parameters()) embedding_weights.insert(p.unsafeGetTensorImpl());
-    }
-  }
-  std::pair<std::vector<SplitInput>, std::vector<at::Tensor>> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    const at::Tensor& p = item.value();
-    out.first.push_back(
-        {item.key(), p.sizes().vec(), embedding_weights.count(p.unsafeGetTensorImpl()) > 0});
-    out.second.push_back(p);
-  }
-  return out;
-}
-
-}  // namespace
-
-ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules) {
-  const auto [inputs, tensors] = described(module);
-  const std::vector<bool> to_matrix = matrix_side(inputs, rules);
-  ParamSplit split;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    NamedParams& side = to_matrix[k] ? split.matrix : split.rest;
-    side.names.push_back(inputs[k].name);
-    side.params.push_back(tensors[k]);
-  }
-  return split;
-}
-
-std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
-                                         const ParamSplitRules& rules) {
-  const auto inputs = described(module).first;
-  const std::vector<SplitRoute> routes = split_routes(inputs, rules);
-  std::vector<ParamRoute> out;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    out.push_back({inputs[k].name, inputs[k].sizes, routes[k].matrix, routes[k].rule});
-  }
-  return out;
-}
-
-std::string routing_table(const std::vector<ParamRoute>& routes) {
-  std::ostringstream out;
-  out << "| parameter | shape | side | rule | treated as |\n|---|---|---|---|---|\n";
-  for (const ParamRoute& r : routes) {
-    out << "| " << r.name << " | " << at::IntArrayRef(r.sizes) << " | "
-        << (r.matrix ? "matrix" : "AdamW") << " | " << r.rule << " | ";
-    if (!r.matrix) {
-      out << "as is";
-    } else {
-      const int64_t rows = r.sizes.front();
-      int64_t cols = 1;
-      for (size_t d = 1; d < r.sizes.size(); ++d) cols *= r.sizes[d];
-      out << "one " << rows << "x" << cols << " matrix"
-          << (r.sizes.size() > 2 ? " (its trailing dimensions flattened)" : "");
-    }
-    out << " |\n";
-  }
-  return out.str();
 }
 
 std::string shape_key(const std::string& /*name*/, const torch::Tensor& param) {

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -113,6 +114,75 @@ TEST(SplitParameters, RoutesNameEachParametersSideAndRule) {
                        "| as is |"),
             std::string::npos)
       << table;
+}
+
+// The update scales against their formulas in double: Muon's adjust_lr factor and the RMS of an
+// orthogonal update (1 / sqrt(max(rows, cols)) per entry, checked on a real orthogonal matrix),
+// FOGO's sigma, AdamW's lr alone.
+TEST(SplitParameters, UpdateScalesFollowTheirFormulas) {
+  const std::vector<int64_t> conv{16, 8, 3};  // the matrix view: 16 x 24
+  const auto muon = [&](fogo::MuonAdjustLR rule) {
+    return fogo::update_scale(fogo::MuonOptions(0.02).adjust_lr(rule), conv);
+  };
+  EXPECT_DOUBLE_EQ(muon(fogo::MuonAdjustLR::Original).rms_per_lr, 1.0 / std::sqrt(24.0));
+  EXPECT_DOUBLE_EQ(muon(fogo::MuonAdjustLR::MatchRmsAdamW).rms_per_lr, 0.2);
+  EXPECT_DOUBLE_EQ(muon(fogo::MuonAdjustLR::Spectral).rms_per_lr,
+                   std::sqrt(16.0 / 24.0) / std::sqrt(24.0));
+  EXPECT_DOUBLE_EQ(muon(fogo::MuonAdjustLR::Original).lr, 0.02);
+  EXPECT_NE(muon(fogo::MuonAdjustLR::Spectral).text.find("(spectral)"), std::string::npos);
+  // An orthogonal 16 x 24 matrix (orthonormal rows) has exactly that RMS per entry.
+  const auto q = std::get<0>(torch::linalg_qr(torch::randn({24, 16}, torch::kDouble))).t();
+  EXPECT_NEAR(q.square().mean().sqrt().item<double>(), 1.0 / std::sqrt(24.0), 1e-12);
+  const auto fogo_scale = fogo::update_scale(fogo::FOGOOptions(1e-3).sigma(0.15), conv);
+  EXPECT_DOUBLE_EQ(fogo_scale.rms_per_lr, 0.15);
+  EXPECT_NE(fogo_scale.text.find("sigma"), std::string::npos) << fogo_scale.text;
+  const auto adamw = fogo::update_scale(torch::optim::AdamWOptions(3e-4), {5});
+  EXPECT_DOUBLE_EQ(adamw.lr, 3e-4);
+  EXPECT_TRUE(std::isnan(adamw.rms_per_lr));
+  EXPECT_NE(adamw.text.find("AdamW"), std::string::npos);
+}
+
+// The hybrid's own routes: every parameter's group and update scale from the group that holds it,
+// a parameter placed against the split's rule says so, one the hybrid does not hold has no group.
+TEST(HybridOptimizer, RoutesNameEachParametersGroupAndUpdateScale) {
+  TinyNet net;
+  auto opt = fogo::make_hybrid<fogo::Muon>(
+      *net, fogo::MuonOptions(0.02).adjust_lr(fogo::MuonAdjustLR::MatchRmsAdamW),
+      torch::optim::AdamWOptions(3e-4), {}, fogo::shape_key);
+  const auto routes = opt.routes(*net);
+  std::map<std::string, fogo::ParamRoute> by_name;
+  for (const auto& r : routes) by_name[r.name] = r;
+  ASSERT_EQ(by_name.size(), 9u);
+  EXPECT_EQ(by_name["fc1.weight"].group, "16x8");
+  EXPECT_EQ(by_name["conv.weight"].group, "16x48");
+  EXPECT_DOUBLE_EQ(by_name["conv.weight"].scale.rms_per_lr, 0.2);
+  EXPECT_DOUBLE_EQ(by_name["conv.weight"].scale.lr, 0.02);
+  EXPECT_EQ(by_name["head.weight"].group, "rest");
+  EXPECT_FALSE(by_name["head.weight"].matrix);
+  EXPECT_DOUBLE_EQ(by_name["head.bias"].scale.lr, 3e-4);
+  // A scheduler's change of lr shows in the next routes.
+  opt.set_lr_factor(0.5);
+  EXPECT_DOUBLE_EQ(opt.routes(*net)[1].scale.lr, 0.01);  // fc1.weight (named_parameters order)
+  // By hand: fc1's weight on the AdamW side, head's weight not held at all.
+  std::vector<torch::Tensor> matrix{net->conv->weight}, rest;
+  for (const auto& item : net->named_parameters()) {
+    if (item.key() != "conv.weight" && item.key() != "head.weight") rest.push_back(item.value());
+  }
+  fogo::HybridOptimizer by_hand(std::make_unique<fogo::FOGO>(matrix, fogo::FOGOOptions(1e-3)),
+                                std::make_unique<torch::optim::AdamW>(rest));
+  std::map<std::string, fogo::ParamRoute> held;
+  for (const auto& r : by_hand.routes(*net)) held[r.name] = r;
+  EXPECT_FALSE(held["fc1.weight"].matrix);
+  EXPECT_EQ(held["fc1.weight"].rule, "placed by hand (the split's rule: 2-D weight)");
+  EXPECT_DOUBLE_EQ(held["conv.weight"].scale.rms_per_lr, fogo::FOGOOptions().sigma());
+  EXPECT_EQ(held["head.weight"].group, "");
+  const std::string table = fogo::routing_table(by_hand.routes(*net));
+  EXPECT_NE(table.find("| group | update scale |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| head.weight | [5, 16] | AdamW | rest_patterns"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| - | not in this optimizer |"), std::string::npos) << table;
+  // A regex's '|' is escaped: it would end the Markdown cell.
+  EXPECT_NE(table.find(R"((lm_head\|head\|classifier\|output))"), std::string::npos) << table;
 }
 
 TEST(SplitParameters, UserOverrides) {

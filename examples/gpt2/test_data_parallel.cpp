@@ -163,6 +163,8 @@ TEST_F(DataParallel, TwoRanksEqualOneProcessWithTheGlobalBatch) {
     EXPECT_EQ(run.ranks[1].log, "") << run.logs();
     EXPECT_NE(run.ranks[0].log.find("2 ranks (data-parallel)"), std::string::npos) << run.logs();
     EXPECT_NE(run.ranks[0].log.find("final val loss"), std::string::npos) << run.logs();
+    // The routing table at start-up (issue 36, item 5): the tied head/embedding on AdamW.
+    EXPECT_NE(run.ranks[0].log.find("| wte.weight | "), std::string::npos) << run.logs();
     EXPECT_TRUE(fs::exists(fs::path(ranks.out_dir) / "metrics.jsonl"));
   }
 }

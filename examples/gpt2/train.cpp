@@ -525,7 +525,9 @@ void Trainer::Impl::describe_run() const {
        << warmup_ << ", lr " << o.lr
        << (o.name == "adamw" ? ""
                              : ", Newton-Schulz in " + tr::describe_ns_dtype(o.ns_dtype, device_))
-       << "\n";
+       << "\n"
+       << "  routing (side, rule, group and update scale of each parameter):\n"
+       << fogo::routing_table(opt_.hybrid.routes(*model_));
 }
 
 void Trainer::Impl::advance() {

@@ -106,6 +106,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   rules.rest_patterns.clear();
   if (c.classifier == "adamw") rules.rest_patterns = {R"(^fc\.)"};
   const fogo::ParamSplit split = fogo::split_parameters(*model, rules);
+  rules_ = rules;
   const auto adamw = torch::optim::AdamWOptions(*c.adamw_lr).weight_decay(wd);
   std::unique_ptr<torch::optim::Optimizer> matrix;
   std::vector<std::string> group_names;  // of the matrix side (empty: the hybrid's defaults)
@@ -152,6 +153,10 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
 }
 
 TrainOptimizer::~TrainOptimizer() = default;
+
+std::string TrainOptimizer::routing_table(const torch::nn::Module& model) const {
+  return hybrid_ ? fogo::routing_table(hybrid_->routes(model, rules_)) : std::string();
+}
 
 torch::optim::Optimizer* TrainOptimizer::matrix_optimizer() {
   return hybrid_ ? hybrid_->matrix() : nullptr;

@@ -13,6 +13,7 @@
 // Muon and FOGO run their Newton–Schulz iterations in --ns-dtype (bf16 or fp32).
 
 #include <fogo/fogo_options.h>
+#include <fogo/routing.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -66,6 +67,10 @@ class TrainOptimizer {
   std::vector<std::string> group_names() const;
   /// One line: the rule, its parameter groups and learning rates.
   const std::string& description() const { return description_; }
+  /// muon and fogo: the hybrid's routing table over `model` (fogo::routing_table of
+  /// HybridOptimizer::routes under the split's rules: each parameter's side, rule, group and
+  /// update scale); empty for adam and adamw.
+  std::string routing_table(const torch::nn::Module& model) const;
 
   void save(CheckpointWriter& out, const std::string& key) const;
   void load(CheckpointReader& in, const std::string& key);
@@ -74,6 +79,7 @@ class TrainOptimizer {
   std::string name_;  ///< adam | adamw | muon | fogo
   std::unique_ptr<torch::optim::Optimizer> single_;
   std::unique_ptr<fogo::HybridOptimizer> hybrid_;
+  fogo::ParamSplitRules rules_;  ///< the hybrid's split
   std::string description_;
   std::vector<double> base_lrs_;  ///< of single_'s groups
 };

@@ -101,6 +101,10 @@ TEST_F(ResNetDataParallel, CheckpointOfTwoRanksResumesOnOneProcessWithTheGlobalB
   const auto first =
       launch(flags(out, 8, {"--optimizers=muon", "--stop-at-step=4"}), 2, out + "_logs");
   ASSERT_TRUE(first.all_succeeded()) << first.logs();
+  // The routing table at start-up (issue 36, item 5): the classifier on the matrix side here.
+  EXPECT_NE(first.ranks[0].log.find("| fc.weight | [10, 32] | matrix | 2-D weight |"),
+            std::string::npos)
+      << first.logs();
   // One process with the same global batch (16) continues it; another global batch is refused.
   const auto refused = launch(flags(out, 8, {"--optimizers=muon", "--resume"}), 1, out + "_l1");
   ASSERT_FALSE(refused.all_succeeded());

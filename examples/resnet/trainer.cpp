@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "common/checkpoint.h"
@@ -290,6 +291,12 @@ class Run {
          << (dp_.distributed() ? ", " + std::to_string(dp_.world_size()) + " ranks (data-parallel)"
                                : "")
          << "\n  " << optimizer_->description() << "\n";
+    // The routing at start-up, once per process for each table (the seeds of a configuration
+    // share it; a sweep's learning rates make tables of their own).
+    static std::set<std::string> printed;
+    const std::string routes = optimizer_->routing_table(*model_);
+    if (!routes.empty() && printed.insert(routes).second)
+      log_ << "  routing (side, rule, group and update scale of each parameter):\n" << routes;
     if (resumed) log_ << "  resumed at step " << step_ << " from " << ckpt_path_ << "\n";
   }
 

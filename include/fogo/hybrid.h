@@ -1,11 +1,12 @@
 #pragma once
 // The hybrid: matrix parameters to FOGO or Muon, everything else to AdamW, stepped as one.
 //
-// split_parameters() decides which side each named parameter of a module goes to;
+// split_parameters() (routing.h) decides which side each named parameter of a module goes to;
 // HybridOptimizer is one torch::optim::Optimizer over both sides.
 
 #include <c10/util/Type.h>
 #include <fogo/nonfinite.h>
+#include <fogo/routing.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -23,72 +24,6 @@ namespace fogo {
 namespace detail {
 struct GradItems;
 }
-
-struct ParamSplitRules {
-  /// ECMAScript regexes searched in the parameter's full name; a match sends a matrix-shaped
-  /// parameter to the AdamW side. The default catches the usual output heads and classifiers.
-  std::vector<std::string> rest_patterns{R"((^|\.)(lm_head|head|classifier|output)\.)"};
-  /// Regexes that force a parameter to the matrix side (checked first; the parameter must be at
-  /// least 2-D).
-  std::vector<std::string> matrix_patterns{};
-  /// Weights of torch::nn::Embedding / EmbeddingBag modules go to AdamW (a lookup table is not
-  /// a linear map, so orthogonalizing its update has no meaning).
-  bool embeddings_to_rest = true;
-};
-
-struct NamedParams {
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> params;
-  size_t size() const { return params.size(); }
-};
-
-struct ParamSplit {
-  NamedParams matrix;  ///< >= 2-D weights for FOGO / Muon
-  NamedParams rest;    ///< biases, norms, embeddings, heads for AdamW
-};
-
-/// Splits `module.named_parameters()` (those with requires_grad) by `rules` (matrix_side).
-ParamSplit split_parameters(const torch::nn::Module& module, const ParamSplitRules& rules = {});
-
-/// A parameter as the split sees it: its full name, its shape, and whether it is a weight of an
-/// Embedding / EmbeddingBag module.
-struct SplitInput {
-  std::string name;
-  std::vector<int64_t> sizes;
-  bool embedding = false;
-};
-
-/// The split's rule, per parameter: true for the matrix side. A parameter matching one of
-/// `rules.matrix_patterns` goes there (it must be >= 2-D); otherwise a >= 2-D one does unless it
-/// is an embedding weight (with embeddings_to_rest) or matches rest_patterns. split_parameters
-/// applies it to a module; Python's fogo.split_parameters to an nn.Module's parameters. Throws
-/// c10::ValueError on an invalid regex, or when a matrix_patterns match names a 0-D/1-D
-/// parameter.
-std::vector<bool> matrix_side(const std::vector<SplitInput>& params, const ParamSplitRules& rules);
-
-/// The split's rule with its reason, per parameter (matrix_side is its `matrix`): which rule sent
-/// the parameter where ("matrix_patterns '<p>'", "1-D (biases, norms, scalars)", "embedding
-/// weight (embeddings_to_rest)", "rest_patterns '<p>'", "2-D weight", ...).
-struct SplitRoute {
-  bool matrix = false;
-  std::string rule;
-};
-std::vector<SplitRoute> split_routes(const std::vector<SplitInput>& params,
-                                     const ParamSplitRules& rules);
-
-/// One trainable parameter of a module as split_parameters routes it: its name, shape, side
-/// (matrix optimizer or AdamW) and the rule that sent it there. route_parameters returns them in
-/// named_parameters() order; routing_table prints them as a Markdown table, with how the matrix
-/// side treats each (one [size(0), numel / size(0)] matrix: conv weights flattened).
-struct ParamRoute {
-  std::string name;
-  std::vector<int64_t> sizes;
-  bool matrix = false;
-  std::string rule;
-};
-std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
-                                         const ParamSplitRules& rules = {});
-std::string routing_table(const std::vector<ParamRoute>& routes);
 
 /// Key that decides which codebook group (param group) a matrix parameter joins; the key is also
 /// the group's name.
@@ -159,6 +94,13 @@ class HybridOptimizer : public torch::optim::Optimizer {
 
   /// The name of param group `g` (group_by's key for matrix groups).
   const std::string& group_name(size_t g) const;
+
+  /// Every trainable parameter of `module` as this optimizer holds it (the routing table of
+  /// routing.h): route_parameters(module, rules) with each one's param group and update scale
+  /// (update_scale of its group's options). A parameter held on the other side than `rules` send
+  /// it to says so in its rule ("placed by hand"); one this optimizer does not hold has no group.
+  std::vector<ParamRoute> routes(const torch::nn::Module& module,
+                                 const ParamSplitRules& rules = {}) const;
 
   /// The matrix side as a T (FOGO, Muon, or torch::optim::Optimizer), with the hybrid's options;
   /// null when there is none. Throws when it is not a T.

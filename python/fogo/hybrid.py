@@ -4,6 +4,7 @@ optimizer stepping both sides (fogo::HybridOptimizer's Python counterpart)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -69,9 +70,11 @@ def route_parameters(
 
 
 def routing_table(routes: list[dict[str, Any]]) -> str:
-    """:func:`route_parameters`' result as fogo::routing_table's Markdown table (parameter,
-    shape, side, rule, how the matrix side treats it)."""
-    return _C.routing_table([(r["name"], list(r["shape"]), r["side"] == "matrix", r["rule"])
+    """:func:`route_parameters`' or :meth:`Hybrid.routes`' result as fogo::routing_table's
+    Markdown table (parameter, shape, side, rule, how the matrix side treats it; from an
+    optimizer also the group and the update scale)."""
+    return _C.routing_table([(r["name"], list(r["shape"]), r["side"] == "matrix", r["rule"],
+                              r.get("group") or "", r.get("update_scale") or "")
                              for r in routes])
 
 
@@ -207,7 +210,10 @@ class Hybrid(torch.optim.Optimizer):
         self._sides: dict[str, torch.optim.Optimizer] = {}
         self._route: list[tuple[str, int]] = []  # per group: its side and index there
         self._owner: dict[int, str] = {}  # id(parameter) -> side
+        self._split: Optional[tuple[Any, ...]] = None  # (module, its split's rules) when given one
         if isinstance(params, torch.nn.Module):
+            self._split = (weakref.ref(params), rest_patterns, tuple(matrix_patterns),
+                           embeddings_to_rest)
             matrix_groups, rest_groups = hybrid_param_groups(
                 params, group_by, rest_patterns, matrix_patterns, embeddings_to_rest)
             groups = [{**g, "side": "matrix"} for g in matrix_groups]
@@ -229,6 +235,47 @@ class Hybrid(torch.optim.Optimizer):
     @state.setter
     def state(self, value: Any) -> None:
         pass  # torch.optim.Optimizer.__init__ sets an empty one: the state is the sides'
+
+    def routes(self, module: Optional[torch.nn.Module] = None,
+               rest_patterns: Optional[Sequence[str]] = None, matrix_patterns: Sequence[str] = (),
+               embeddings_to_rest: bool = True) -> list[dict[str, Any]]:
+        """Every trainable parameter of ``module`` as this optimizer holds it: the dicts of
+        :func:`route_parameters` (the split's rule under the given rules) with ``group`` (the
+        param group's ``"name"``, else its index), ``lr``, ``rms_per_lr`` (the update's RMS per
+        entry over lr: Muon's adjust_lr factor over sqrt(max(rows, cols)), FOGO's sigma; None for
+        AdamW) and ``update_scale`` (both in words), all from fogo::update_scale. A parameter held
+        on the other side than the rule sends it to says so in ``rule`` ("placed by hand"); one
+        this optimizer does not hold has ``group`` None. ``module`` defaults to the module this
+        Hybrid was built from (with its split's rules). :func:`routing_table` prints them."""
+        if module is None:
+            if self._split is None or self._split[0]() is None:
+                raise ValueError("fogo.Hybrid.routes: pass the model (this Hybrid was not built "
+                                 "from an nn.Module, or that module is gone)")
+            module = self._split[0]()
+            _, rest_patterns, matrix_patterns, embeddings_to_rest = self._split
+        held = {}
+        for g, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                held[id(p)] = (g, group)
+        params = dict(module.named_parameters())
+        out = route_parameters(module, rest_patterns, matrix_patterns, embeddings_to_rest)
+        for r in out:
+            r.update(group=None, lr=None, rms_per_lr=None, update_scale=None)
+            where = held.get(id(params[r["name"]]))
+            if where is None:
+                continue
+            g, group = where
+            side = "matrix" if group["side"] == "matrix" else "adamw"
+            if side != r["side"]:
+                r["rule"] = f"placed by hand (the split's rule: {r['rule']})"
+            kind = "adamw" if side == "adamw" else (
+                "fogo" if issubclass(self._matrix_class, FOGO) else "muon")
+            options = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            options["lr"] = float(group["lr"])
+            scale = _C.update_scale(kind, options, list(r["shape"]))
+            r.update(side=side, group=str(group.get("name", g)), lr=scale["lr"],
+                     rms_per_lr=scale["rms_per_lr"], update_scale=scale["text"])
+        return out
 
     @property
     def matrix(self) -> Optional[torch.optim.Optimizer]:
@@ -402,6 +449,7 @@ class Hybrid(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self._split = None  # a copy's module is unknown: routes() then takes it as an argument
         self.param_groups = []
         self._regroup()
         self._owner = {id(p): s for (s, _), g in zip(self._route, self.param_groups)

@@ -3,6 +3,7 @@
 #include <fogo/fogo.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -10,6 +11,7 @@
 
 #include "bindings.h"
 #include "fogo_state.h"
+#include "traits.h"
 
 namespace fogo_py {
 
@@ -70,16 +72,45 @@ void bind_lists(py::module_& m) {
       },
       py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
       py::arg("embeddings_to_rest"));
+  // (name, shape, to matrix side, rule, group, update scale's text): group and text empty for
+  // a route not from an optimizer.
   m.def(
       "routing_table",
-      [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool, std::string>>&
-             routes) {
+      [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool, std::string,
+                                      std::string, std::string>>& routes) {
         std::vector<fogo::ParamRoute> in;
-        for (const auto& [name, sizes, matrix, rule] : routes)
-          in.push_back({name, sizes, matrix, rule});
+        for (const auto& [name, sizes, matrix, rule, group, scale] : routes) {
+          fogo::ParamRoute r{name, sizes, matrix, rule, group};
+          r.scale.text = scale;
+          in.push_back(r);
+        }
         return fogo::routing_table(in);
       },
       py::arg("routes"));
+  // fogo::update_scale of a param group's options ("muon", "fogo": their option dicts; "adamw":
+  // its lr) for a parameter of shape `sizes`: {"lr", "rms_per_lr" (None: no fixed RMS), "text"}.
+  m.def(
+      "update_scale",
+      [](const std::string& kind, const py::dict& options, const std::vector<int64_t>& sizes) {
+        fogo::UpdateScale s;
+        if (kind == "muon") {
+          s = fogo::update_scale(MuonTraits::from_dict(options, fogo::MuonOptions()), sizes);
+        } else if (kind == "fogo") {
+          s = fogo::update_scale(FOGOTraits::from_dict(options, fogo::FOGOOptions()), sizes);
+        } else if (kind == "adamw") {
+          s = fogo::update_scale(torch::optim::AdamWOptions(options["lr"].cast<double>()), sizes);
+        } else {
+          throw py::value_error("update_scale: kind must be 'muon', 'fogo' or 'adamw', got '" +
+                                kind + "'");
+        }
+        py::dict out;
+        out["lr"] = s.lr;
+        out["rms_per_lr"] = std::isnan(s.rms_per_lr) ? py::object(py::none())
+                                                     : py::object(py::float_(s.rms_per_lr));
+        out["text"] = s.text;
+        return out;
+      },
+      py::arg("kind"), py::arg("options"), py::arg("sizes"));
   m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
 
   // Sharded steps' owners (fogo::assign_owners by fogo::newton_schulz_cost): each shape's owner

@@ -185,3 +185,41 @@ def test_repr_leaves_out_fogo_memory():
     text = repr(opt)
     assert text.startswith("Hybrid (") and "codebook_size: 6" in text and "memory" not in text
     assert "memory" in opt.param_groups[0]  # the groups themselves keep it
+
+
+def test_routes_give_each_parameters_group_and_update_scale():
+    """fogo.Hybrid.routes (issue 36, item 5): every parameter with its side, rule, group and
+    update scale from the group that holds it (fogo::update_scale: the C++ code), against the
+    formulas in float64; a scheduler's lr shows; a copy needs its model passed."""
+    net = Net()
+    opt = fogo.Hybrid(net, fogo.Muon, lr=0.02, adamw_options=ADAMW, group_by="shape")
+    routes = {r["name"]: r for r in opt.routes()}
+    assert set(routes) == {n for n, _ in net.named_parameters()}
+    fc1 = routes["fc1.weight"]  # [16, 8]: original scale sqrt(max(1, 16/8)), RMS over sqrt(16)
+    assert (fc1["side"], fc1["group"], fc1["lr"]) == ("matrix", "16x8", 0.02)
+    assert fc1["rms_per_lr"] == pytest.approx(2 ** 0.5 / 4, rel=1e-15)
+    assert "(original)" in fc1["update_scale"]
+    assert routes["emb.weight"]["side"] == "adamw" and routes["emb.weight"]["rms_per_lr"] is None
+    assert routes["head.bias"]["lr"] == ADAMW["lr"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
+    assert {r["name"]: r for r in opt.routes()}["fc2.weight"]["lr"] == pytest.approx(0.01)
+    del sched
+    table = fogo.routing_table(opt.routes())
+    assert "| group | update scale |" in table
+    assert "| fc2.weight | [16, 16] | matrix | 2-D weight | one 16x16 matrix | 16x16 |" in table
+    # FOGO: RMS sigma lr. By hand: fc1's weight on the AdamW side, head's weight held by nobody.
+    others = [p for n, p in net.named_parameters() if n not in ("fc2.weight", "head.weight")]
+    by_hand = fogo.Hybrid([{"params": [net.fc2.weight], "side": "matrix", "sigma": 0.15},
+                           {"params": others, "side": "rest"}], fogo.FOGO, lr=1e-3)
+    with pytest.raises(ValueError, match="pass the model"):
+        by_hand.routes()
+    held = {r["name"]: r for r in by_hand.routes(net)}
+    assert held["fc2.weight"]["rms_per_lr"] == 0.15 and held["fc2.weight"]["group"] == "0"
+    assert held["fc1.weight"]["rule"] == "placed by hand (the split's rule: 2-D weight)"
+    assert held["fc1.weight"]["side"] == "adamw"
+    assert held["head.weight"]["group"] is None
+    assert "| - | not in this optimizer |" in fogo.routing_table(by_hand.routes(net))
+    copy_net, copy_opt = copy.deepcopy((net, opt))
+    with pytest.raises(ValueError, match="pass the model"):
+        copy_opt.routes()
+    assert [r["lr"] for r in copy_opt.routes(copy_net)] == [r["lr"] for r in opt.routes()]
