@@ -273,15 +273,11 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   keep.restore();
 }
 
-void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
-                    at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
-  o.validate();
-  TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
-  // NorMuon's per-row second moments would have to live with the owner's gathered rows.
-  TORCH_CHECK(!o.normuon(),
-              "muon_step_rows: option 'normuon' is not supported for row-sharded matrices (FSDP2 "
-              "owner-computes) yet; use fogo::Muon or fogo::dist's sharded steps");
-  std::vector<at::Tensor> params, grads, bufs;
+namespace {
+
+// muon_step_rows' inputs: this rank's rows of each matrix with its gradient, buffer and (NorMuon)
+// second moment, shaped alike.
+void check_rows(const std::vector<MuonRows>& items, const MuonOptions& o) {
   for (size_t k = 0; k < items.size(); ++k) {
     const MuonRows& m = items[k];
     TORCH_CHECK(m.param.dim() >= 2 && (!o.strict_2d() || m.param.dim() == 2) &&
@@ -291,14 +287,38 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                 o.strict_2d() ? "2-D" : ">= 2-D", " parameter with its gradient and buffer of ",
                 "the same shape, got ", m.param.sizes(), ", ", m.grad.sizes(), ", ", m.buf.sizes(),
                 " (", m.rows, " rows in all)");
+    if (!o.normuon()) continue;
+    const at::Tensor& v = m.second_moment;
+    TORCH_CHECK(v.defined() && v.dim() == 1 && v.size(0) == m.param.size(0) &&
+                    v.scalar_type() == normuon_dtype(m.param) && v.device() == m.param.device(),
+                "muon_step_rows: option 'normuon' needs matrix ", k,
+                "'s second_moment: its rows of the [", m.rows, "] second moment, ",
+                c10::toString(normuon_dtype(m.param)), " on ", m.param.device(), " (",
+                m.param.size(0), " rows here), got ",
+                v.defined() ? c10::str(v.sizes(), " ", v.scalar_type(), " on ", v.device())
+                            : std::string("none"));
+  }
+}
+
+}  // namespace
+
+void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
+                    at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
+  o.validate();
+  TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
+  check_rows(items, o);
+  std::vector<at::Tensor> params, grads, bufs, second;
+  for (const MuonRows& m : items) {
     params.push_back(m.param);
     grads.push_back(m.grad);
     bufs.push_back(m.buf);
+    if (o.normuon()) second.push_back(m.second_moment);
   }
   std::vector<at::Tensor> changed;  // Mask: what the step changes (as update_group)
   if (ok.defined()) {
     changed = params;
     changed.insert(changed.end(), bufs.begin(), bufs.end());
+    changed.insert(changed.end(), second.begin(), second.end());
   }
   const detail::MaskScope keep(ok, std::move(changed));
   const std::vector<at::Tensor> U = momentum_updates(bufs, grads, o);
@@ -307,16 +327,29 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
     const at::Tensor& p = params[k];
     const int64_t cols = c10::multiply_integers(p.sizes().slice(1));
     const at::Tensor whole = exchange.gather(k, U[k]);
+    // NorMuon: the whole second moment with the whole update (undefined elsewhere).
+    const at::Tensor whole_v = o.normuon() ? exchange.gather(k, second[k]) : at::Tensor();
     at::Tensor O;  // on the rank that orthogonalizes matrix k
     if (whole.defined()) {
       TORCH_CHECK(whole.size(0) == items[k].rows && whole.sizes().slice(1) == p.sizes().slice(1),
                   "muon_step_rows: gather returned ", whole.sizes(), " for matrix ", k, " of ",
                   items[k].rows, " rows");
-      O = orthogonalize_run({whole}, ns_config(o))[0];
+      O = orthogonalize_run({whole}, ns_config(o));  // [1, rows, cols]
+      if (o.normuon()) {
+        TORCH_CHECK(whole_v.defined() && whole_v.sizes() == at::IntArrayRef{items[k].rows},
+                    "muon_step_rows: gather returned no [", items[k].rows,
+                    "] second moment for matrix ", k);
+        O = normuon_normalize(O, {whole_v}, o.normuon_beta2(), o.normuon_eps())[0];
+      } else {
+        O = O[0];
+      }
     }
-    const NSConfig ns = resolve_ns_config(ns_config(o), p.device());
-    const at::Tensor mine = at::empty({p.size(0), cols}, p.options().dtype(ns.compute_dtype));
+    // What O reaches the update in, the same on every rank: NorMuon's dtype, or Newton–Schulz's.
+    const at::ScalarType dtype =
+        o.normuon() ? normuon_dtype(p) : resolve_ns_config(ns_config(o), p.device()).compute_dtype;
+    const at::Tensor mine = at::empty({p.size(0), cols}, p.options().dtype(dtype));
     exchange.scatter(k, O, mine);
+    if (o.normuon()) exchange.scatter(k, whole_v, second[k]);
     updates.push_back({p, mine, items[k].rows, cols});
   }
   ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype});

@@ -58,10 +58,14 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
 
 /// One matrix of a row-sharded step (muon_step_rows): this rank's rows of a parameter, of its
 /// gradient and of its momentum buffer (a contiguous range of the whole matrix's rows, as FSDP2's
-/// Shard(0) lays them out; possibly none), and the whole matrix's number of rows.
+/// Shard(0) lays them out; possibly none), and the whole matrix's number of rows. With NorMuon
+/// (MuonOptions::normuon) `second_moment` holds the same rows of the matrix's second moment
+/// ([rows] in all, normuon_dtype: MuonParamState::second_moment laid out as the momentum);
+/// without, it is not read.
 struct MuonRows {
   at::Tensor param, grad, buf;
   int64_t rows = 0;
+  at::Tensor second_moment = {};
 };
 
 /// Where the rows of row-sharded matrices live (the caller's communication; both collectives,
@@ -70,6 +74,9 @@ struct MuonRows {
 ///                         [rows, ...] on the rank that orthogonalizes it, undefined elsewhere
 ///   scatter(k, O, out)    that rank's orthogonalized update O [rows, cols] (undefined elsewhere)
 ///                         in; this rank's rows of it written into `out`
+/// With NorMuon each matrix's second moment [rows] travels the same way, between its update's
+/// gather and its O's scatter: gathered to the same rank (which normalizes O with it) and
+/// scattered back from it after O.
 struct RowExchange {
   std::function<at::Tensor(size_t k, const at::Tensor& update)> gather;
   std::function<void(size_t k, const at::Tensor& O, const at::Tensor& out)> scatter;
@@ -82,9 +89,10 @@ struct RowExchange {
 /// rank's rows with the whole matrix's adjusted learning rate. Every operation outside
 /// Newton–Schulz is elementwise and Newton–Schulz sees the whole matrix, so the result is
 /// fogo::Muon's on the whole matrices bit for bit wherever that step runs one Newton–Schulz per
-/// matrix (the CPU; on CUDA, matrices of distinct shapes). `o`: the group's options (validated
-/// here); `lr_dtype`: as Muon::set_lr_dtype; `ok` (Mask): where false, the parameters and buffers
-/// keep their bits.
+/// matrix (the CPU; on CUDA, matrices of distinct shapes). NorMuon (`o.normuon()`) normalizes O
+/// on the rank holding it, with the whole second moment gathered there (normuon.h), as fogo::Muon
+/// does. `o`: the group's options (validated here); `lr_dtype`: as Muon::set_lr_dtype; `ok`
+/// (Mask): where false, the parameters, buffers and second moments keep their bits.
 void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange);
 

@@ -1,7 +1,7 @@
 """The machinery fogo.FOGO and fogo.Muon share (optim.py): a torch.optim.Optimizer whose step is a
 C++ optimizer's, with the hand-over of options and state before each C++ call, state_dict and
-load_state_dict, the non-finite decision, DTensor (FSDP2) parameters as full shadows, and the rows
-of an owner-computed matrix (_RowShards).
+load_state_dict, the non-finite decision, DTensor (FSDP2) parameters as full shadows or (fogo.Muon)
+their local shards with state laid out as the parameter (the owner-computes step: optim.py).
 
 ``param_groups`` (Python) hold the parameters and every option, ``opt.state`` every parameter's
 state tensors, which the C++ optimizer steps in place (the same storage). Before each C++ call
@@ -116,12 +116,25 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     # -- to override --------------------------------------------------------------------------
 
-    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A parameter's state before its first step (what the C++ step would create)."""
+    #: The state keys every parameter has (its fresh state's, whatever the options).
+    _fresh_keys: tuple[str, ...] = ()
+
+    def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A parameter's state before its first step under ``group``'s options (what the C++
+        step would create)."""
         raise NotImplementedError
 
-    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """A loaded state tensor of parameter ``p`` as the step needs it."""
+    def _fresh_keys_of(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """The keys _fresh_state makes under ``group``'s options: a parameter's state lacking one
+        gets it at the next step."""
+        return self._fresh_keys
+
+    def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
+        """The (global) shape of parameter ``p``'s state tensor ``key``."""
+        return tuple(p.shape)
+
+    def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
+        """A loaded state tensor ``key`` of parameter ``p`` as the step needs it."""
         raise NotImplementedError
 
     def _group_memory(self, groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict:
@@ -163,7 +176,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         # Every parameter's state exists from the start: every rank of a distributed run holds
         # the same keys before the first step, and DCP never steps to "initialise" it.
         for p in group["params"]:
-            self.state[p] = self._new_state(p)
+            self.state[p] = self._new_state(p, group)
         self._adopt()
 
     # -- sharded (DTensor) parameters ---------------------------------------------------------
@@ -194,12 +207,20 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
         return self._shadows.get(id(p), self._locals.get(id(p), p))
 
-    def _new_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _new_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         if id(p) in self._locals:  # sharded like the parameter
-            return {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
-                                          shape=p.shape, stride=p.stride())
-                    for k, v in self._fresh_state(self._locals[id(p)]).items()}
-        return self._fresh_state(self._cpp_param(p))
+            return {k: self._as_dtensor(p, k, v)
+                    for k, v in self._fresh_state(self._locals[id(p)], group).items()}
+        return self._fresh_state(self._cpp_param(p), group)
+
+    def _as_dtensor(self, p: torch.Tensor, key: str, local: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of owner-computed parameter ``p``'s state tensor ``key`` as a DTensor
+        laid out as ``p`` (rows sharded alike: a [rows] second moment as a [rows, ...] matrix)."""
+        shape = self._state_shape(p, key)
+        stride = (p.stride() if shape == tuple(p.shape)
+                  else torch.empty(shape, device="meta").stride())
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                                  shape=shape, stride=stride)
 
     def _cpp_state(self, p: torch.Tensor, st: dict[str, Any]) -> dict[str, Any]:
         """A parameter's opt.state as the C++ optimizer holds it: owner-computed ones' local
@@ -211,23 +232,25 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _from_cpp_state(self, p: torch.Tensor, st: dict[str, Any]) -> dict[str, Any]:
         if id(p) not in self._locals:
             return st
-        return {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
-                                      shape=p.shape, stride=p.stride())
-                if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+        return {k: self._as_dtensor(p, k, v) if isinstance(v, torch.Tensor) else v
+                for k, v in st.items()}
 
-    def _local_value(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """A loaded state tensor of owner-computed parameter ``p`` as its local shard: a DTensor
-        laid out as the parameter, or a full tensor (an unsharded checkpoint) sliced."""
+    def _local_value(self, p: torch.Tensor, key: str, value: torch.Tensor,
+                     where: str) -> torch.Tensor:
+        """A loaded state tensor ``key`` of owner-computed parameter ``p`` (``where``: which one,
+        for the message) as its local shard: a DTensor laid out as the parameter, or a full
+        tensor (an unsharded checkpoint) sliced."""
         if id(p) not in self._locals:
             return value
+        shape = self._state_shape(p, key)
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: state '{key}' of {where} has shape "
+                f"{tuple(value.shape)}, expected {shape} (the parameter's {tuple(p.shape)})")
         if isinstance(value, DTensor):
             value = value.full_tensor() if value.placements != p.placements else value
             if isinstance(value, DTensor):
                 return value.to_local()
-        if tuple(value.shape) != tuple(p.shape):
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict: a state tensor of shape "
-                f"{tuple(value.shape)} for a parameter of shape {tuple(p.shape)}")
         return distribute_tensor(value.to(p.device), p.device_mesh, p.placements,
                                  src_data_rank=None).to_local()
 
@@ -283,8 +306,8 @@ class _CppOptimizer(torch.optim.Optimizer):
             row = []
             for p in group["params"]:
                 st = self.state.get(p)
-                if not isinstance(st, dict) or any(k not in st for k in self._fresh_keys):
-                    st = self.state[p] = {**self._new_state(p), **(st or {})}
+                if not isinstance(st, dict) or any(k not in st for k in self._fresh_keys_of(group)):
+                    st = self.state[p] = {**self._new_state(p, group), **(st or {})}
                 row.append(self._cpp_state(p, st))
             rows.append(row)
         self._cpp.adopt_states(rows)
@@ -392,9 +415,9 @@ class _CppOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}.load_state_dict: state for unknown parameter {key!r}")
             g, i = where[key]
             param = self.param_groups[g]["params"][i]
-            p = self._cpp_param(param)
+            p, at = self._cpp_param(param), f"parameter {i} of group {g}"
             state[(g, i)] = {
-                k: self._cast_state(p, self._local_value(param, v))
+                k: self._cast_state(p, k, self._local_value(param, k, v, at))
                 if isinstance(v, torch.Tensor) else v
                 for k, v in value.items()
             }
@@ -438,41 +461,3 @@ class _CppOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             self._cpp.add_param_group(self._bind(group["params"]), group)
         self._restore()
-
-
-class _RowShards:
-    """Where the rows of an owner-computed matrix live (FSDP2's Shard(0) over a 1-D mesh: rows
-    laid out as torch.chunk does, ceil(rows / world) a rank, the last ones shorter or empty), for
-    fogo::muon_step_rows: its gather to the owner rank and scatter from it. Shards travel padded
-    to the same size."""
-
-    def __init__(self, p: torch.Tensor, owner: int):
-        mesh = p.device_mesh
-        self.group, self.world, self.rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
-        self.owner, self.rows = owner, p.shape[0]
-        self.src = torch.distributed.get_global_rank(self.group, owner)
-        self.chunk = -(-self.rows // self.world)
-
-    def _padded(self, t: torch.Tensor) -> torch.Tensor:
-        out = t.new_zeros((self.chunk,) + tuple(t.shape[1:]))
-        out[: t.shape[0]].copy_(t)
-        return out
-
-    def gather(self, rows: torch.Tensor) -> Optional[torch.Tensor]:
-        """This rank's ``rows`` in; the whole matrix on the owner, None elsewhere."""
-        padded = self._padded(rows)
-        pieces = ([torch.empty_like(padded) for _ in range(self.world)]
-                  if self.rank == self.owner else None)
-        torch.distributed.gather(padded, pieces, dst=self.src, group=self.group)
-        return None if pieces is None else torch.cat(pieces)[: self.rows]
-
-    def scatter(self, whole: Optional[torch.Tensor], out: torch.Tensor) -> None:
-        """The owner's ``whole`` matrix (None elsewhere) in; this rank's rows of it into
-        ``out``, whose dtype every rank's C++ step chose alike (ns_dtype as it resolves)."""
-        mine = out.new_empty((self.chunk,) + tuple(out.shape[1:]))
-        pieces = None
-        if whole is not None:
-            pieces = [self._padded(piece) for piece in whole.split(self.chunk)]
-            pieces += [torch.zeros_like(mine) for _ in range(self.world - len(pieces))]
-        torch.distributed.scatter(mine, pieces, src=self.src, group=self.group)
-        out.copy_(mine[: out.shape[0]])

@@ -10,7 +10,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _memory
-from ._cpp_optimizer import Shard, _CppOptimizer, _RowShards, repr_without_memory
+from ._cpp_optimizer import Shard, _CppOptimizer, repr_without_memory
+from ._row_shards import _RowShards
 
 __all__ = ["FOGO", "Muon"]
 
@@ -56,12 +57,12 @@ class FOGO(_CppOptimizer):
     def __init__(self, params: Iterable[Any], lr: Optional[float] = None, **options: Any):
         super().__init__(params, lr, **options)
 
-    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         # fp32 whatever the parameter's dtype, contiguous (FOGOParamState).
         return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device)
                 for k in self._fresh_keys}
 
-    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
         return value.to(dtype=torch.float32, device=p.device, memory_format=torch.contiguous_format)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -122,8 +123,11 @@ class Muon(_CppOptimizer):
     "original" (also given as None, torch.optim.Muon's default), "match_rms_adamw" or
     "spectral" (fogo's: lr sqrt(rows / cols), unclamped; torch.optim.Muon has no such rule).
     Param groups and checkpoints cross with torch.optim.Muon both ways (``load_state_dict``).
-    ``normuon`` (NorMuon, docs/muon.md) is the C++ optimizer's only for now: True is refused
-    (its per-row state does not travel in this package's state_dict yet).
+    ``normuon`` (NorMuon, docs/muon.md): each row of the orthogonalized update divided by the
+    root of its second moment, ``opt.state[p]["second_moment"]`` ([rows], fp32; fp64 for an fp64
+    parameter; zeros from construction, or from the next step where normuon is switched on;
+    kept, unused, where it is switched off). A checkpoint without it (torch.optim.Muon's) starts
+    it afresh; docs/python.md says how it travels.
     ``nonfinite`` is "raise", "skip", "unchecked" (torch.optim.Muon's behaviour) or "mask", as
     for :class:`FOGO`.
 
@@ -149,14 +153,6 @@ class Muon(_CppOptimizer):
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_dtensor": self._dtensor}
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        _refuse_normuon([{**self.defaults, **param_group}])
-        super().add_param_group(param_group)
-
-    def _sync(self) -> None:
-        _refuse_normuon(self.param_groups)
-        super()._sync()
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dtensor = state.pop("_dtensor", "owner")
         super().__setstate__(state)
@@ -168,7 +164,9 @@ class Muon(_CppOptimizer):
     # C++ one (fogo::muon_step_rows: momentum, Nesterov, Newton-Schulz, decay and update, the
     # bits of fogo.Muon's step on the whole matrices); Python supplies only where the rows live:
     # the owner gathers each momentum-updated (Nesterov) matrix and scatters its orthogonalized
-    # rows back (_RowShards). The momentum is a DTensor laid out as its parameter.
+    # rows back (_RowShards). The momentum is a DTensor laid out as its parameter, and so is
+    # NorMuon's second moment (its rows with the parameter's): the owner gathers it with the
+    # update, normalizes, and scatters it back with the rows.
 
     def _owner_computes(self, p: torch.Tensor) -> bool:
         return (self._dtensor == "owner" and p.device_mesh.ndim == 1
@@ -198,14 +196,27 @@ class Muon(_CppOptimizer):
             _C.muon_step_rows(
                 [p.to_local() for p, _ in mine], [p.grad.to_local() for p, _ in mine],
                 [self.state[p]["momentum_buffer"].to_local() for p, _ in mine],
+                [self.state[p]["second_moment"].to_local() for p, _ in mine]
+                if group["normuon"] else [],
                 [p.shape[0] for p, _ in mine], group, ok,
-                lambda k, update: _RowShards(*mine[k]).gather(update),
-                lambda k, ortho, out: _RowShards(*mine[k]).scatter(ortho, out))
+                lambda k, rows: _RowShards(*mine[k]).gather(rows),
+                lambda k, whole, out: _RowShards(*mine[k]).scatter(whole, out))
 
-    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    def _fresh_keys_of(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return self._fresh_keys + (("second_moment",) if group.get("normuon") else ())
 
-    def _cast_state(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
+        st = {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
+        if group.get("normuon"):  # fogo::MuonParamState::second_moment
+            st["second_moment"] = p.new_zeros(p.shape[0], dtype=_normuon_dtype(p))
+        return st
+
+    def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
+        return (p.shape[0],) if key == "second_moment" else tuple(p.shape)
+
+    def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
+        if key == "second_moment":
+            return value.to(dtype=_normuon_dtype(p), device=p.device)
         # torch.optim.Optimizer.load_state_dict's rule: floating state takes the parameter's dtype.
         if p.is_floating_point():
             return value.to(dtype=p.dtype, device=p.device)
@@ -218,14 +229,10 @@ class Muon(_CppOptimizer):
         return self._cpp.graph_stats(group)
 
 
-def _refuse_normuon(groups: list[dict[str, Any]]) -> None:
-    # fogo::Muon's second moments (NorMuon) would live in the C++ state only: opt.state, and so
-    # state_dict, copies and the DTensor owner-computes step, do not carry them yet.
-    for g, group in enumerate(groups):
-        if group.get("normuon"):
-            raise NotImplementedError(
-                f"Muon: option 'normuon' (param group {g}) is not available in Python yet: its "
-                "per-row second moments would not travel in state_dict; use the C++ fogo::Muon")
+def _normuon_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype of NorMuon's second moment (fogo::normuon_dtype): fp32, fp64 for an fp64
+    parameter."""
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
 
 
 for _cls in (FOGO, Muon):

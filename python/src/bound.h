@@ -132,7 +132,8 @@ class Bound {
         }
         py::dict d;
         const auto tensors = Traits::state_tensors(static_cast<const State&>(*it->second));
-        for (size_t k = 0; k < tensors.size(); ++k) d[Traits::state_keys[k]] = tensors[k];
+        for (size_t k = 0; k < tensors.size(); ++k)
+          if (tensors[k].defined()) d[Traits::state_keys[k]] = tensors[k];
         row.append(d);
       }
       out.append(row);
@@ -142,9 +143,9 @@ class Bound {
 
   /// Makes `states` (param_states' layout, a dict per parameter) the optimizer's state, tensor
   /// by tensor without copying, so that Python's opt.state and the C++ step share storage. A
-  /// tensor the optimizer already holds is taken as it is; another is checked first (the
-  /// parameter's shape and device, the state's dtype, contiguous where the parameter is), all
-  /// before anything changes.
+  /// tensor the optimizer already holds is taken as it is; another is checked first (the state's
+  /// shape, dtype and device, traits.h; contiguous where the parameter is), all before anything
+  /// changes. An optional tensor absent from a dict is absent from the state.
   void adopt_states(const py::list& states) {
     auto& groups = opt_.param_groups();
     auto& map = opt_.state();
@@ -165,7 +166,7 @@ class Bound {
           if (same) continue;
         }
         for (size_t k = 0; k < theirs.size(); ++k)
-          check_state(g, i, p, Traits::state_keys[k], theirs[k]);
+          if (Traits::required(k) || theirs[k].defined()) check_state(g, i, p, k, theirs[k]);
         adopted.emplace_back(p.unsafeGetTensorImpl(), std::move(s));
       }
     }
@@ -214,8 +215,8 @@ class Bound {
   const typename Traits::Optim& get() const { return opt_; }
 
  private:
-  static void check_state(size_t g, size_t i, const at::Tensor& p, const char* key,
-                          const at::Tensor& t) {
+  static void check_state(size_t g, size_t i, const at::Tensor& p, size_t k, const at::Tensor& t) {
+    const char* key = Traits::state_keys[k];
     const auto fail = [&](const std::string& what) {
       throw py::value_error(std::string("fogo.") + Traits::name + ": opt.state[p]['" + key +
                             "'] of " + fogo::detail::describe_param(g, i, p) + " " + what +
@@ -223,13 +224,15 @@ class Bound {
                             "opt.state by hand must match the parameter)");
     };
     if (!t.defined()) fail("is undefined");
-    if (t.sizes() != p.sizes())
-      fail("has shape " + c10::str(t.sizes()) + ", the parameter " + c10::str(p.sizes()));
+    const std::vector<int64_t> sizes = Traits::state_sizes(p, k);
+    if (t.sizes() != at::IntArrayRef(sizes))
+      fail("has shape " + c10::str(t.sizes()) + ", expected " + c10::str(at::IntArrayRef(sizes)) +
+           " for the parameter's " + c10::str(p.sizes()));
     if (t.device() != p.device())
       fail("is on " + t.device().str() + ", the parameter on " + p.device().str());
-    if (t.scalar_type() != Traits::state_dtype(p))
+    if (t.scalar_type() != Traits::state_dtype(p, k))
       fail("has dtype " + std::string(c10::toString(t.scalar_type())) + ", expected " +
-           c10::toString(Traits::state_dtype(p)));
+           c10::toString(Traits::state_dtype(p, k)));
     if (p.is_contiguous() && !t.is_contiguous()) fail("is not contiguous");
   }
 

@@ -2,8 +2,10 @@
 // fogo._C's view of each C++ optimizer (FOGOTraits, MuonTraits): its options as a param-group
 // dict (from the X-macro tables of fogo_options.h and muon_options.h, so a new option reaches
 // Python with its C++ default without a change here) and its per-parameter state as a dict of
-// tensors.
+// tensors: state_keys names them, state_sizes and state_dtype say what each must be, and an
+// optional one (required false: Muon's NorMuon second moment) may be absent (undefined in C++).
 #include <fogo/fogo.h>
+#include <fogo_private/normuon.h>
 #include <torch/extension.h>
 
 #include <array>
@@ -15,8 +17,11 @@
 
 namespace fogo_py {
 
-// A parameter's state tensor `key` from a Python dict, with a message naming what is missing.
-inline at::Tensor tensor_item(const char* optimizer, const py::dict& d, const char* key) {
+// A parameter's state tensor `key` from a Python dict, with a message naming what is missing;
+// an undefined tensor where an optional one (`required` false) is absent or None.
+inline at::Tensor tensor_item(const char* optimizer, const py::dict& d, const char* key,
+                              bool required = true) {
+  if (!required && (!d.contains(key) || d[key].is_none())) return at::Tensor();
   if (!d.contains(key))
     throw py::key_error(std::string("fogo.") + optimizer + ": a parameter's state has no '" + key +
                         "'");
@@ -58,8 +63,10 @@ struct FOGOTraits {
     s.fast_momentum(tensor_item(name, d, "fast_momentum"));
     return s;
   }
-  /// The momenta are fp32 whatever the parameter's dtype (FOGOParamState).
-  static c10::ScalarType state_dtype(const at::Tensor&) { return at::kFloat; }
+  static bool required(size_t) { return true; }
+  /// The momenta are the parameter's shape, fp32 whatever its dtype (FOGOParamState).
+  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t) { return p.sizes().vec(); }
+  static c10::ScalarType state_dtype(const at::Tensor&, size_t) { return at::kFloat; }
   /// FOGO takes a Tensor lr's value (its step's arithmetic is in double; no torch reference).
   static void sync_group(Optim&, size_t, const py::dict&) {}
 };
@@ -92,15 +99,27 @@ struct MuonTraits {
 #undef FOGO_PY_FROM
     return o;
   }
-  static constexpr std::array<const char*, 1> state_keys = {"momentum_buffer"};
-  static std::vector<at::Tensor> state_tensors(const State& s) { return {s.momentum_buffer()}; }
+  /// NorMuon's second moment only where the C++ state has one (normuon on at some step; the
+  /// Python side makes it from construction where normuon is on).
+  static constexpr std::array<const char*, 2> state_keys = {"momentum_buffer", "second_moment"};
+  static std::vector<at::Tensor> state_tensors(const State& s) {
+    return {s.momentum_buffer(), s.second_moment()};
+  }
   static State state_from_dict(const py::dict& d) {
     State s;
     s.momentum_buffer(tensor_item(name, d, "momentum_buffer"));
+    s.second_moment(tensor_item(name, d, "second_moment", required(1)));
     return s;
   }
-  /// The buffer has the parameter's dtype (torch.optim.Muon's zeros_like(grad)).
-  static c10::ScalarType state_dtype(const at::Tensor& p) { return p.scalar_type(); }
+  static bool required(size_t k) { return k == 0; }
+  /// The buffer is the parameter's shape and dtype (torch.optim.Muon's zeros_like(grad)); the
+  /// second moment one per row, [size(0)], in normuon_dtype (fp32; fp64 for an fp64 parameter).
+  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k) {
+    return k == 0 ? p.sizes().vec() : std::vector<int64_t>{p.size(0)};
+  }
+  static c10::ScalarType state_dtype(const at::Tensor& p, size_t k) {
+    return k == 0 ? p.scalar_type() : fogo::normuon_dtype(p);
+  }
   /// A Tensor lr: torch.optim.Muon computes with it in its dtype, and so does the step.
   static void sync_group(Optim& opt, size_t g, const py::dict& group) {
     opt.set_lr_dtype(g, lr_dtype(group));

@@ -85,14 +85,16 @@ def zero(tmp):
     assert not all(torch.equal(p, q) for p, q in zip(full, restart)), "the test cannot fail"
 
 
-def owner_bits(tmp):
+def owner_bits(tmp, normuon=False):
     """Owner-computes (fogo::muon_step_rows) is fogo.Muon's step on the whole matrices, bit for
     bit: row-sharded DTensor parameters given the gradients of an unsharded fogo.Muon (the same
     tensors, sharded), two groups of different options (Nesterov on and off, both adjust_lr_fn
     rules, ns_dtype fp32 and bf16, a Tensor lr), uneven and empty shards and an N-D weight;
-    parameters and momenta compared after every step, a masked NaN step included."""
+    parameters and momenta compared after every step, a masked NaN step included. ``normuon``:
+    NorMuon on in both groups (their own beta2), its second moments (sharded as the momenta)
+    compared too."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
@@ -101,6 +103,9 @@ def owner_bits(tmp):
                {"lr": torch.tensor(0.03), "momentum": 0.9, "nesterov": False,
                 "weight_decay": 0.05, "ns_dtype": torch.bfloat16,
                 "adjust_lr_fn": "match_rms_adamw"}]
+    if normuon:
+        options[0].update(normuon=True, normuon_beta2=0.9)
+        options[1].update(normuon=True)
     full = init(shapes)
     ref = leaves(full)
     sharded = [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in full]
@@ -125,6 +130,19 @@ def owner_bits(tmp):
             assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
             buf = opt.state[q]["momentum_buffer"].full_tensor()
             assert torch.equal(buf, ref_opt.state[p]["momentum_buffer"]), f"step {t}, buffer {k}"
+            if normuon:
+                v = opt.state[q]["second_moment"]
+                assert isinstance(v, DTensor) and v.placements == q.placements
+                assert torch.equal(v.full_tensor(), ref_opt.state[p]["second_moment"]), \
+                    f"step {t}, second moment {k}"
+                assert t == 0 or v.full_tensor().any(), "the test cannot fail"
+        if normuon and t == 0:  # NorMuon changed the step (the comparison has teeth)
+            plain = make(leaves(full))
+            set_grads(plain.param_groups[0]["params"] + plain.param_groups[1]["params"], gs)
+            for group in plain.param_groups:
+                group["normuon"] = False
+            plain.step()
+            assert not torch.equal(plain.param_groups[0]["params"][0], ref[0])
         changed = [not torch.equal(b, p.detach()) for b, p in zip(before, ref)]
         assert changed == [t != 3] * len(ref), f"step {t}: parameters changed {changed}"
 
@@ -330,10 +348,15 @@ def sharded_chain(bias=False):
     return model
 
 
-def fsdp_muon_dcp(tmp):
-    """An FSDP2 run of fogo.Muon (owner-computes, sharded momenta) saved with DCP: loaded here
-    into a fresh sharded model and optimizer (the same state, and the next step equal to the
-    uninterrupted run's), and by test_distributed.py on one process, unsharded."""
+NORMUON_DCP_OPTIONS = {**MUON_DCP_OPTIONS, "normuon": True, "normuon_beta2": 0.9}
+
+
+def fsdp_muon_dcp(tmp, options=MUON_DCP_OPTIONS, name="muon"):
+    """An FSDP2 run of fogo.Muon (owner-computes, sharded momenta; with NorMuon in ``options``
+    sharded second moments too) saved with DCP: loaded here into a fresh sharded model and
+    optimizer (the same state, and the next step equal to the uninterrupted run's), and by
+    test_distributed.py on one process, unsharded. ``name``: the files' (dcp_NAME,
+    expected_NAME.pt)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.tensor import DTensor
@@ -349,30 +372,32 @@ def fsdp_muon_dcp(tmp):
 
     torch.manual_seed(0)
     model = sharded_chain()
-    opt = fogo.Muon(model.parameters(), **MUON_DCP_OPTIONS)
+    opt = fogo.Muon(model.parameters(), **options)
     for t in range(3):
         train(model, opt, t)
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, "dcp_muon"))
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(tmp, f"dcp_{name}"))
     full = {k: {n: v.full_tensor() for n, v in st.items()}
             for k, st in opt.state_dict()["state"].items()}
     params = [p.full_tensor() for p in model.parameters()]  # collectives: on every rank
     if rank == 0:
-        torch.save({"params": params, "state": full}, os.path.join(tmp, "expected_muon.pt"))
+        torch.save({"params": params, "state": full}, os.path.join(tmp, f"expected_{name}.pt"))
 
     torch.manual_seed(1)  # other weights: the load must replace them
     model2 = sharded_chain()
-    opt2 = fogo.Muon(model2.parameters(), **MUON_DCP_OPTIONS)
+    opt2 = fogo.Muon(model2.parameters(), **options)
     msd2, osd2 = get_state_dict(model2, opt2)
     target = {"model": msd2, "optim": osd2}
-    dcp.load(target, checkpoint_id=os.path.join(tmp, "dcp_muon"))
+    dcp.load(target, checkpoint_id=os.path.join(tmp, f"dcp_{name}"))
     set_state_dict(model2, opt2, model_state_dict=target["model"],
                    optim_state_dict=target["optim"])
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p.full_tensor(), q.full_tensor())
-        a, b = opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"]
-        assert isinstance(b, DTensor) and b.placements == q.placements
-        assert torch.equal(a.full_tensor(), b.full_tensor())
+        assert sorted(opt.state[p]) == sorted(opt2.state[q])
+        for key, a in opt.state[p].items():
+            b = opt2.state[q][key]
+            assert isinstance(b, DTensor) and b.placements == q.placements, key
+            assert torch.equal(a.full_tensor(), b.full_tensor()), key
     train(model, opt, 3)
     train(model2, opt2, 3)
     for p, q in zip(model.parameters(), model2.parameters()):
@@ -484,10 +509,14 @@ def main():
                     fsdp_dcp(tmp)
                 elif case == "fsdp_muon_dcp":
                     fsdp_muon_dcp(tmp)
+                elif case == "fsdp_normuon_dcp":
+                    fsdp_muon_dcp(tmp, NORMUON_DCP_OPTIONS, "normuon")
                 elif case == "fsdp_muon_nonfinite":
                     fsdp_muon_nonfinite(tmp)
                 elif case == "owner_bits":
                     owner_bits(tmp)
+                elif case == "owner_bits_normuon":
+                    owner_bits(tmp, normuon=True)
                 else:
                     fsdp(tmp, case)
             except Exception as e:

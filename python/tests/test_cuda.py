@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("cls, options", [
     (fogo.FOGO, {"lr": 0.01, "codebook_size": 8, "proj_dim": 8, "ns_dtype": torch.float32}),
     (fogo.Muon, {"lr": 0.02, "ns_dtype": torch.float32}),
+    (fogo.Muon, {"lr": 0.02, "ns_dtype": torch.float32, "normuon": True}),  # second moments too
 ])
 def test_cuda_step_matches_cpu(gen, cls, options):
     shapes = [(32, 48), (32, 48), (48, 16)]

@@ -29,14 +29,17 @@ def torchrun(case, tmp_path, nproc=2):
 
 def test_zero_resumes_and_fsdp2_equals_the_unsharded_run(tmp_path):
     # One launch for the cases (dist_worker.py: zero, fsdp_muon (owner-computes), owner_bits
-    # (owner-computes bit for bit against the unsharded step), fsdp_muon_gather, fsdp_fogo,
-    # fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_dcp, fsdp_muon_nonfinite), and
-    # fsdp_dcp's and fsdp_muon_dcp's checkpoints, loaded here on one process, unsharded: bit for
-    # bit what the two ranks held (the state does not depend on the sharding).
-    out = torchrun("zero,fsdp_muon,owner_bits,fsdp_muon_gather,fsdp_fogo,fsdp_hybrid,fsdp_hybrid_muon,"
-                   "fsdp_dcp,fsdp_muon_dcp,fsdp_muon_nonfinite", tmp_path)
+    # (owner-computes bit for bit against the unsharded step; _normuon: with NorMuon),
+    # fsdp_muon_gather, fsdp_fogo, fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_dcp,
+    # fsdp_normuon_dcp, fsdp_muon_nonfinite), and fsdp_dcp's, fsdp_muon_dcp's and
+    # fsdp_normuon_dcp's checkpoints, loaded here on one process, unsharded: bit for bit what the
+    # two ranks held (the state does not depend on the sharding).
+    out = torchrun("zero,fsdp_muon,owner_bits,owner_bits_normuon,fsdp_muon_gather,fsdp_fogo,"
+                   "fsdp_hybrid,fsdp_hybrid_muon,fsdp_dcp,fsdp_muon_dcp,fsdp_normuon_dcp,"
+                   "fsdp_muon_nonfinite", tmp_path)
     print(out)
     load_muon_checkpoint_unsharded(tmp_path)
+    load_muon_checkpoint_unsharded(tmp_path, "NORMUON_DCP_OPTIONS", "normuon")
     model, opt, expected = load_unsharded(tmp_path, fogo.FOGO, "FSDP_DCP_OPTIONS", "dcp",
                                           "expected.pt")
     assert_state_equal(opt.state_dict(), expected["optim"])
@@ -64,18 +67,23 @@ def load_unsharded(tmp_path, cls, options, checkpoint, expected):
     return model, opt, expected
 
 
-def load_muon_checkpoint_unsharded(tmp_path):
-    """fsdp_muon_dcp's checkpoint (sharded momenta) into an unsharded fogo.Muon."""
-    _, opt, expected = load_unsharded(tmp_path, fogo.Muon, "MUON_DCP_OPTIONS", "dcp_muon",
-                                      "expected_muon.pt")
+def load_muon_checkpoint_unsharded(tmp_path, options="MUON_DCP_OPTIONS", name="muon"):
+    """fsdp_muon_dcp's checkpoint (sharded momenta; NorMuon's second moments with
+    NORMUON_DCP_OPTIONS) into an unsharded fogo.Muon."""
+    _, opt, expected = load_unsharded(tmp_path, fogo.Muon, options, f"dcp_{name}",
+                                      f"expected_{name}.pt")
     state = opt.state_dict()["state"]
     assert sorted(state) == sorted(expected["state"])
     for k, st in expected["state"].items():
-        assert torch.equal(state[k]["momentum_buffer"], st["momentum_buffer"])
-        assert st["momentum_buffer"].abs().sum() > 0  # the test cannot pass on zeros
+        assert sorted(state[k]) == sorted(st)
+        for key, value in st.items():
+            assert torch.equal(state[k][key], value), key
+            assert value.abs().sum() > 0  # the test cannot pass on zeros
 
 
 def test_muon_owner_computes_on_three_ranks(tmp_path):
     # Three ranks: each matrix has its own owner, and a 16-row matrix shards 6/6/4.
-    print(torchrun("fsdp_muon,owner_bits,fsdp_muon_dcp", tmp_path, nproc=3))
+    print(torchrun("fsdp_muon,owner_bits,owner_bits_normuon,fsdp_muon_dcp,fsdp_normuon_dcp",
+                   tmp_path, nproc=3))
     load_muon_checkpoint_unsharded(tmp_path)
+    load_muon_checkpoint_unsharded(tmp_path, "NORMUON_DCP_OPTIONS", "normuon")

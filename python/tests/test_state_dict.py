@@ -28,6 +28,10 @@ def muon_opt(params):
     return fogo.Muon(params, lr=0.02)
 
 
+def normuon_opt(params):
+    return fogo.Muon(params, lr=0.02, normuon=True)
+
+
 def train(opt, params, grads, boundary_at=None):
     for t, gs in enumerate(grads):
         if boundary_at is not None and t == boundary_at and isinstance(opt, fogo.FOGO):
@@ -44,7 +48,7 @@ def save_load(sd):
     return torch.load(buffer, weights_only=True)  # plain tensors, numbers, strings, dtypes only
 
 
-@pytest.mark.parametrize("make", [fogo_opt, muon_opt])
+@pytest.mark.parametrize("make", [fogo_opt, muon_opt, normuon_opt])
 def test_resume_equals_uninterrupted(gen, make):
     grads = [[randn(gen, *s) for s in SHAPES] for _ in range(12)]
     init = model(gen)

@@ -35,6 +35,10 @@ def make_muon(params):
     return fogo.Muon(params, lr=0.02, adjust_lr_fn="match_rms_adamw")
 
 
+def make_normuon(params):  # NorMuon: a second moment per parameter besides the momentum
+    return fogo.Muon(params, lr=0.02, normuon=True)
+
+
 def grads_for(gen, steps, dtype=torch.float32):
     return [[randn(gen, *s).to(dtype) for s in SHAPES] for _ in range(steps)]
 
@@ -53,11 +57,12 @@ BOUNDARY = {fogo.FOGO: 2, fogo.Muon: None}
 
 # -- opt.state ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [make_fogo, make_muon])
+@pytest.mark.parametrize("make", [make_fogo, make_muon, make_normuon])
 def test_state_is_the_steps_own_from_construction(gen, make):
     params = model(gen)
     opt = make(params)
-    keys = opt._fresh_keys
+    keys = opt._fresh_keys_of(opt.param_groups[0])
+    assert ("second_moment" in keys) == (make is make_normuon)
     # Present before the first step (zeros), so DCP and every rank see the same keys.
     for p in params:
         assert sorted(opt.state[p]) == sorted(keys)
@@ -100,7 +105,7 @@ def test_assigned_state_is_adopted_by_the_step(gen):
     assert all(torch.equal(p, q) for p, q in zip(ours, before))
 
 
-@pytest.mark.parametrize("make", [make_fogo, make_muon])
+@pytest.mark.parametrize("make", [make_fogo, make_muon, make_normuon])
 def test_state_dict_hooks_see_the_real_state(gen, make):
     params = model(gen)
     opt = make(params)
@@ -131,7 +136,7 @@ def net_train(opt, net, grads, boundary_at=None):
     train(opt, [net.a, net.b, net.c], grads, boundary_at)
 
 
-@pytest.mark.parametrize("make", [make_fogo, make_muon])
+@pytest.mark.parametrize("make", [make_fogo, make_muon, make_normuon])
 @pytest.mark.parametrize("flatten", [False, True])
 def test_dcp_saves_without_stepping_and_resumes_bitwise(gen, tmp_path, make, flatten):
     dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -174,7 +179,7 @@ def test_dcp_saves_without_stepping_and_resumes_bitwise(gen, tmp_path, make, fla
 
 # -- copies ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [make_fogo, make_muon])
+@pytest.mark.parametrize("make", [make_fogo, make_muon, make_normuon])
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_copies_step_like_the_original(gen, make, how):
     params = model(gen)
