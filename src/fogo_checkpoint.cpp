@@ -7,6 +7,7 @@
 #include "fogo_private/detail/integrity.h"
 #include "fogo_private/detail/ns_dtype_record.h"
 #include "fogo_private/detail/options_table.h"
+#include "fogo_private/normuon.h"
 #include "fogo_state.h"
 
 namespace fogo {
@@ -51,6 +52,8 @@ detail::Checksum options_and_momenta(const FOGO& fogo, option_table::HeldOptions
       }
       const auto& st = static_cast<const FOGOParamState&>(*it->second);
       sum.add(int64_t{1}).add(st.slow_momentum()).add(st.fast_momentum());
+      // NorMuon's second moment where there is one (a checkpoint without: the sum of before).
+      if (st.second_moment().defined()) sum.add(int64_t{2}).add(st.second_moment());
     }
   }
   return sum;
@@ -195,6 +198,15 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
                                    st.fast_momentum());
         st.slow_momentum(st.slow_momentum().to(p.device()));
         st.fast_momentum(st.fast_momentum().to(p.device()));
+        if (const at::Tensor& v = st.second_moment(); v.defined()) {
+          TORCH_CHECK(v.dim() == 1 && v.size(0) == p.size(0),
+                      "FOGO::load: the checkpoint's second_moment for ",
+                      detail::describe_param(g, i, p), " has shape ", v.sizes(), ", expected [",
+                      p.size(0), "]; the checkpoint was made for a different model");
+          detail::check_finite_state("FOGO", "second moment for " + detail::describe_param(g, i, p),
+                                     v);
+          st.second_moment(v.to(p.device(), normuon_dtype(p)));
+        }
       });
   impl_->groups = std::move(loaded);
   detail::warn_on_changed_ns_dtypes(archive, kNSDtypes, "FOGO",

@@ -30,18 +30,21 @@ namespace fogo {
 void FOGOParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(slow_momentum);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(fast_momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(second_moment);  // only where defined (NorMuon's)
 }
 
 void FOGOParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, slow_momentum);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, fast_momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, second_moment);
 }
 
 bool operator==(const FOGOParamState& a, const FOGOParamState& b) {
   const auto same = [](const at::Tensor& x, const at::Tensor& y) {
     return x.defined() == y.defined() && (!x.defined() || at::equal(x, y));
   };
-  return same(a.slow_momentum(), b.slow_momentum()) && same(a.fast_momentum(), b.fast_momentum());
+  return same(a.slow_momentum(), b.slow_momentum()) && same(a.fast_momentum(), b.fast_momentum()) &&
+         same(a.second_moment(), b.second_moment());
 }
 
 namespace {
@@ -129,6 +132,9 @@ void FOGO::step_group(const GroupStep& s) {
   const at::Tensor keys = stages::draw_candidate_keys(mem, o, s.params.front().device());
   const bool reseed_now = o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0;
   stages::prepare_mask_state(mem, s.ok);
+  // NorMuon's second moments exist before a CUDA graph's layout is taken (normuon turned on
+  // between steps, a checkpoint without them): working_set makes those of new states.
+  if (o.normuon()) stages::add_second_moments(state_, s.params);
   // A CUDA graph takes the steady-state steps: not the first (it builds the codebook), not a
   // re-seeding one (it reads the queries back), not a sharded one (it exchanges with the ranks).
   auto& graph = impl_->graphs[g];
@@ -144,6 +150,7 @@ void FOGO::step_group(const GroupStep& s) {
           const auto& st = static_cast<const FOGOParamState&>(*it->second);
           touched.push_back(st.slow_momentum());
           touched.push_back(st.fast_momentum());
+          if (st.second_moment().defined()) touched.push_back(st.second_moment());
         }
         mem.visit([&](const char*, const at::Tensor& t, unsigned use) {
           if (use & GroupMemory::kStep) touched.push_back(t);
@@ -183,7 +190,7 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
     };
   }
   ShapeRuns runs;
-  std::vector<Work> work = working_set(in.params, in.grads, state_, projection, runs);
+  std::vector<Work> work = working_set(in.params, in.grads, state_, projection, o.normuon(), runs);
   if (work.empty()) return;
   const MaskedMemory masked(mem, in.ok);
   Sharing share(work, runs, impl_->shard);  // this rank's parameters

@@ -9,6 +9,8 @@
 
 #include "fogo_private/codebook.h"
 #include "fogo_private/detail/checks.h"
+#include "fogo_private/detail/nonfinite.h"
+#include "fogo_private/normuon.h"
 #include "fogo_private/ops.h"
 #include "fogo_private/projection.h"
 
@@ -182,6 +184,8 @@ std::vector<at::Tensor> Sharing::updates(std::vector<at::Tensor> ratios) const {
     params.push_back(group_[i].param);
     if (!all[i].defined()) all[i] = at::empty({}, group_[i].param.options().dtype(at::kFloat));
     values.push_back({group_[i].param, all[i]});
+    // NorMuon's second moment: only its owner updated it; every rank holds the owner's.
+    if (group_[i].v.defined()) values.back().push_back(group_[i].v);
   }
   shard_.exchange(params, values);
   return all;
@@ -194,10 +198,10 @@ at::Tensor entropy(const at::Tensor& N) {
 }
 }  // namespace
 
-std::vector<Work> working_set(
-    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-    ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
-    const std::function<const Projection&(int64_t n)>& projection, ShapeRuns& runs) {
+std::vector<Work> working_set(const std::vector<at::Tensor>& params,
+                              const std::vector<at::Tensor>& grads, ParamStates& state,
+                              const std::function<const Projection&(int64_t n)>& projection,
+                              bool normuon, ShapeRuns& runs) {
   std::vector<Work> work;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
@@ -219,12 +223,28 @@ std::vector<Work> working_set(
            st.fast_momentum(),
            grads[k].to(at::kFloat),
            {},
-           nullptr};
+           nullptr,
+           {}};
+    if (normuon) {
+      if (!st.second_moment().defined())
+        st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
+      w.v = st.second_moment();
+    }
     if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
     work.push_back(std::move(w));
   }
   runs = detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   return work;
+}
+
+void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    const auto it = state.find(p.unsafeGetTensorImpl());
+    if (it == state.end() || p.numel() == 0) continue;
+    auto& st = static_cast<FOGOParamState&>(*it->second);
+    if (!st.second_moment().defined())
+      st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
+  }
 }
 
 std::vector<at::Tensor> ns_inputs(const Sharing& share, const FOGOOptions& o) {
@@ -285,6 +305,31 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, c
   return {mem.frozen.index_select(0, pick), mem.frozen_nu.index_select(0, pick)};
 }
 
+// NorMuon (o.normuon()): each item's Ohat = O_s + delta normalized row by row of its parameter's
+// matrix view (normuon_row_factors, updating the second moments `work[k].v`), given to the update
+// as D O_s and D delta: the RMS update then steps along the normalized Ohat (whose Frobenius norm
+// is Ohat's, so gamma_t is unchanged), and the telemetry ratio is |D delta| / |D O_s|. Under Mask
+// the second moments keep their bits where `ok` is false.
+void normuon_items(std::vector<RmsUpdateItem>& items, const std::vector<const Work*>& work,
+                   const FOGOOptions& o, const at::Tensor& ok) {
+  if (!o.normuon()) return;
+  std::vector<at::Tensor> moments;
+  for (const Work* w : work) moments.push_back(w->v);
+  const detail::MaskScope keep(ok, moments);
+  for (size_t k = 0; k < items.size(); ++k) {
+    RmsUpdateItem& item = items[k];
+    const at::Tensor& v = work[k]->v;
+    const at::Tensor Os = item.Os.to(v.scalar_type()), delta = item.delta.to(v.scalar_type());
+    const at::Tensor Ohat = Os + delta;  // [m, n], the view's transpose when transposed
+    const at::Tensor D = normuon_row_factors(item.transposed ? Ohat.t() : Ohat, v,
+                                             o.normuon_beta2(), o.normuon_eps());
+    const at::Tensor rows = item.transposed ? D.unsqueeze(0) : D.unsqueeze(1);
+    item.Os = Os * rows;
+    item.delta = (delta * rows).to(at::kFloat);  // apply_rms_update: fp32 delta
+  }
+  keep.restore();
+}
+
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
 // decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's), all parameters in one call
@@ -294,6 +339,7 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
                                         const at::Tensor& dz, const FOGOOptions& o,
                                         const at::Tensor& device_lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
+  std::vector<const Work*> order;  // each item's Work
   int64_t row = 0;
   for (const auto& [begin, end] : runs) {
     const int64_t m = work[begin].m, n = work[begin].n;
@@ -305,8 +351,10 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
     for (size_t i = begin; i < end; ++i) {
       items.push_back(
           {work[i].param, work[i].Os, delta[static_cast<int64_t>(i - begin)], work[i].transposed});
+      order.push_back(&work[i]);
     }
   }
+  normuon_items(items, order, o, ok);
   return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
                                ok);
 }
@@ -324,6 +372,7 @@ std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const Sha
                                         const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
                                         const at::Tensor& device_lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
+  std::vector<const Work*> order;  // each item's Work
   for (size_t r = 0; r < runs.size(); ++r) {
     const auto [begin, end] = runs[r];
     const int64_t P = static_cast<int64_t>(end - begin);
@@ -340,8 +389,10 @@ std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const Sha
     for (int64_t k = 0; k < P; ++k) {
       const Work& w = work[begin + static_cast<size_t>(k)];
       items.push_back({w.param, Os[k], delta[k], w.transposed});
+      order.push_back(&w);
     }
   }
+  normuon_items(items, order, o, ok);
   return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
                                ok);
 }

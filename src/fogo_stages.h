@@ -38,18 +38,26 @@ struct Work {
   /// projected)
   at::Tensor Os;
   const Projection* proj;  ///< none for fusion_only (Pi is never built)
+  at::Tensor v;            ///< NorMuon's second moment (state), or undefined with normuon off
 };
 
 /// [begin, end) of each run of same-shape parameters in a list of Work (detail/batching.h).
 using ShapeRuns = detail::Runs;
 
+using ParamStates = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+
 /// Every parameter of the group that has elements (and a gradient): its momenta (created in
-/// `state` on its first step), fp32 gradient, working orientation and projection (`projection(n)`
-/// when given), sorted into runs of one shape; `runs` receives them.
-std::vector<Work> working_set(
-    const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-    ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
-    const std::function<const Projection&(int64_t n)>& projection, ShapeRuns& runs);
+/// `state` on its first step; with `normuon` its second moment too), fp32 gradient, working
+/// orientation and projection (`projection(n)` when given), sorted into runs of one shape; `runs`
+/// receives them.
+std::vector<Work> working_set(const std::vector<at::Tensor>& params,
+                              const std::vector<at::Tensor>& grads, ParamStates& state,
+                              const std::function<const Projection&(int64_t n)>& projection,
+                              bool normuon, ShapeRuns& runs);
+
+/// NorMuon's second moment (zeros [size(0)], normuon_dtype) for each of `params` whose state
+/// exists without one.
+void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params);
 
 /// The parameters this rank steps through the per-parameter stages (2-3, 8-9), and the exchange
 /// hook that brings the others' results from their owners: under data-parallel sharding

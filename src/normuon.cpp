@@ -40,4 +40,16 @@ std::vector<at::Tensor> normuon_normalize(const at::Tensor& O,
   return normalized.mul_(norm / (normalized_norm + eps)).unbind(0);
 }
 
+at::Tensor normuon_row_factors(const at::Tensor& Ohat, const at::Tensor& v, double beta2,
+                               double eps) {
+  TORCH_CHECK(Ohat.dim() == 2 && v.dim() == 1 && v.size(0) == Ohat.size(0) &&
+                  Ohat.scalar_type() == v.scalar_type(),
+              "normuon_row_factors: Ohat [rows, cols] and v [rows] of one dtype");
+  v.lerp_(Ohat.square().mean(-1), 1.0 - beta2);
+  const at::Tensor inverse_root = (v.sqrt() + eps).reciprocal();
+  const at::Tensor norm = at::linalg_vector_norm(Ohat, 2);
+  const at::Tensor normalized_norm = at::linalg_vector_norm(Ohat * inverse_root.unsqueeze(-1), 2);
+  return inverse_root * (norm / (normalized_norm + eps));
+}
+
 }  // namespace fogo

@@ -878,9 +878,11 @@ double max_relative_change_error(const std::vector<torch::Tensor>& got,
   return worst;
 }
 
+// With NorMuon on FOGO's final update too (fp32: its row normalization by ATen ops on the GPU).
 TEST(CudaParity, FogoStepOnCudaMatchesCpuAcrossATaskBoundary) {
   FOGO_REQUIRE_KERNELS();
-  for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
+  for (const auto [ns_dtype, normuon] :
+       {std::pair{torch::kFloat, false}, {torch::kBFloat16, false}, {torch::kFloat, true}}) {
     auto cpu = small_network(torch::kCPU), gpu = small_network(torch::kCUDA);
     std::vector<torch::Tensor> start;
     for (const auto& p : cpu) start.push_back(p.detach().clone());
@@ -890,7 +892,8 @@ TEST(CudaParity, FogoStepOnCudaMatchesCpuAcrossATaskBoundary) {
                              .ns_dtype(ns_dtype)
                              .reseed_every(3)
                              .freeze_per_task(4)
-                             .eps_lt(0.05);
+                             .eps_lt(0.05)
+                             .normuon(normuon);
     fogo::FOGO on_cpu(cpu, options), on_gpu(gpu, options);
     for (int step = 0; step < 8; ++step) {
       if (step == 4) {  // frozen centroids act from here on
@@ -909,7 +912,7 @@ TEST(CudaParity, FogoStepOnCudaMatchesCpuAcrossATaskBoundary) {
       // orientations, the bf16 tensor-core projection).
       const double tolerance = ns_dtype == torch::kFloat ? 1e-2 : 1e-1;
       EXPECT_LT(max_relative_change_error(gpu, cpu, start), tolerance)
-          << c10::toString(ns_dtype) << " step " << step;
+          << c10::toString(ns_dtype) << " normuon " << normuon << " step " << step;
     }
     EXPECT_EQ(on_gpu.memory(0).frozen.size(0), on_cpu.memory(0).frozen.size(0));
     EXPECT_LT(relative(on_gpu.memory(0).N, on_cpu.memory(0).N),

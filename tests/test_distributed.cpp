@@ -499,9 +499,9 @@ void sharded_fogo(const fogo::dist::ProcessGroup& group) {
 }
 
 /// shard_step on fogo::Muon (`muon_options`: Muon's defaults, or NorMuon, whose second moments
-/// travel from their owners) and on a hybrid (FOGO matrix side, AdamW on the biases, two codebook
-/// groups by shape) against the same optimizers replicated, 8 steps: parameters, momenta, second
-/// moments and FOGO memory bit-identical, on every rank.
+/// travel from their owners) and on a hybrid (FOGO matrix side, with NorMuon as Muon; AdamW on
+/// the biases, two codebook groups by shape) against the same optimizers replicated, 8 steps:
+/// parameters, momenta, second moments and FOGO memory bit-identical, on every rank.
 void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOptions& muon_options) {
   const int64_t b = 6, rank = group.rank(), world = group.world_size(), steps = 8;
   torch::manual_seed(10);
@@ -515,9 +515,11 @@ void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOpti
     }
     return fogo::Muon(matrices, muon_options);
   };
-  const auto hybrid_of = [](torch::nn::Module& m) {
-    return fogo::make_hybrid<fogo::FOGO>(m, small_fogo(), torch::optim::AdamWOptions(0.01), {},
-                                         fogo::shape_key);
+  // FOGO with NorMuon on its final update when Muon has it: its second moments, too, travel from
+  // their owners.
+  const auto hybrid_of = [&](torch::nn::Module& m) {
+    return fogo::make_hybrid<fogo::FOGO>(m, small_fogo().normuon(muon_options.normuon()),
+                                         torch::optim::AdamWOptions(0.01), {}, fogo::shape_key);
   };
   auto muon_replicated = muon_of(*replicated), muon_sharded = muon_of(*sharded);
   auto twin_replicated = mlp({12, 24, 24, 24, 5}, true, torch::kFloat32);
@@ -567,6 +569,18 @@ void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOpti
                "Muon momentum or second moment " << i << " differs (every rank keeps every state)");
     RANK_CHECK(state(muon_sharded, psh[i]).second_moment().defined() == muon_options.normuon(),
                "second moment " << i << " defined where normuon is off, or missing");
+  }
+  const auto tr = twin_replicated->parameters(), ts = twin_sharded->parameters();
+  for (size_t i = 0; i < tr.size(); ++i) {
+    if (tr[i].dim() != 2) continue;
+    const auto state = [](fogo::HybridOptimizer& opt, const torch::Tensor& p) {
+      return static_cast<fogo::FOGOParamState&>(
+          *opt.matrix<fogo::FOGO>()->state().at(p.unsafeGetTensorImpl()));
+    };
+    RANK_CHECK(state(hybrid_replicated, tr[i]) == state(hybrid_sharded, ts[i]),
+               "FOGO momenta or second moment " << i << " differ (every rank keeps every state)");
+    RANK_CHECK(state(hybrid_sharded, ts[i]).second_moment().defined() == muon_options.normuon(),
+               "FOGO second moment " << i << " defined where normuon is off, or missing");
   }
   const auto memory = fogo::dist::fogo_memory(*hybrid_replicated.matrix<fogo::FOGO>()),
              sharded_memory = fogo::dist::fogo_memory(*hybrid_sharded.matrix<fogo::FOGO>());

@@ -823,7 +823,8 @@ TEST(FOGOPresets, EveryOptionAsRecorded) {
   // tests/data/presets.txt: every option of every preset as the presets produced them when they
   // were written by hand (commit b6a7e9f), recorded before they moved into one table. A preset
   // changed on purpose is re-recorded with it; any other change fails here. (Re-recorded with
-  // ns_dtype auto, -1, and ns_form Default, 3, when they became the defaults: issue 37.)
+  // ns_dtype auto, -1, and ns_form Default, 3, when they became the defaults: issue 37; with
+  // the normuon rows, off, when FOGO gained them: issue 36.)
   std::ifstream in(FOGO_TEST_DATA_DIR "/presets.txt");
   ASSERT_TRUE(in.good());
   const std::string recorded((std::istreambuf_iterator<char>(in)),
@@ -1186,6 +1187,7 @@ torch::Tensor ref_slerp_rows(const torch::Tensor& S, const torch::Tensor& F, dou
 }
 struct RefParam {
   torch::Tensor theta, Bs, Bf;  // double, 2-D view [rows, cols]
+  torch::Tensor v = {};         // NorMuon's second moment [rows] (normuon on)
 };
 void ref_fusion_step(RefParam& r, const torch::Tensor& G, const fogo::FOGOOptions& o) {
   r.Bs = o.mu_s() * r.Bs + G;
@@ -1194,10 +1196,16 @@ void ref_fusion_step(RefParam& r, const torch::Tensor& G, const fogo::FOGOOption
   const auto wide = [&](const torch::Tensor& x) { return tall ? x.t() : x; };
   const auto Os = ref_ns(wide(r.Bs), o.ns_steps_slow());
   const auto Of = ref_ns(wide(r.Bf), o.ns_steps_fast());
-  const auto Ohat = ref_slerp_rows(Os, Of, o.xi());
+  auto Ohat = wide(ref_slerp_rows(Os, Of, o.xi()));  // in the parameter's view [rows, cols]
+  if (o.normuon()) {  // docs/algorithm.md "NorMuon": per row of the view, then the norm back
+    if (!r.v.defined()) r.v = torch::zeros({Ohat.size(0)}, torch::kDouble);
+    r.v = o.normuon_beta2() * r.v + (1 - o.normuon_beta2()) * Ohat.square().mean(1);
+    const auto normalized = Ohat / (r.v.sqrt() + o.normuon_eps()).unsqueeze(1);
+    Ohat = normalized * (Ohat.norm() / (normalized.norm() + o.normuon_eps()));
+  }
   const double m = Ohat.size(0), n = Ohat.size(1);
   const double gamma = o.sigma() * std::sqrt(m * n) / (Ohat.norm().item<double>() + 1e-8);
-  r.theta = (1 - o.lr() * o.weight_decay()) * r.theta - o.lr() * gamma * wide(Ohat);
+  r.theta = (1 - o.lr() * o.weight_decay()) * r.theta - o.lr() * gamma * Ohat;
 }
 
 }  // namespace
@@ -1257,6 +1265,122 @@ TEST(FOGOFusionOnly, MatchesAFloat64ReferenceOfTheFusedUpdate) {
     EXPECT_EQ(opt.telemetry()[0].step, 3);
     EXPECT_EQ(opt.telemetry()[0].live_centroids, 0);
   }
+}
+
+// NorMuon on FOGO's final update (FOGOOptions::normuon): fusion-only FOGO, whose update has a
+// float64 reference (above), with each row of Ohat normalized by its second moment; the second
+// moments are the reference's, and the normalization moves the parameters measurably.
+TEST(FOGONorMuon, FusionOnlyMatchesAFloat64ReferenceOfTheNormalizedUpdate) {
+  torch::manual_seed(6);
+  const std::vector<std::vector<int64_t>> shapes{{6, 10}, {12, 5}, {6, 10}, {4, 2, 3, 3}};
+  std::vector<torch::Tensor> params, plain;
+  std::vector<RefParam> ref;
+  for (const auto& shape : shapes) {
+    const auto init = torch::randn(shape, torch::kDouble);
+    params.push_back(init.clone().requires_grad_(true));
+    plain.push_back(init.clone().requires_grad_(true));
+    const auto flat = init.reshape({shape[0], -1});
+    ref.push_back({flat.clone(), torch::zeros_like(flat), torch::zeros_like(flat)});
+  }
+  const auto o = fogo::presets::fusion_only(fogo::FOGOOptions(0.05))
+                     .ns_dtype(torch::kDouble)
+                     .xi(0.4)
+                     .weight_decay(0.1)
+                     .normuon(true)
+                     .normuon_beta2(0.9);
+  fogo::FOGO opt(params, o), without(plain, fogo::FOGOOptions(o).normuon(false));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto G = torch::randn(params[k].sizes(), torch::kDouble);
+      params[k].mutable_grad() = G;
+      plain[k].mutable_grad() = G.clone();
+      ref_fusion_step(ref[k], G.to(torch::kFloat).to(torch::kDouble).reshape({shapes[k][0], -1}),
+                      o);
+    }
+    opt.step();
+    without.step();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto actual = params[k].detach().reshape({shapes[k][0], -1});
+      EXPECT_LT(max_abs(actual - ref[k].theta), 2e-8) << "param " << k << " step " << step;
+      const auto& st = static_cast<const fogo::FOGOParamState&>(
+          *opt.state().at(params[k].unsafeGetTensorImpl()));
+      ASSERT_TRUE(st.second_moment().defined());
+      EXPECT_EQ(st.second_moment().scalar_type(), torch::kDouble);  // an fp64 parameter's
+      // fp32 momenta (FOGO's state) against fp64, as the parameters above.
+      EXPECT_LT(max_abs(st.second_moment() - ref[k].v), 1e-8 * (1 + max_abs(ref[k].v)));
+      // The normalization is seen: >> the tolerance above.
+      EXPECT_GT(max_abs(params[k].detach() - plain[k].detach()), 1e-5) << "param " << k;
+    }
+  }
+}
+
+// NorMuon on full FOGO: the second moments exist only with the option, are checkpointed (a
+// resumed run continues bit-identically), keep their bits under Mask at a NaN step, and a
+// checkpoint without them (normuon off) loads into a NorMuon FOGO with fresh ones.
+TEST(FOGONorMuon, StateIsCheckpointedMaskedAndStartsFreshFromOldCheckpoints) {
+  const auto make = [] {
+    torch::manual_seed(3);
+    return std::vector<torch::Tensor>{torch::randn({8, 12}).requires_grad_(true),
+                                      torch::randn({20, 6}).requires_grad_(true)};
+  };
+  const auto options = fogo::FOGOOptions(0.01).codebook_size(6).proj_dim(8).normuon(true).nonfinite(
+      fogo::NonFinitePolicy::Mask);
+  const auto grads = [](std::vector<torch::Tensor>& ps, int step) {
+    torch::manual_seed(100 + step);
+    for (auto& p : ps) p.mutable_grad() = torch::randn(p.sizes());
+  };
+  const auto moment = [](const fogo::FOGO& opt, const torch::Tensor& p) {
+    return static_cast<const fogo::FOGOParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
+        .second_moment();
+  };
+  auto a = make(), b = make();
+  fogo::FOGO first(a, options);
+  for (int step = 0; step < 3; ++step) {
+    grads(a, step);
+    first.step();
+  }
+  EXPECT_EQ(moment(first, a[1]).sizes(), torch::IntArrayRef({20}));
+  // Mask: a NaN gradient leaves parameters and second moments as they were.
+  const auto before = moment(first, a[0]).clone();
+  grads(a, 3);
+  a[0].mutable_grad()[0][0] = std::numeric_limits<float>::quiet_NaN();
+  first.step();
+  EXPECT_TRUE(torch::equal(moment(first, a[0]), before));
+  std::stringstream saved;
+  torch::save(first, saved);
+  for (size_t k = 0; k < a.size(); ++k) b[k].detach().copy_(a[k].detach());
+  fogo::FOGO second(b, fogo::FOGOOptions(options).normuon(false));  // the checkpoint turns it on
+  torch::load(second, saved);
+  for (int step = 4; step < 6; ++step) {
+    grads(a, step);
+    grads(b, step);
+    first.step();
+    second.step();
+  }
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[k], b[k])) << k;
+    EXPECT_TRUE(torch::equal(moment(first, a[k]), moment(second, b[k]))) << k;
+  }
+  // A checkpoint of FOGO without NorMuon: none saved; loaded into NorMuon, fresh zeros.
+  auto c = make();
+  fogo::FOGO off(c, fogo::FOGOOptions(options).normuon(false));
+  grads(c, 0);
+  off.step();
+  EXPECT_FALSE(moment(off, c[0]).defined());
+  std::stringstream old;
+  torch::save(off, old);
+  fogo::FOGO on(c, options);
+  torch::load(on, old);
+  auto& loaded = static_cast<fogo::FOGOOptions&>(on.param_groups()[0].options());
+  EXPECT_FALSE(loaded.normuon());  // options come from the checkpoint
+  loaded.normuon(true);
+  grads(c, 1);
+  on.step();
+  EXPECT_GT(moment(on, c[0]).abs().sum().item<double>(), 0.0);
+  // Bad options are refused naming the option.
+  auto bad = make();
+  fogo::test::expect_error([&] { fogo::FOGO(bad, fogo::FOGOOptions().normuon_beta2(1.5)); },
+                           "normuon_beta2");
 }
 
 TEST(FOGOFusionOnly, AgreesWithMemoryOffFogoAtXiZeroToRoundingNotBitForBit) {

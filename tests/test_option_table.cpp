@@ -60,6 +60,8 @@ struct FOGOCase {
         {"weight_decay", [](FOGOOptions& o) { o.weight_decay(NAN); }},
         {"sigma", [](FOGOOptions& o) { o.sigma(-0.1); }},
         {"eps", [](FOGOOptions& o) { o.eps(0.0); }},
+        {"normuon_beta2", [](FOGOOptions& o) { o.normuon_beta2(1.01); }},
+        {"normuon_eps", [](FOGOOptions& o) { o.normuon_eps(0.0); }},
         {"mu_s", [](FOGOOptions& o) { o.mu_s(1.5); }},
         {"mu_f", [](FOGOOptions& o) { o.mu_f(-0.1); }},
         {"ns_steps_slow", [](FOGOOptions& o) { o.ns_steps_slow(100); }},

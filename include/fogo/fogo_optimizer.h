@@ -33,11 +33,14 @@ namespace fogo {
 struct FOGOParamState : public torch::optim::OptimizerCloneableParamState<FOGOParamState> {
   TORCH_ARG(torch::Tensor, slow_momentum);  ///< B_s
   TORCH_ARG(torch::Tensor, fast_momentum);  ///< B_f
+  /// NorMuon's per-row second moment [size(0)] (FOGOOptions::normuon; fp32, fp64 for an fp64
+  /// parameter): undefined while normuon is off.
+  TORCH_ARG(torch::Tensor, second_moment);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Both momenta equal (torch::equal), as LibTorch's param states compare.
+  /// Both momenta (and second moments) equal (torch::equal), as LibTorch's param states compare.
   friend bool operator==(const FOGOParamState& a, const FOGOParamState& b);
 };
 

@@ -37,6 +37,12 @@ enum class ProjectionScale : int64_t {
   X(double,  weight_decay,     0.0,   range(0.0, INFINITY),      always())  /* decoupled */       \
   X(double,  sigma,            0.2,   range(0.0, INFINITY),      always())  /* target RMS */      \
   X(double,  eps,              1e-8,  range(1e-30, 1.0),         always())                        \
+  /* NorMuon on the final update Ohat (as MuonOptions::normuon; docs/algorithm.md, "NorMuon"):   \
+     each row of the parameter's matrix view divided by the root of its second moment (a per-row \
+     EMA of its mean square, state), then rescaled to |Ohat|_F, before the RMS update */         \
+  X(bool,    normuon,          false, any(),                     since(2))                        \
+  X(double,  normuon_beta2,    0.95,  range(0.0, 1.0),           since(2))                        \
+  X(double,  normuon_eps,      1e-10, range(1e-30, INFINITY),    since(2))                        \
   /* streams and Newton–Schulz (steps 1-2) */                                                     \
   X(double,  mu_s,             0.95,  range(0.0, 1.0),           always())                        \
   X(double,  mu_f,             0.35,  range(0.0, 1.0),           always())                        \

@@ -125,13 +125,15 @@ class _CppOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _fresh_keys_of(self, group: dict[str, Any]) -> tuple[str, ...]:
-        """The keys _fresh_state makes under ``group``'s options: a parameter's state lacking one
-        gets it at the next step."""
-        return self._fresh_keys
+        """The keys _fresh_state makes under ``group``'s options (NorMuon's second moment where
+        ``normuon`` is on, for both optimizers): a parameter's state lacking one gets it at the
+        next step."""
+        return self._fresh_keys + (("second_moment",) if group.get("normuon") else ())
 
     def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
-        """The (global) shape of parameter ``p``'s state tensor ``key``."""
-        return tuple(p.shape)
+        """The (global) shape of parameter ``p``'s state tensor ``key``: NorMuon's second moment
+        one per row, [size(0)]; the others the parameter's."""
+        return (p.shape[0],) if key == "second_moment" else tuple(p.shape)
 
     def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
         """A loaded state tensor ``key`` of parameter ``p`` as the step needs it."""
@@ -461,3 +463,18 @@ class _CppOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             self._cpp.add_param_group(self._bind(group["params"]), group)
         self._restore()
+
+
+def normuon_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype of NorMuon's second moment (fogo::normuon_dtype): fp32, fp64 for an fp64
+    parameter."""
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
+def fresh_second_moment(st: dict[str, torch.Tensor], p: torch.Tensor,
+                        group: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """``st`` with NorMuon's zero second moment where ``group``'s normuon is on (the C++ state's
+    second_moment: fogo::MuonParamState's, fogo::FOGOParamState's)."""
+    if group.get("normuon"):
+        st["second_moment"] = p.new_zeros(p.shape[0], dtype=normuon_dtype(p))
+    return st

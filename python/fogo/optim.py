@@ -10,7 +10,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _memory
-from ._cpp_optimizer import Shard, _CppOptimizer, repr_without_memory
+from ._cpp_optimizer import (Shard, _CppOptimizer, fresh_second_moment, normuon_dtype,
+                             repr_without_memory)
 from ._row_shards import _RowShards
 
 __all__ = ["FOGO", "Muon"]
@@ -59,10 +60,12 @@ class FOGO(_CppOptimizer):
 
     def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         # fp32 whatever the parameter's dtype, contiguous (FOGOParamState).
-        return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-                for k in self._fresh_keys}
+        return fresh_second_moment({k: torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                                    for k in self._fresh_keys}, p, group)
 
     def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
+        if key == "second_moment":
+            return value.to(dtype=normuon_dtype(p), device=p.device)
         return value.to(dtype=torch.float32, device=p.device, memory_format=torch.contiguous_format)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -202,21 +205,13 @@ class Muon(_CppOptimizer):
                 lambda k, rows: _RowShards(*mine[k]).gather(rows),
                 lambda k, whole, out: _RowShards(*mine[k]).scatter(whole, out))
 
-    def _fresh_keys_of(self, group: dict[str, Any]) -> tuple[str, ...]:
-        return self._fresh_keys + (("second_moment",) if group.get("normuon") else ())
-
     def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
-        st = {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
-        if group.get("normuon"):  # fogo::MuonParamState::second_moment
-            st["second_moment"] = p.new_zeros(p.shape[0], dtype=_normuon_dtype(p))
-        return st
-
-    def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
-        return (p.shape[0],) if key == "second_moment" else tuple(p.shape)
+        return fresh_second_moment(
+            {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}, p, group)
 
     def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
         if key == "second_moment":
-            return value.to(dtype=_normuon_dtype(p), device=p.device)
+            return value.to(dtype=normuon_dtype(p), device=p.device)
         # torch.optim.Optimizer.load_state_dict's rule: floating state takes the parameter's dtype.
         if p.is_floating_point():
             return value.to(dtype=p.dtype, device=p.device)
@@ -227,12 +222,6 @@ class Muon(_CppOptimizer):
         and run from one (``captures``, ``replays``)."""
         self._sync()
         return self._cpp.graph_stats(group)
-
-
-def _normuon_dtype(p: torch.Tensor) -> torch.dtype:
-    """The dtype of NorMuon's second moment (fogo::normuon_dtype): fp32, fp64 for an fp64
-    parameter."""
-    return torch.float64 if p.dtype == torch.float64 else torch.float32
 
 
 for _cls in (FOGO, Muon):

@@ -53,20 +53,28 @@ struct FOGOTraits {
 #undef FOGO_PY_FROM
     return o;
   }
-  static constexpr std::array<const char*, 2> state_keys = {"slow_momentum", "fast_momentum"};
+  /// NorMuon's second moment only where the C++ state has one, as Muon's.
+  static constexpr std::array<const char*, 3> state_keys = {"slow_momentum", "fast_momentum",
+                                                            "second_moment"};
   static std::vector<at::Tensor> state_tensors(const State& s) {
-    return {s.slow_momentum(), s.fast_momentum()};
+    return {s.slow_momentum(), s.fast_momentum(), s.second_moment()};
   }
   static State state_from_dict(const py::dict& d) {
     State s;
     s.slow_momentum(tensor_item(name, d, "slow_momentum"));
     s.fast_momentum(tensor_item(name, d, "fast_momentum"));
+    s.second_moment(tensor_item(name, d, "second_moment", required(2)));
     return s;
   }
-  static bool required(size_t) { return true; }
-  /// The momenta are the parameter's shape, fp32 whatever its dtype (FOGOParamState).
-  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t) { return p.sizes().vec(); }
-  static c10::ScalarType state_dtype(const at::Tensor&, size_t) { return at::kFloat; }
+  static bool required(size_t k) { return k < 2; }
+  /// The momenta are the parameter's shape, fp32 whatever its dtype (FOGOParamState); the second
+  /// moment one per row, [size(0)], in normuon_dtype.
+  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k) {
+    return k < 2 ? p.sizes().vec() : std::vector<int64_t>{p.size(0)};
+  }
+  static c10::ScalarType state_dtype(const at::Tensor& p, size_t k) {
+    return k < 2 ? at::kFloat : fogo::normuon_dtype(p);
+  }
   /// FOGO takes a Tensor lr's value (its step's arithmetic is in double; no torch reference).
   static void sync_group(Optim&, size_t, const py::dict&) {}
 };

@@ -295,3 +295,39 @@ def test_a_second_moment_that_does_not_fit_is_refused(gen, bad, match):
     with pytest.raises(ValueError, match=r"'second_moment'.* has dtype Double, expected Float"):
         opt.step()
     assert all(torch.equal(p, w) for p, w in zip(params, weights))
+
+
+# -- FOGO ---------------------------------------------------------------------------------------
+
+def test_fogo_normuon_state_travels_and_resumes_bitwise(gen):
+    """fogo.FOGO(normuon=True) (NorMuon on FOGO's final update, docs/algorithm.md): the second
+    moment is opt.state's from construction ([rows], fp32), a state_dict resumes bit for bit
+    (loaded into a FOGO made without NorMuon: the option comes with the checkpoint), the
+    normalization moves the parameters, and one that does not fit is refused."""
+    opts = {"lr": 0.01, "codebook_size": 6, "proj_dim": 8}
+    init = [randn(gen, *s, scale=0.1) for s in SHAPES]
+    grads = [[rows_scaled(gen, s) for s in SHAPES] for _ in range(6)]
+    full, plain = clone(init), clone(init)
+    opt = fogo.FOGO(full, normuon=True, **opts)
+    assert [tuple(opt.state[p]["second_moment"].shape) for p in full] == [(12,), (20,), (8,)]
+    assert all(opt.state[p]["second_moment"].dtype == torch.float32 for p in full)
+    train(opt, full, grads)
+    train(fogo.FOGO(plain, **opts), plain, grads)
+    assert all((p - q).abs().max() > 1e-6 for p, q in zip(full, plain))
+
+    first = clone(init)
+    opt1 = fogo.FOGO(first, normuon=True, **opts)
+    train(opt1, first, grads[:3])
+    sd = save_load(opt1.state_dict())
+    assert all(st["second_moment"].any() for st in sd["state"].values())
+    second = clone(first)
+    opt2 = fogo.FOGO(second, **opts)
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["normuon"]
+    train(opt2, second, grads[3:])
+    for k, (p, q) in enumerate(zip(full, second)):
+        assert torch.equal(p, q), f"parameter {k}"
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["second_moment"] = torch.zeros(5)
+    with pytest.raises((RuntimeError, ValueError), match="second_moment"):
+        fogo.FOGO(clone(first), **opts).load_state_dict(bad)

@@ -26,4 +26,13 @@ std::vector<at::Tensor> normuon_normalize(const at::Tensor& O,
                                           const std::vector<at::Tensor>& second_moments,
                                           double beta2, double eps);
 
+/// NorMuon on FOGO's final update (FOGOOptions::normuon): the per-row factors D [rows] of `Ohat`
+/// [rows, cols] (the parameter's matrix view, in `v`'s dtype) that make D Ohat what
+/// normuon_normalize makes of it, D = (|Ohat|_F / (|Ohat / (sqrt(v) + eps)|_F + eps)) /
+/// (sqrt(v) + eps), after updating the second moment `v` [rows] in place with Ohat's rows. FOGO
+/// scales O_s and delta by D apart, so that its update and its telemetry ratio read the
+/// normalized Ohat.
+at::Tensor normuon_row_factors(const at::Tensor& Ohat, const at::Tensor& v, double beta2,
+                               double eps);
+
 }  // namespace fogo
