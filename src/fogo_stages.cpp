@@ -130,7 +130,7 @@ Sharing::Sharing(const std::vector<Work>& work, const ShapeRuns& runs, const Ste
   for (const auto& [begin, end] : runs) {
     const size_t first = mine_.size();
     for (size_t i = begin; i < end; ++i) {
-      if (shard.owns && !shard.owns(work[i].param)) continue;
+      if (shard.owns && !shard.owns(work[i].param, 0)) continue;
       mine_.push_back(work[i]);
       index_.push_back(i);
     }
@@ -142,10 +142,10 @@ std::pair<at::Tensor, at::Tensor> Sharing::projections(std::pair<at::Tensor, at:
                                                        const FOGOOptions& o) const {
   if (!shard_.owns) return mine;
   const auto& [Ps, Pf] = mine;
-  std::vector<at::Tensor> params;
+  std::vector<ShardUnit> params;
   std::vector<std::vector<at::Tensor>> values;
   for (const Work& w : group_) {
-    params.push_back(w.param);
+    params.push_back({w.param});
     const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.slow.options()); };
     values.push_back({buffer(), buffer()});
   }
@@ -175,11 +175,12 @@ at::Tensor Sharing::rows(const at::Tensor& dz) const {
 
 std::vector<at::Tensor> Sharing::updates(std::vector<at::Tensor> ratios) const {
   if (!shard_.owns) return ratios;
-  std::vector<at::Tensor> params, all(group_.size());
+  std::vector<ShardUnit> params;
+  std::vector<at::Tensor> all(group_.size());
   std::vector<std::vector<at::Tensor>> values;
   for (size_t k = 0; k < mine_.size(); ++k) all[index_[k]] = ratios[k];
   for (size_t i = 0; i < group_.size(); ++i) {
-    params.push_back(group_[i].param);
+    params.push_back({group_[i].param});
     if (!all[i].defined()) all[i] = at::empty({}, group_[i].param.options().dtype(at::kFloat));
     values.push_back({group_[i].param, all[i]});
   }

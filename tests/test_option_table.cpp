@@ -107,8 +107,10 @@ struct MuonCase {
   static constexpr const char* format_key = "muon/format";
   static constexpr const char* checksum_key = "muon/checksum";
   static std::unique_ptr<Optim> make(const at::Tensor& p, const MuonOptions& o) {
+    // Made with the options the parameter takes whatever `o` (no step checks them against it).
     auto opt =
-        std::make_unique<Optim>(std::vector<at::Tensor>{p}, MuonOptions(o).cuda_graph(false));
+        std::make_unique<Optim>(std::vector<at::Tensor>{p},
+                                MuonOptions(o).cuda_graph(false).batch_dims(0).heads(1).blocks({}));
     static_cast<MuonOptions&>(opt->param_groups()[0].options()) = o;
     return opt;
   }
@@ -132,6 +134,12 @@ struct MuonCase {
         {"ns_schedule", [](MuonOptions& o) { o.ns_schedule(3); }},
         {"normuon_beta2", [](MuonOptions& o) { o.normuon_beta2(1.01); }},
         {"normuon_eps", [](MuonOptions& o) { o.normuon_eps(0.0); }},
+        {"batch_dims", [](MuonOptions& o) { o.batch_dims(-1); }},
+        {"heads", [](MuonOptions& o) { o.heads(0); }},
+        {"blocks",
+         [](MuonOptions& o) {
+           o.blocks({3, 0});
+         }},
     };
   }
 };
@@ -154,7 +162,10 @@ TYPED_TEST_SUITE(OptionTable, Cases, CaseNames);
 // A valid value other than `v` for each type of the tables (a row of a new type fails to compile
 // until it has one).
 double other(double v) { return v == 0 ? 0.01 : v / 2; }
-int64_t other(int64_t v) { return v == 0 ? 1 : v - 1; }
+int64_t other(int64_t v) { return v == 0 ? 1 : v == 1 ? 2 : v - 1; }  // Muon's heads: 1 -> 2
+std::vector<int64_t> other(const std::vector<int64_t>& v) {           // Muon's blocks
+  return v.empty() ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{};
+}
 bool other(bool v) { return !v; }
 std::tuple<double, double, double> other(const std::tuple<double, double, double>& v) {
   return v == fogo::kQuintic ? fogo::kCubic : fogo::kQuintic;
