@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <tuple>
 #include <utility>
 
@@ -57,6 +58,7 @@ void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Ten
               " is on ", p.device(), " and the group's first parameter on ", first.device(),
               "; put each device's parameters in a param group of their own");
   if (o.cuda_graph()) detail::check_graph_device("FOGO", group, index, p);
+  matrix_view(p.sizes(), matrix_layout(o), "FOGO", detail::describe_param(group, index, p));
 }
 
 }  // namespace
@@ -183,7 +185,8 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
     };
   }
   ShapeRuns runs;
-  std::vector<Work> work = working_set(in.params, in.grads, state_, projection, runs);
+  std::vector<Work> work =
+      working_set(in.params, in.grads, state_, projection, matrix_layout(o), runs);
   if (work.empty()) return;
   const MaskedMemory masked(mem, in.ok);
   Sharing share(work, runs, impl_->shard);  // this rank's parameters
@@ -254,6 +257,12 @@ void FOGO::begin_task() {
       mem.start = mem.book.centroids.clone();
     }
   }
+}
+
+MatrixView FOGO::matrix_view(size_t group, const at::Tensor& param) const {
+  std::ostringstream what;
+  what << "a parameter of group " << group << " (shape " << param.sizes() << ")";
+  return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "FOGO", what.str());
 }
 
 void FOGO::set_step_shard(StepShard shard) {

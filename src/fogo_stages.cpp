@@ -130,7 +130,7 @@ Sharing::Sharing(const std::vector<Work>& work, const ShapeRuns& runs, const Ste
   for (const auto& [begin, end] : runs) {
     const size_t first = mine_.size();
     for (size_t i = begin; i < end; ++i) {
-      if (shard.owns && !shard.owns(work[i].param, 0)) continue;
+      if (shard.owns && !shard.owns(work[i].whole, work[i].matrix)) continue;
       mine_.push_back(work[i]);
       index_.push_back(i);
     }
@@ -145,7 +145,7 @@ std::pair<at::Tensor, at::Tensor> Sharing::projections(std::pair<at::Tensor, at:
   std::vector<ShardUnit> params;
   std::vector<std::vector<at::Tensor>> values;
   for (const Work& w : group_) {
-    params.push_back({w.param});
+    params.push_back({w.whole, w.matrix});
     const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.slow.options()); };
     values.push_back({buffer(), buffer()});
   }
@@ -180,7 +180,7 @@ std::vector<at::Tensor> Sharing::updates(std::vector<at::Tensor> ratios) const {
   std::vector<std::vector<at::Tensor>> values;
   for (size_t k = 0; k < mine_.size(); ++k) all[index_[k]] = ratios[k];
   for (size_t i = 0; i < group_.size(); ++i) {
-    params.push_back({group_[i].param});
+    params.push_back({group_[i].whole, group_[i].matrix});
     if (!all[i].defined()) all[i] = at::empty({}, group_[i].param.options().dtype(at::kFloat));
     values.push_back({group_[i].param, all[i]});
   }
@@ -198,7 +198,8 @@ at::Tensor entropy(const at::Tensor& N) {
 std::vector<Work> working_set(
     const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
     ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& state,
-    const std::function<const Projection&(int64_t n)>& projection, ShapeRuns& runs) {
+    const std::function<const Projection&(int64_t n)>& projection, const MatrixLayout& layout,
+    ShapeRuns& runs) {
   std::vector<Work> work;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
@@ -211,18 +212,25 @@ std::vector<Work> working_set(
       slot = std::move(fresh);
     }
     auto& st = static_cast<FOGOParamState&>(*slot);
-    const int64_t rows = p.size(0), cols = p.numel() / rows;
-    Work w{p,
-           rows > cols,
-           std::min(rows, cols),
-           std::max(rows, cols),
-           st.slow_momentum(),
-           st.fast_momentum(),
-           grads[k].to(at::kFloat),
-           {},
-           nullptr};
-    if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
-    work.push_back(std::move(w));
+    const MatrixView view = matrix_view(p.sizes(), layout, "FOGO", "a parameter");
+    const at::Tensor G = grads[k].to(at::kFloat);
+    for (int64_t i = 0; i < view.count(); ++i) {  // each matrix as a parameter of its own
+      const int64_t rows = view.rows_of(i), cols = view.cols;
+      const auto of = [&](const at::Tensor& t) { return matrix_of(t, view, i); };
+      Work w{of(p),
+             p,
+             i,
+             rows > cols,
+             std::min(rows, cols),
+             std::max(rows, cols),
+             of(st.slow_momentum()),
+             of(st.fast_momentum()),
+             of(G),
+             {},
+             nullptr};
+      if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
+      work.push_back(std::move(w));
+    }
   }
   runs = detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   return work;

@@ -18,6 +18,7 @@ MatrixView matrix_view(at::IntArrayRef sizes, const MatrixLayout& layout, const 
               " dimensions; option 'batch_dims' ", b, " needs at least ", b + 2,
               " (the batch dimensions, then a matrix's rows and columns)");
   MatrixView v;
+  v.batch_dims = b;
   v.batch = c10::multiply_integers(sizes.slice(0, static_cast<size_t>(b)));
   v.rows = sizes[static_cast<size_t>(b)];
   v.cols = c10::multiply_integers(sizes.slice(static_cast<size_t>(b + 1)));
@@ -43,12 +44,12 @@ MatrixView matrix_view(at::IntArrayRef sizes, const MatrixLayout& layout, const 
   return v;
 }
 
-at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t batch_dims, int64_t k) {
+at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t k) {
   const int64_t j = k % view.block_count();
   int64_t e = k / view.block_count();
   // Batch entry e, row-major over the batch dimensions: select from the last one up.
-  std::vector<int64_t> index(static_cast<size_t>(batch_dims));
-  for (int64_t d = batch_dims - 1; d >= 0; --d) {
+  std::vector<int64_t> index(static_cast<size_t>(view.batch_dims));
+  for (int64_t d = view.batch_dims - 1; d >= 0; --d) {
     index[static_cast<size_t>(d)] = e % t.size(d);
     e /= t.size(d);
   }

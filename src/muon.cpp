@@ -178,14 +178,12 @@ void Muon::finish_step(const std::vector<GroupStep>& groups) {
   std::vector<std::vector<at::Tensor>> values;
   for (const GroupStep& s : groups) {
     const std::vector<at::Tensor> second = buffers(s.params, true);
-    const int64_t batch_dims = options(s.group).batch_dims();
     for (size_t i = 0; i < s.params.size(); ++i) {
       const MatrixView view = matrix_view(s.group, s.params[i]);
       for (int64_t k = 0; k < view.count(); ++k) {
         units.push_back({s.params[i], k});
-        values.push_back({matrix_of(s.params[i], view, batch_dims, k)});
-        if (options(s.group).normuon())
-          values.back().push_back(matrix_of(second[i], view, batch_dims, k));
+        values.push_back({matrix_of(s.params[i], view, k)});
+        if (options(s.group).normuon()) values.back().push_back(matrix_of(second[i], view, k));
       }
     }
   }
@@ -272,7 +270,6 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   const std::vector<at::Tensor> U = momentum_updates(bufs, grads, o);
   // Every matrix of every parameter (sharded: the owned ones only go through Newton–Schulz and
   // the update).
-  const int64_t batch_dims = o.batch_dims();
   std::vector<MatrixView> views;
   std::vector<Matrix> matrices;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -283,7 +280,7 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
     }
   }
   const auto of = [&](const std::vector<at::Tensor>& t, const Matrix& m) {
-    return matrix_of(t[m.param], views[m.param], batch_dims, m.k);
+    return matrix_of(t[m.param], views[m.param], m.k);
   };
   std::vector<MuonUpdateItem> updates;  // each (owned) matrix with its orthogonalized momentum
   for (const auto& [begin, end] : shape_runs(params, matrices)) {

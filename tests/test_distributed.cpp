@@ -591,6 +591,59 @@ void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOpti
   }
 }
 
+/// shard_step on fogo::FOGO with a stack of experts (batch_dims 1) and fused weights in unequal
+/// blocks (a group each): each expert and block has its owner; against FOGO replicated, 6 steps
+/// with a task boundary: parameters and memory bit-identical on every rank.
+void sharded_fogo_stacks(const fogo::dist::ProcessGroup& group) {
+  torch::manual_seed(13);
+  const std::vector<std::vector<int64_t>> shapes = {{4, 12, 10}, {24, 10}};
+  std::vector<torch::Tensor> replicated, sharded;
+  for (const auto& shape : shapes) {
+    replicated.push_back(torch::randn(shape).requires_grad_(true));
+    sharded.push_back(replicated.back().detach().clone().requires_grad_(true));
+  }
+  const auto fogo_of = [&](const std::vector<torch::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{p[0]},
+                        std::make_unique<fogo::FOGOOptions>(small_fogo().batch_dims(1)));
+    groups.emplace_back(std::vector<torch::Tensor>{p[1]},
+                        std::make_unique<fogo::FOGOOptions>(small_fogo().blocks({12, 6, 6})));
+    return fogo::FOGO(groups, small_fogo());
+  };
+  auto fogo_replicated = fogo_of(replicated), fogo_sharded = fogo_of(sharded);
+  const auto owners = fogo::dist::shard_step(group, fogo_sharded);
+  RANK_CHECK(owners.size() == 4 + 3, "one owner per matrix, got " << owners.size());
+  RANK_CHECK(std::set<int64_t>(owners.begin(), owners.begin() + 4).size() >= 2,
+             "the stack's experts were not split across owners");
+  for (int64_t step = 0; step < 6; ++step) {
+    if (step == 3) {
+      fogo_replicated.task_boundary();
+      fogo_sharded.task_boundary();
+    }
+    torch::manual_seed(950 + step);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const torch::Tensor g = torch::randn(shapes[i]);
+      replicated[i].mutable_grad() = g.clone();
+      sharded[i].mutable_grad() = g.clone();
+    }
+    fogo_replicated.step();
+    fogo_sharded.step();
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    RANK_CHECK(torch::equal(replicated[i], sharded[i]),
+               "FOGO parameter " << i << ": sharded differs from replicated by "
+                                 << max_abs(replicated[i] - sharded[i]));
+  }
+  const auto memory = fogo::dist::fogo_memory(fogo_replicated),
+             sharded_memory = fogo::dist::fogo_memory(fogo_sharded);
+  RANK_CHECK(memory.size() == sharded_memory.size() && !memory.empty(), "memory tensors");
+  for (size_t i = 0; i < memory.size(); ++i) {
+    RANK_CHECK(torch::equal(memory[i].second, sharded_memory[i].second),
+               memory[i].first << ": sharded differs from replicated");
+  }
+  fogo::dist::check_lockstep(group, {{"stack", sharded[0]}, {"fused", sharded[1]}});
+}
+
 /// shard_step on fogo::Muon with a stack of experts (batch_dims 1) and a fused weight cut into
 /// unequal blocks, beside a plain matrix: the unit of work is each matrix, so the experts of the
 /// stack are split across owners; against the same Muon replicated, 6 steps (expert 0 idle, an
@@ -1118,6 +1171,7 @@ int rank_main(const std::string& scenario) {
            sharded_stacks(g, muon.normuon());
          }
          sharded_fogo(g);
+         sharded_fogo_stacks(g);
        }}};
   try {
     const auto it = scenarios.find(scenario);

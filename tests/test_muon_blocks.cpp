@@ -36,7 +36,7 @@ struct Twins {
         std::make_unique<fogo::Muon>(parts, fogo::MuonOptions(o).batch_dims(0).heads(1).blocks({}));
   }
   torch::Tensor part(const torch::Tensor& t, int64_t k) const {
-    return fogo::matrix_of(t, view, options.batch_dims(), k).clone();
+    return fogo::matrix_of(t, view, k).clone();
   }
   // One step of both with gradient `grad` (the whole parameter's shape).
   void step(const torch::Tensor& grad) {
@@ -57,16 +57,15 @@ struct Twins {
       const torch::Tensor& p = parts[static_cast<size_t>(k)];
       const auto& sp = state(*apart, p);
       const int64_t b = options.batch_dims();
-      EXPECT_TRUE(torch::equal(fogo::matrix_of(whole.detach(), view, b, k), p.detach()))
+      EXPECT_TRUE(torch::equal(fogo::matrix_of(whole.detach(), view, k), p.detach()))
           << what << ": matrix " << k << " differs by "
-          << (fogo::matrix_of(whole.detach(), view, b, k) - p.detach()).abs().max().item<double>();
+          << (fogo::matrix_of(whole.detach(), view, k) - p.detach()).abs().max().item<double>();
       EXPECT_TRUE(
-          torch::equal(fogo::matrix_of(st.momentum_buffer(), view, b, k), sp.momentum_buffer()))
+          torch::equal(fogo::matrix_of(st.momentum_buffer(), view, k), sp.momentum_buffer()))
           << what << ": momentum " << k;
       ASSERT_EQ(st.second_moment().defined(), options.normuon()) << what;
       if (options.normuon()) {
-        EXPECT_TRUE(
-            torch::equal(fogo::matrix_of(st.second_moment(), view, b, k), sp.second_moment()))
+        EXPECT_TRUE(torch::equal(fogo::matrix_of(st.second_moment(), view, k), sp.second_moment()))
             << what << ": second moment " << k;
       }
     }
@@ -114,9 +113,9 @@ TEST(MatrixView, CutsTheBatchAndTheRowsAndNamesWhatDoesNotFit) {
   EXPECT_EQ(fogo::to_string(fogo::matrix_view({16, 5}, {0, 4, {}}, "Muon", "p")), "4 x [4, 5]");
   // Matrix k's view: batch-major, the blocks' rows in order; every element in one view.
   const torch::Tensor t = torch::arange(2 * 16 * 5).view({2, 16, 5});
-  EXPECT_TRUE(torch::equal(fogo::matrix_of(t, gqa, 1, 3), t[1].narrow(0, 0, 8)));
-  EXPECT_TRUE(torch::equal(fogo::matrix_of(t, gqa, 1, 4), t[1].narrow(0, 8, 4)));
-  EXPECT_TRUE(torch::equal(fogo::matrix_of(torch::arange(32).view({2, 16}), gqa, 1, 2),
+  EXPECT_TRUE(torch::equal(fogo::matrix_of(t, gqa, 3), t[1].narrow(0, 0, 8)));
+  EXPECT_TRUE(torch::equal(fogo::matrix_of(t, gqa, 4), t[1].narrow(0, 8, 4)));
+  EXPECT_TRUE(torch::equal(fogo::matrix_of(torch::arange(32).view({2, 16}), gqa, 2),
                            torch::arange(12, 16)));
   expect_error(
       [] {

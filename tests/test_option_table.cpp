@@ -40,8 +40,10 @@ struct FOGOCase {
   /// A FOGO over `p` whose group has `o` (cuda_graph set after construction, which refuses it
   /// for CPU parameters).
   static std::unique_ptr<Optim> make(const at::Tensor& p, const FOGOOptions& o) {
+    // ... and with the matrix view the parameter takes whatever `o` (no step checks it).
     auto opt =
-        std::make_unique<Optim>(std::vector<at::Tensor>{p}, FOGOOptions(o).cuda_graph(false));
+        std::make_unique<Optim>(std::vector<at::Tensor>{p},
+                                FOGOOptions(o).cuda_graph(false).batch_dims(0).heads(1).blocks({}));
     static_cast<FOGOOptions&>(opt->param_groups()[0].options()) = o;
     return opt;
   }
@@ -97,6 +99,9 @@ struct FOGOCase {
         {"projection_scale",
          [](FOGOOptions& o) { o.projection_scale(static_cast<fogo::ProjectionScale>(2)); }},
         {"nonfinite", [](FOGOOptions& o) { o.nonfinite(static_cast<fogo::NonFinitePolicy>(9)); }},
+        {"batch_dims", [](FOGOOptions& o) { o.batch_dims(65); }},
+        {"heads", [](FOGOOptions& o) { o.heads(-2); }},
+        {"blocks", [](FOGOOptions& o) { o.blocks({-1}); }},
     };
   }
 };

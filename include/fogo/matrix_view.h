@@ -31,6 +31,7 @@ struct MatrixLayout {
 
 /// A parameter's matrices under a MatrixLayout.
 struct MatrixView {
+  int64_t batch_dims = 0;        ///< the layout's leading batch dimensions
   int64_t batch = 1;             ///< batch entries (the product of the batch dimensions)
   int64_t rows = 0, cols = 0;    ///< each entry's matrix [rows, cols] before the blocks
   std::vector<int64_t> blocks;   ///< the blocks' row counts (one: the whole matrix)
@@ -55,7 +56,7 @@ MatrixView matrix_view(at::IntArrayRef sizes, const MatrixLayout& layout, const 
 /// rest...] (the rows of a conv weight keep their [in, kh, kw]); `t` of the parameter's leading
 /// batch_dims + 1 dimensions (a per-row state, NorMuon's second moment) gives [rows_of(k)]. Every
 /// element of `t` is in exactly one of the count() views.
-at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t batch_dims, int64_t k);
+at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t k);
 
 /// The matrix view as text, for routing tables and messages: "[out, in]" for one matrix,
 /// "8 x [64, 256]" for a stack, "3 x [64, 256] + [32, 256]" for blocks (same shapes counted),

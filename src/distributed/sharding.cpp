@@ -186,21 +186,15 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
   }
   check_same_layout(impl(group), numbered("parameter", params), "shard_step");
   // The units of work: each matrix of each parameter's matrix view (the experts of a stack, the
-  // blocks of a fused weight), `cost` of its parameter shared by the matrices' own
-  // Newton–Schulz costs.
+  // blocks of a fused weight), each at `cost` of its view (newton_schulz_cost: its own
+  // [rows, cols]).
   std::vector<std::pair<const c10::TensorImpl*, int64_t>> units;
   std::vector<double> costs;
   for (const auto& [g, p] : grouped) {
     const fogo::MatrixView view = matrix->matrix_view(g, p);
-    double total = 0.0;
-    for (int64_t k = 0; k < view.count(); ++k)
-      total += fogo::newton_schulz_cost({view.rows_of(k), view.cols});
     for (int64_t k = 0; k < view.count(); ++k) {
       units.emplace_back(p.unsafeGetTensorImpl(), k);
-      const double share = view.single() || total == 0.0
-                               ? 1.0 / static_cast<double>(view.count())
-                               : fogo::newton_schulz_cost({view.rows_of(k), view.cols}) / total;
-      costs.push_back(cost(p) * share);
+      costs.push_back(cost(fogo::matrix_of(p, view, k)));
     }
   }
   const auto owners = fogo::assign_owners(costs, group.world_size());

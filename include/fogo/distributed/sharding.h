@@ -88,8 +88,8 @@ class ShardedOptimizer {
 /// fogo::Muon (Muon::set_step_shard): Newton–Schulz and the update on the owner, the
 /// parameters broadcast at the end of the step. The unit of work is a matrix of a parameter's
 /// matrix view (MatrixOptimizer::matrix_view): a stack of experts (batch_dims) or a fused weight
-/// cut in blocks (heads, blocks) is split across owners by matrix, each taking its share of the
-/// parameter's `cost` by its own Newton–Schulz cost.
+/// cut in blocks (heads, blocks) is split across owners by matrix, each at `cost` of its view
+/// (fogo::matrix_of: [rows, in...]).
 /// A HybridOptimizer: its matrix side, as above (the AdamW side stays replicated: it is cheap).
 ///
 /// Momenta stay on every rank, so checkpoints do not depend on the world size (for Muon,
