@@ -3,6 +3,7 @@
 #include <torch/serialize/archive.h>
 
 #include "fogo/fogo_optimizer.h"
+#include "fogo/matrix_view.h"
 #include "fogo_private/detail/checks.h"
 #include "fogo_private/detail/integrity.h"
 #include "fogo_private/detail/ns_dtype_record.h"
@@ -199,10 +200,15 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
         st.slow_momentum(st.slow_momentum().to(p.device()));
         st.fast_momentum(st.fast_momentum().to(p.device()));
         if (const at::Tensor& v = st.second_moment(); v.defined()) {
-          TORCH_CHECK(v.dim() == 1 && v.size(0) == p.size(0),
+          // One per row of each matrix (batch_dims: of each matrix of the stack).
+          const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
+          const std::vector<int64_t> rows = row_state_sizes(p.sizes(), o.batch_dims());
+          TORCH_CHECK(v.sizes() == at::IntArrayRef(rows),
                       "FOGO::load: the checkpoint's second_moment for ",
-                      detail::describe_param(g, i, p), " has shape ", v.sizes(), ", expected [",
-                      p.size(0), "]; the checkpoint was made for a different model");
+                      detail::describe_param(g, i, p), " has shape ", v.sizes(), ", expected ",
+                      at::IntArrayRef(rows),
+                      " (one per row of each matrix); the checkpoint was made for a different "
+                      "model or another batch_dims");
           detail::check_finite_state("FOGO", "second moment for " + detail::describe_param(g, i, p),
                                      v);
           st.second_moment(v.to(p.device(), normuon_dtype(p)));

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <tuple>
 #include <utility>
 
@@ -60,6 +61,7 @@ void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Ten
               " is on ", p.device(), " and the group's first parameter on ", first.device(),
               "; put each device's parameters in a param group of their own");
   if (o.cuda_graph()) detail::check_graph_device("FOGO", group, index, p);
+  matrix_view(p.sizes(), matrix_layout(o), "FOGO", detail::describe_param(group, index, p));
 }
 
 }  // namespace
@@ -134,7 +136,7 @@ void FOGO::step_group(const GroupStep& s) {
   stages::prepare_mask_state(mem, s.ok);
   // NorMuon's second moments exist before a CUDA graph's layout is taken (normuon turned on
   // between steps, a checkpoint without them): working_set makes those of new states.
-  if (o.normuon()) stages::add_second_moments(state_, s.params);
+  if (o.normuon()) stages::add_second_moments(state_, s.params, matrix_layout(o));
   // A CUDA graph takes the steady-state steps: not the first (it builds the codebook), not a
   // re-seeding one (it reads the queries back), not a sharded one (it exchanges with the ranks).
   auto& graph = impl_->graphs[g];
@@ -190,7 +192,8 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
     };
   }
   ShapeRuns runs;
-  std::vector<Work> work = working_set(in.params, in.grads, state_, projection, o.normuon(), runs);
+  std::vector<Work> work =
+      working_set(in.params, in.grads, state_, projection, matrix_layout(o), o.normuon(), runs);
   if (work.empty()) return;
   const MaskedMemory masked(mem, in.ok);
   Sharing share(work, runs, impl_->shard);  // this rank's parameters
@@ -261,6 +264,12 @@ void FOGO::begin_task() {
       mem.start = mem.book.centroids.clone();
     }
   }
+}
+
+MatrixView FOGO::matrix_view(size_t group, const at::Tensor& param) const {
+  std::ostringstream what;
+  what << "a parameter of group " << group << " (shape " << param.sizes() << ")";
+  return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "FOGO", what.str());
 }
 
 void FOGO::set_step_shard(StepShard shard) {

@@ -24,7 +24,11 @@ void FOGOOptions::validate() const {
   // streams' step counts (a schedule is made for a number of iterations).
   fogo::validate(ns_config(*this, ns_steps_slow()));
   fogo::validate(ns_config(*this, ns_steps_fast()));
+  TORCH_CHECK(heads() == 1 || blocks().empty(), "FOGO: options 'heads' (", heads(),
+              ") and 'blocks' ", at::IntArrayRef(blocks()), " both cut the rows; set one of them");
 }
+
+MatrixLayout matrix_layout(const FOGOOptions& o) { return {o.batch_dims(), o.heads(), o.blocks()}; }
 
 void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
   option_table::write<option_table::FOGOTable>(*this, archive);

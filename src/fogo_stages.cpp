@@ -132,7 +132,7 @@ Sharing::Sharing(const std::vector<Work>& work, const ShapeRuns& runs, const Ste
   for (const auto& [begin, end] : runs) {
     const size_t first = mine_.size();
     for (size_t i = begin; i < end; ++i) {
-      if (shard.owns && !shard.owns(work[i].param)) continue;
+      if (shard.owns && !shard.owns(work[i].whole, work[i].matrix)) continue;
       mine_.push_back(work[i]);
       index_.push_back(i);
     }
@@ -144,10 +144,10 @@ std::pair<at::Tensor, at::Tensor> Sharing::projections(std::pair<at::Tensor, at:
                                                        const FOGOOptions& o) const {
   if (!shard_.owns) return mine;
   const auto& [Ps, Pf] = mine;
-  std::vector<at::Tensor> params;
+  std::vector<ShardUnit> params;
   std::vector<std::vector<at::Tensor>> values;
   for (const Work& w : group_) {
-    params.push_back(w.param);
+    params.push_back({w.whole, w.matrix});
     const auto buffer = [&] { return at::empty({w.m, o.proj_dim()}, w.slow.options()); };
     values.push_back({buffer(), buffer()});
   }
@@ -177,11 +177,12 @@ at::Tensor Sharing::rows(const at::Tensor& dz) const {
 
 std::vector<at::Tensor> Sharing::updates(std::vector<at::Tensor> ratios) const {
   if (!shard_.owns) return ratios;
-  std::vector<at::Tensor> params, all(group_.size());
+  std::vector<ShardUnit> params;
+  std::vector<at::Tensor> all(group_.size());
   std::vector<std::vector<at::Tensor>> values;
   for (size_t k = 0; k < mine_.size(); ++k) all[index_[k]] = ratios[k];
   for (size_t i = 0; i < group_.size(); ++i) {
-    params.push_back(group_[i].param);
+    params.push_back({group_[i].whole, group_[i].matrix});
     if (!all[i].defined()) all[i] = at::empty({}, group_[i].param.options().dtype(at::kFloat));
     values.push_back({group_[i].param, all[i]});
     // NorMuon's second moment: only its owner updated it; every rank holds the owner's.
@@ -201,7 +202,7 @@ at::Tensor entropy(const at::Tensor& N) {
 std::vector<Work> working_set(const std::vector<at::Tensor>& params,
                               const std::vector<at::Tensor>& grads, ParamStates& state,
                               const std::function<const Projection&(int64_t n)>& projection,
-                              bool normuon, ShapeRuns& runs) {
+                              const MatrixLayout& layout, bool normuon, ShapeRuns& runs) {
   std::vector<Work> work;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
@@ -214,36 +215,43 @@ std::vector<Work> working_set(const std::vector<at::Tensor>& params,
       slot = std::move(fresh);
     }
     auto& st = static_cast<FOGOParamState&>(*slot);
-    const int64_t rows = p.size(0), cols = p.numel() / rows;
-    Work w{p,
-           rows > cols,
-           std::min(rows, cols),
-           std::max(rows, cols),
-           st.slow_momentum(),
-           st.fast_momentum(),
-           grads[k].to(at::kFloat),
-           {},
-           nullptr,
-           {}};
-    if (normuon) {
-      if (!st.second_moment().defined())
-        st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
-      w.v = st.second_moment();
+    const MatrixView view = matrix_view(p.sizes(), layout, "FOGO", "a parameter");
+    const at::Tensor G = grads[k].to(at::kFloat);
+    if (normuon && !st.second_moment().defined())
+      st.second_moment(at::zeros(row_state_sizes(p.sizes(), layout.batch_dims),
+                                 p.options().dtype(normuon_dtype(p))));
+    for (int64_t i = 0; i < view.count(); ++i) {  // each matrix as a parameter of its own
+      const int64_t rows = view.rows_of(i), cols = view.cols;
+      const auto of = [&](const at::Tensor& t) { return matrix_of(t, view, i); };
+      Work w{of(p),
+             p,
+             i,
+             rows > cols,
+             std::min(rows, cols),
+             std::max(rows, cols),
+             of(st.slow_momentum()),
+             of(st.fast_momentum()),
+             of(G),
+             {},
+             nullptr,
+             normuon ? of(st.second_moment()) : at::Tensor()};
+      if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
+      work.push_back(std::move(w));
     }
-    if (projection) w.proj = &projection(w.n);  // none for fusion_only: Pi is never built
-    work.push_back(std::move(w));
   }
   runs = detail::sort_into_runs(work, [](const Work& w) { return std::make_pair(w.m, w.n); });
   return work;
 }
 
-void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params) {
+void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params,
+                        const MatrixLayout& layout) {
   for (const at::Tensor& p : params) {
     const auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end() || p.numel() == 0) continue;
     auto& st = static_cast<FOGOParamState&>(*it->second);
     if (!st.second_moment().defined())
-      st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
+      st.second_moment(at::zeros(row_state_sizes(p.sizes(), layout.batch_dims),
+                                 p.options().dtype(normuon_dtype(p))));
   }
 }
 

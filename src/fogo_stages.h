@@ -26,10 +26,13 @@ ProjectedStepParams projected_step_params(const FOGOOptions& o, bool filter);
 
 namespace fogo::stages {
 
-/// One matrix parameter in the working orientation [m, n], m <= n (the projected side n is the
-/// larger one; docs/algorithm.md "Shapes").
+/// One matrix in the working orientation [m, n], m <= n (the projected side n is the larger one;
+/// docs/algorithm.md "Shapes"): a parameter's matrix view, or one matrix of it (a stack's expert, a
+/// block of a fused weight: matrix_view.h), every tensor below a view of the parameter's.
 struct Work {
   at::Tensor param;
+  at::Tensor whole;    ///< the parameter `param` is a matrix of
+  int64_t matrix = 0;  ///< which matrix of whole's matrix view
   bool transposed;
   int64_t m, n;
   at::Tensor slow, fast;  ///< the momenta B_s, B_f (state, in the parameter's shape)
@@ -46,18 +49,19 @@ using ShapeRuns = detail::Runs;
 
 using ParamStates = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
 
-/// Every parameter of the group that has elements (and a gradient): its momenta (created in
-/// `state` on its first step; with `normuon` its second moment too), fp32 gradient, working
-/// orientation and projection (`projection(n)` when given), sorted into runs of one shape; `runs`
-/// receives them.
+/// Every matrix (of the group's `layout`) with elements of every parameter (with a gradient): its
+/// momenta (created in `state` on the parameter's first step; with `normuon` its second moment
+/// too), fp32 gradient, working orientation and projection (`projection(n)` when given), sorted
+/// into runs of one shape; `runs` receives them.
 std::vector<Work> working_set(const std::vector<at::Tensor>& params,
                               const std::vector<at::Tensor>& grads, ParamStates& state,
                               const std::function<const Projection&(int64_t n)>& projection,
-                              bool normuon, ShapeRuns& runs);
+                              const MatrixLayout& layout, bool normuon, ShapeRuns& runs);
 
-/// NorMuon's second moment (zeros [size(0)], normuon_dtype) for each of `params` whose state
-/// exists without one.
-void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params);
+/// NorMuon's second moment (zeros of `p`'s leading batch_dims + 1 dimensions: one per row of
+/// each of its matrices; normuon_dtype) for each of `params` whose state exists without one.
+void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& params,
+                        const MatrixLayout& layout);
 
 /// The parameters this rank steps through the per-parameter stages (2-3, 8-9), and the exchange
 /// hook that brings the others' results from their owners: under data-parallel sharding

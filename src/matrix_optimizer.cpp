@@ -10,6 +10,11 @@ namespace fogo {
 
 torch::Tensor MatrixOptimizer::step(LossClosure closure) { return step_with({}, closure); }
 
+MatrixView MatrixOptimizer::matrix_view(size_t group, const at::Tensor& param) const {
+  (void)group;
+  return fogo::matrix_view(param.sizes(), {}, name(), "a parameter");
+}
+
 torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss;

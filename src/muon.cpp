@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -76,7 +77,8 @@ void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                              const MuonOptions& options) const {
   if (options.cuda_graph()) detail::check_graph_device("Muon", group, index, p);
   if (options.strict_2d()) {
-    TORCH_CHECK(p.dim() == 2,
+    // With batch_dims, the matrices of a stack are what must be 2-D.
+    TORCH_CHECK(p.dim() == 2 + options.batch_dims(),
                 "Muon only supports 2D parameters whereas we found a parameter with size: ",
                 p.sizes(), " (", detail::describe_param(group, index, p),
                 "; set strict_2d(false) to accept N-D weights as [shape0, prod(rest)])");
@@ -86,6 +88,8 @@ void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
         detail::describe_param(group, index, p),
         " has fewer than 2 dimensions; optimize it with AdamW (see fogo::split_parameters)");
   }
+  fogo::matrix_view(p.sizes(), matrix_layout(options), "Muon",
+                    detail::describe_param(group, index, p));
 }
 
 NonFinitePolicy Muon::nonfinite(size_t group) const {
@@ -137,7 +141,8 @@ void Muon::step_group(const GroupStep& s) {
     }
     auto& st = static_cast<MuonParamState&>(*slot);
     if (o.normuon() && !st.second_moment().defined()) {
-      st.second_moment(at::zeros({p.size(0)}, p.options().dtype(normuon_dtype(p))));
+      st.second_moment(at::zeros(row_state_sizes(p.sizes(), o.batch_dims()),
+                                 p.options().dtype(normuon_dtype(p))));
     }
   }
   auto& graph = graphs_->of(s.group);
@@ -164,44 +169,60 @@ void Muon::step_group(const GroupStep& s) {
 
 void Muon::finish_step(const std::vector<GroupStep>& groups) {
   if (!shard_.enabled("Muon")) return;
-  // Every parameter with a gradient from its owner (a collective: every rank calls it), with
-  // NorMuon's second moment, which only the owner updates (every rank holds one where normuon
-  // is on: the options and the state's keys are the same on every rank).
-  std::vector<at::Tensor> params;
+  // Every matrix of every parameter with a gradient from its owner (a collective: every rank
+  // calls it; the experts of a stack may have several owners), with its rows of NorMuon's second
+  // moment, which only the owner updates (every rank holds one where normuon is on: the options
+  // and the state's keys are the same on every rank).
+  std::vector<ShardUnit> units;
   std::vector<std::vector<at::Tensor>> values;
   for (const GroupStep& s : groups) {
     const std::vector<at::Tensor> second = buffers(s.params, true);
-    for (size_t k = 0; k < s.params.size(); ++k) {
-      params.push_back(s.params[k]);
-      values.push_back({s.params[k]});
-      if (options(s.group).normuon()) values.back().push_back(second[k]);
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const MatrixView view = matrix_view(s.group, s.params[i]);
+      for (int64_t k = 0; k < view.count(); ++k) {
+        units.push_back({s.params[i], k});
+        values.push_back({matrix_of(s.params[i], view, k)});
+        if (options(s.group).normuon()) values.back().push_back(matrix_of(second[i], view, k));
+      }
     }
   }
-  shard_.exchange(params, values);
+  shard_.exchange(units, values);
 }
 
 namespace {
 
-// The runs of same-shape parameters that go through one Newton–Schulz chain, as [begin, end) of
-// `order` (indices into `params`). On a GPU, one chain per matrix shape [rows, numel / rows] and
-// device: a dozen small matrices in one bmm fill the GPU where one small GEMM per parameter
-// cannot (newton_schulz transposes tall ones itself). On the CPU every parameter is a run of its
-// own, as torch.optim.Muon steps: batching gains nothing there (the GEMMs are compute-bound), and
-// ATen's CPU bmm can round differently from mm on small matrices, which would break the
-// bit-identity with PyTorch.
-detail::Runs shape_runs(const std::vector<at::Tensor>& params, std::vector<size_t>& order) {
-  order.resize(params.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  return detail::sort_into_runs(order, [&](size_t k) {
-    const at::Tensor& p = params[k];
-    const int64_t rows = p.size(0), cols = p.numel() / std::max<int64_t>(rows, 1);
-    return std::make_tuple(p.is_cuda() ? 0 : k, static_cast<int>(p.device().type()),
-                           p.device().index(), rows, cols);
+// One matrix of a group's step: matrix k of parameter `param`'s matrix view (matrix_view.h).
+struct Matrix {
+  size_t param;
+  int64_t k, rows, cols;
+};
+
+// The runs of same-shape matrices that go through one Newton–Schulz chain, as [begin, end) of
+// `matrices` (sorted here). On a GPU, one chain per matrix shape [rows, cols] and device: a dozen
+// small matrices in one bmm fill the GPU where one small GEMM per matrix cannot (newton_schulz
+// transposes tall ones itself); the matrices of a stack or the blocks of a fused weight join the
+// other parameters' of their shape. On the CPU every matrix is a run of its own, as
+// torch.optim.Muon steps its parameters: batching gains nothing there (the GEMMs are
+// compute-bound), and ATen's CPU bmm can round differently from mm on small matrices, which would
+// break the bit-identity with PyTorch (and a stack's with its experts as separate parameters).
+detail::Runs shape_runs(const std::vector<at::Tensor>& params, std::vector<Matrix>& matrices) {
+  std::vector<size_t> seq(matrices.size());
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = i;
+  const detail::Runs runs = detail::sort_into_runs(seq, [&](size_t i) {
+    const Matrix& m = matrices[i];
+    const at::Tensor& p = params[m.param];
+    return std::make_tuple(p.is_cuda() ? 0 : i, static_cast<int>(p.device().type()),
+                           p.device().index(), m.rows, m.cols);
   });
+  std::vector<Matrix> sorted;
+  for (const size_t i : seq) sorted.push_back(matrices[i]);
+  matrices = std::move(sorted);
+  return runs;
 }
 
-// Newton–Schulz of one run's momenta `inputs` (same matrix shape), batched: [count, rows, cols]
-// in the compute dtype (the cast done by the copy; ns_dtype auto as it resolves on their device).
+// Newton–Schulz of one run's momenta `inputs` (same matrix shape; any shape of rows x cols
+// elements), batched: [count, rows, cols] in the compute dtype (the cast done by the copy;
+// ns_dtype auto as it resolves on their device).
 at::Tensor orthogonalize_run(const std::vector<at::Tensor>& inputs, NSConfig ns) {
   ns = resolve_ns_config(ns, inputs.front().device());
   const int64_t rows = inputs.front().size(0),
@@ -225,6 +246,12 @@ std::vector<at::Tensor> momentum_updates(const std::vector<at::Tensor>& bufs,
 
 }  // namespace
 
+MatrixView Muon::matrix_view(size_t group, const at::Tensor& param) const {
+  std::ostringstream what;
+  what << "a parameter of group " << group << " (shape " << param.sizes() << ")";
+  return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "Muon", what.str());
+}
+
 void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
                         const std::vector<at::Tensor>& grads, const at::Tensor& ok,
                         const at::Tensor& device_lr) {
@@ -238,36 +265,40 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
     if (o.normuon()) changed.insert(changed.end(), second.begin(), second.end());
   }
   const detail::MaskScope keep(ok, std::move(changed));
-  std::vector<size_t> order;
-  std::vector<MuonUpdateItem> updates;  // each (owned) parameter with its orthogonalized momentum
-  for (const auto& [begin, end] : shape_runs(params, order)) {
-    std::vector<at::Tensor> run, run_grads, run_bufs, run_second;
+  // The momenta of every parameter, elementwise (the same bits however they are grouped).
+  const std::vector<at::Tensor> U = momentum_updates(bufs, grads, o);
+  // Every matrix of every parameter (sharded: the owned ones only go through Newton–Schulz and
+  // the update).
+  std::vector<MatrixView> views;
+  std::vector<Matrix> matrices;
+  for (size_t i = 0; i < params.size(); ++i) {
+    views.push_back(matrix_view(g, params[i]));
+    for (int64_t k = 0; k < views[i].count(); ++k) {
+      if (!shard_.owns || shard_.owns(params[i], k))
+        matrices.push_back({i, k, views[i].rows_of(k), views[i].cols});
+    }
+  }
+  const auto of = [&](const std::vector<at::Tensor>& t, const Matrix& m) {
+    return matrix_of(t[m.param], views[m.param], m.k);
+  };
+  std::vector<MuonUpdateItem> updates;  // each (owned) matrix with its orthogonalized momentum
+  for (const auto& [begin, end] : shape_runs(params, matrices)) {
+    std::vector<at::Tensor> inputs, run_second;
     for (size_t i = begin; i < end; ++i) {
-      run.push_back(params[order[i]]);
-      run_grads.push_back(grads[order[i]]);
-      run_bufs.push_back(bufs[order[i]]);
-      run_second.push_back(second[order[i]]);
+      inputs.push_back(of(U, matrices[i]));
+      if (o.normuon()) run_second.push_back(of(second, matrices[i]));
     }
-    const std::vector<at::Tensor> U = momentum_updates(run_bufs, run_grads, o);
-    // Sharded: Newton–Schulz and the update of the owned parameters only.
-    std::vector<at::Tensor> mine, inputs, mine_second;
-    for (size_t k = 0; k < run.size(); ++k) {
-      if (!shard_.owns || shard_.owns(run[k])) {
-        mine.push_back(run[k]);
-        inputs.push_back(U[k]);
-        mine_second.push_back(run_second[k]);
-      }
-    }
-    if (mine.empty()) continue;
     const at::Tensor O = orthogonalize_run(inputs, ns_config(o));
     // NorMuon: each O's rows normalized by their second moments (normuon.h), then the same update.
     const std::vector<at::Tensor> Os =
-        o.normuon() ? normuon_normalize(O, mine_second, o.normuon_beta2(), o.normuon_eps())
+        o.normuon() ? normuon_normalize(O, run_second, o.normuon_beta2(), o.normuon_eps())
                     : O.unbind(0);
-    for (size_t k = 0; k < mine.size(); ++k) updates.push_back({mine[k], Os[k]});
+    for (size_t i = begin; i < end; ++i)
+      updates.push_back({of(params, matrices[i]), Os[i - begin]});
   }
   // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
-  // rate read on the device in a graph), elsewhere torch.optim.Muon's ops.
+  // rate read on the device in a graph), elsewhere torch.optim.Muon's ops. Each matrix takes the
+  // adjusted learning rate of its own shape.
   const at::ScalarType lr_dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
   ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype});
   keep.restore();
@@ -306,6 +337,10 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
   o.validate();
   TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
+  TORCH_CHECK(matrix_layout(o).is_default(),
+              "muon_step_rows: options 'batch_dims', 'heads' and 'blocks' are not supported for "
+              "row-sharded matrices (FSDP2 owner-computes) yet; use fogo::Muon or fogo::dist's "
+              "sharded steps");
   check_rows(items, o);
   std::vector<at::Tensor> params, grads, bufs, second;
   for (const MuonRows& m : items) {
@@ -454,16 +489,20 @@ void Muon::load(torch::serialize::InputArchive& archive) {
                     "; the checkpoint was made for a different model");
         detail::check_finite_state("Muon", "momentum_buffer for " + detail::describe_param(g, i, p),
                                    buf);
-        static_cast<const MuonOptions&>(param_groups_[g].options()).validate();
+        const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+        options.validate();
         st.momentum_buffer(buf.to(p.device()));  // archives load onto the CPU
         const at::Tensor& v = st.second_moment();
         if (!v.defined()) return;  // NorMuon off when saved: a step with it on starts at zeros
-        TORCH_CHECK(v.dim() == 1 && v.size(0) == p.size(0) && v.is_floating_point(),
+        // One per row of each matrix (batch_dims: of each matrix of the stack).
+        const auto rows = p.sizes().slice(
+            0, std::min<size_t>(static_cast<size_t>(options.batch_dims()) + 1, p.sizes().size()));
+        TORCH_CHECK(v.sizes() == rows && v.is_floating_point(),
                     "Muon::load: the checkpoint's second_moment for ",
                     detail::describe_param(g, i, p), " has shape ", v.sizes(), " (",
-                    v.scalar_type(), "), expected [", p.size(0),
-                    "] floating point (one per row); the checkpoint was made for a different "
-                    "model");
+                    v.scalar_type(), "), expected ", rows,
+                    " floating point (one per row of each matrix); the checkpoint was made for a "
+                    "different model or another batch_dims");
         detail::check_finite_state("Muon", "second_moment for " + detail::describe_param(g, i, p),
                                    v);
         st.second_moment(v.to(p.device(), normuon_dtype(p)));

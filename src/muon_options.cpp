@@ -15,6 +15,8 @@ NSConfig ns_config(const MuonOptions& o) {
                          o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
 }
 
+MatrixLayout matrix_layout(const MuonOptions& o) { return {o.batch_dims(), o.heads(), o.blocks()}; }
+
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
 
 double MuonOptions::get_lr() const { return lr(); }
@@ -25,6 +27,8 @@ void MuonOptions::validate() const {
   // Combinations (a schedule made for ns_steps iterations), after every option alone so that
   // those errors name Muon's own options, not the NSConfig they feed.
   fogo::validate(ns_config(*this));
+  TORCH_CHECK(heads() == 1 || blocks().empty(), "Muon: options 'heads' (", heads(),
+              ") and 'blocks' ", at::IntArrayRef(blocks()), " both cut the rows; set one of them");
 }
 
 void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {

@@ -947,6 +947,109 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
   }
 }
 
+// Stacks (batch_dims) and fused weights in blocks (heads, blocks) on CUDA: their matrices go
+// through the batched chains with the other matrices of their shape, and the update kernel takes
+// each matrix's rows as a parameter of its own. Against the CPU to MuonOnCudaMatchesCpu's
+// tolerances, and against the same matrices as separate parameters of one group on the GPU (the
+// same runs, so the same batched calls) bit for bit; eagerly and from a CUDA graph, NorMuon on and
+// off.
+TEST(CudaParity, MuonStacksAndBlocksOnCudaMatchCpu) {
+  FOGO_REQUIRE_GPU();
+  struct Layout {
+    std::vector<int64_t> shape;
+    int64_t batch_dims, heads;
+    std::vector<int64_t> blocks;
+  };
+  const std::vector<Layout> layouts = {
+      {{4, 48, 96}, 1, 1, {}}, {{96, 40}, 0, 1, {48, 24, 24}}, {{2, 64, 32}, 1, 4, {}}};
+  for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const bool normuon : {false, true}) {
+      for (const bool graph : {false, true}) {
+        for (const Layout& l : layouts) {
+          const auto o = fogo::MuonOptions(0.02)
+                             .ns_dtype(ns_dtype)
+                             .normuon(normuon)
+                             .batch_dims(l.batch_dims)
+                             .heads(l.heads)
+                             .blocks(l.blocks);
+          const std::string what = std::string(c10::toString(ns_dtype)) + " normuon " +
+                                   std::to_string(normuon) + " graph " + std::to_string(graph) +
+                                   " shape " + c10::str(at::IntArrayRef(l.shape));
+          torch::manual_seed(41);
+          const torch::Tensor start = torch::randn(l.shape);
+          const auto view = fogo::matrix_view(start.sizes(), fogo::matrix_layout(o), "Muon", "p");
+          std::vector<torch::Tensor> cpu{start.clone().requires_grad_(true)},
+              gpu{start.cuda().requires_grad_(true)}, parts;
+          for (int64_t k = 0; k < view.count(); ++k)
+            parts.push_back(fogo::matrix_of(gpu[0].detach(), view, k).clone().requires_grad_(true));
+          fogo::Muon on_cpu(cpu, o), on_gpu(gpu, fogo::MuonOptions(o).cuda_graph(graph)),
+              apart(parts,
+                    fogo::MuonOptions(o).cuda_graph(graph).batch_dims(0).heads(1).blocks({}));
+          for (int step = 0; step < 4; ++step) {
+            torch::manual_seed(200 + step);
+            const torch::Tensor g = torch::randn(l.shape);
+            cpu[0].mutable_grad() = g.clone();
+            gpu[0].mutable_grad() = g.cuda();
+            for (int64_t k = 0; k < view.count(); ++k)
+              parts[static_cast<size_t>(k)].mutable_grad() = fogo::matrix_of(g, view, k).cuda();
+            on_cpu.step();
+            on_gpu.step();
+            apart.step();
+            EXPECT_LT(max_relative_change_error(gpu, cpu, {start}),
+                      ns_dtype == torch::kFloat ? 1e-4 : 8e-2)
+                << what << " step " << step;
+            for (int64_t k = 0; k < view.count(); ++k) {
+              const auto mine = fogo::matrix_of(gpu[0].detach(), view, k).cpu();
+              const auto alone = parts[static_cast<size_t>(k)].detach().cpu();
+              EXPECT_TRUE(torch::equal(mine, alone))
+                  << what << " step " << step << " matrix " << k << ": differs by "
+                  << (mine - alone).abs().max().item<double>();
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// FOGO's stacks and blocks on CUDA (momenta kernel on the matrices' row views, batched chains
+// with the other matrices of their shape, each matrix its own rows in the projected space and its
+// own RMS update): against the same matrices as separate parameters of one group on the GPU, to
+// the run-to-run noise of the codebook's s_j atomics (expect_round_trip_on_cuda's bound).
+TEST(CudaParity, FogoStacksAndBlocksOnCudaMatchTheirMatricesAsParameters) {
+  FOGO_REQUIRE_KERNELS();
+  const auto base = fogo::FOGOOptions(0.01).proj_dim(32).codebook_size(16).reseed_every(0);
+  for (const auto& o : {fogo::FOGOOptions(base).batch_dims(1), fogo::FOGOOptions(base).heads(4),
+                        fogo::FOGOOptions(base).blocks({48, 24, 24})}) {
+    const std::vector<int64_t> shape =
+        o.batch_dims() == 1 ? std::vector<int64_t>{4, 48, 96} : std::vector<int64_t>{96, 40};
+    torch::manual_seed(43);
+    torch::Tensor whole = torch::randn(shape).cuda().requires_grad_(true);
+    const auto view = fogo::matrix_view(whole.sizes(), fogo::matrix_layout(o), "FOGO", "p");
+    std::vector<torch::Tensor> parts;
+    for (int64_t k = 0; k < view.count(); ++k)
+      parts.push_back(fogo::matrix_of(whole.detach(), view, k).clone().requires_grad_(true));
+    fogo::FOGO together({whole}, o),
+        apart(parts, fogo::FOGOOptions(o).batch_dims(0).heads(1).blocks({}));
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(300 + step);
+      const torch::Tensor g = torch::randn(shape).cuda();
+      whole.mutable_grad() = g.clone();
+      for (int64_t k = 0; k < view.count(); ++k)
+        parts[static_cast<size_t>(k)].mutable_grad() = fogo::matrix_of(g, view, k).clone();
+      together.step();
+      apart.step();
+      for (int64_t k = 0; k < view.count(); ++k) {
+        const auto x = fogo::matrix_of(whole.detach(), view, k).cpu(),
+                   y = parts[static_cast<size_t>(k)].detach().cpu();
+        EXPECT_TRUE(torch::allclose(x, y, 1e-4, 1e-5))
+            << c10::str(at::IntArrayRef(shape)) << " step " << step << " matrix " << k
+            << ": max difference " << (x - y).abs().max().item<float>();
+      }
+    }
+  }
+}
+
 // A checkpoint of an optimizer on the GPU (state and FOGO's memory on the device, its generator
 // on the host) loads into a fresh optimizer over other GPU parameters, and the two continue
 // alike: bit-identically for Muon, to the run-to-run noise of FOGO's s_j atomics (docs/cuda.md;

@@ -32,6 +32,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -604,6 +605,116 @@ void sharded_step_of(const fogo::dist::ProcessGroup& group, const fogo::MuonOpti
   }
 }
 
+/// shard_step on fogo::FOGO with a stack of experts (batch_dims 1) and fused weights in unequal
+/// blocks (a group each): each expert and block has its owner; against FOGO replicated, 6 steps
+/// with a task boundary: parameters and memory bit-identical on every rank.
+void sharded_fogo_stacks(const fogo::dist::ProcessGroup& group) {
+  torch::manual_seed(13);
+  const std::vector<std::vector<int64_t>> shapes = {{4, 12, 10}, {24, 10}};
+  std::vector<torch::Tensor> replicated, sharded;
+  for (const auto& shape : shapes) {
+    replicated.push_back(torch::randn(shape).requires_grad_(true));
+    sharded.push_back(replicated.back().detach().clone().requires_grad_(true));
+  }
+  const auto fogo_of = [&](const std::vector<torch::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{p[0]},
+                        std::make_unique<fogo::FOGOOptions>(small_fogo().batch_dims(1)));
+    groups.emplace_back(std::vector<torch::Tensor>{p[1]},
+                        std::make_unique<fogo::FOGOOptions>(small_fogo().blocks({12, 6, 6})));
+    return fogo::FOGO(groups, small_fogo());
+  };
+  auto fogo_replicated = fogo_of(replicated), fogo_sharded = fogo_of(sharded);
+  const auto owners = fogo::dist::shard_step(group, fogo_sharded);
+  RANK_CHECK(owners.size() == 4 + 3, "one owner per matrix, got " << owners.size());
+  RANK_CHECK(std::set<int64_t>(owners.begin(), owners.begin() + 4).size() >= 2,
+             "the stack's experts were not split across owners");
+  for (int64_t step = 0; step < 6; ++step) {
+    if (step == 3) {
+      fogo_replicated.task_boundary();
+      fogo_sharded.task_boundary();
+    }
+    torch::manual_seed(950 + step);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const torch::Tensor g = torch::randn(shapes[i]);
+      replicated[i].mutable_grad() = g.clone();
+      sharded[i].mutable_grad() = g.clone();
+    }
+    fogo_replicated.step();
+    fogo_sharded.step();
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    RANK_CHECK(torch::equal(replicated[i], sharded[i]),
+               "FOGO parameter " << i << ": sharded differs from replicated by "
+                                 << max_abs(replicated[i] - sharded[i]));
+  }
+  const auto memory = fogo::dist::fogo_memory(fogo_replicated),
+             sharded_memory = fogo::dist::fogo_memory(fogo_sharded);
+  RANK_CHECK(memory.size() == sharded_memory.size() && !memory.empty(), "memory tensors");
+  for (size_t i = 0; i < memory.size(); ++i) {
+    RANK_CHECK(torch::equal(memory[i].second, sharded_memory[i].second),
+               memory[i].first << ": sharded differs from replicated");
+  }
+  fogo::dist::check_lockstep(group, {{"stack", sharded[0]}, {"fused", sharded[1]}});
+}
+
+/// shard_step on fogo::Muon with a stack of experts (batch_dims 1) and a fused weight cut into
+/// unequal blocks, beside a plain matrix: the unit of work is each matrix, so the experts of the
+/// stack are split across owners; against the same Muon replicated, 6 steps (expert 0 idle, an
+/// all-zero gradient slice, from step 3): parameters, momenta and second moments bit-identical on
+/// every rank.
+void sharded_stacks(const fogo::dist::ProcessGroup& group, bool normuon) {
+  torch::manual_seed(12);
+  const std::vector<std::vector<int64_t>> shapes = {{4, 12, 10}, {24, 10}, {10, 12}};
+  std::vector<torch::Tensor> replicated, sharded;
+  for (const auto& shape : shapes) {
+    replicated.push_back(torch::randn(shape).requires_grad_(true));
+    sharded.push_back(replicated.back().detach().clone().requires_grad_(true));
+  }
+  const auto muon_of = [&](const std::vector<torch::Tensor>& p) {
+    const auto o = fogo::MuonOptions(0.02).normuon(normuon);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{p[0]},
+                        std::make_unique<fogo::MuonOptions>(fogo::MuonOptions(o).batch_dims(1)));
+    groups.emplace_back(
+        std::vector<torch::Tensor>{p[1]},
+        std::make_unique<fogo::MuonOptions>(fogo::MuonOptions(o).blocks({12, 6, 6})));
+    groups.emplace_back(std::vector<torch::Tensor>{p[2]});
+    return fogo::Muon(groups, o);
+  };
+  auto muon_replicated = muon_of(replicated), muon_sharded = muon_of(sharded);
+  const auto owners = fogo::dist::shard_step(group, muon_sharded);
+  RANK_CHECK(owners.size() == 4 + 3 + 1, "one owner per matrix, got " << owners.size());
+  RANK_CHECK(std::set<int64_t>(owners.begin(), owners.begin() + 4).size() >= 2,
+             "the stack's experts were not split across owners");
+  RANK_CHECK(std::count(owners.begin(), owners.end(), group.rank()) >= 1,
+             "rank " << group.rank() << " owns nothing");
+  for (int64_t step = 0; step < 6; ++step) {
+    torch::manual_seed(900 + step);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      torch::Tensor g = torch::randn(shapes[i]);
+      if (i == 0 && step >= 3) g[0].zero_();
+      replicated[i].mutable_grad() = g.clone();
+      sharded[i].mutable_grad() = g.clone();
+    }
+    muon_replicated.step();
+    muon_sharded.step();
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    RANK_CHECK(torch::equal(replicated[i], sharded[i]),
+               "parameter " << i << ": sharded differs from replicated by "
+                            << max_abs(replicated[i] - sharded[i]));
+    const auto state = [](fogo::Muon& opt, const torch::Tensor& p) {
+      return static_cast<fogo::MuonParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+    };
+    RANK_CHECK(state(muon_replicated, replicated[i]) == state(muon_sharded, sharded[i]),
+               "momentum or second moment " << i << " differs");
+    RANK_CHECK(state(muon_sharded, sharded[i]).second_moment().defined() == normuon,
+               "second moment " << i);
+  }
+  fogo::dist::check_lockstep(group, {{"stack", sharded[0]}, {"fused", sharded[1]}});
+}
+
 // --- ShardedOptimizer checkpoints do not depend on the world size ------------------------------
 
 /// Muon (on the matrices) and LibTorch's AdamW (on the biases, whose state has a step count), as
@@ -1071,8 +1182,10 @@ int rank_main(const std::string& scenario) {
          for (const auto& muon : {fogo::MuonOptions(0.02), fogo::MuonOptions(0.02).normuon(true)}) {
            scenario_sharded(g, muon);
            sharded_step_of(g, muon);
+           sharded_stacks(g, muon.normuon());
          }
          sharded_fogo(g);
+         sharded_fogo_stacks(g);
        }}};
   try {
     const auto it = scenarios.find(scenario);

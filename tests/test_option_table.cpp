@@ -40,8 +40,10 @@ struct FOGOCase {
   /// A FOGO over `p` whose group has `o` (cuda_graph set after construction, which refuses it
   /// for CPU parameters).
   static std::unique_ptr<Optim> make(const at::Tensor& p, const FOGOOptions& o) {
+    // ... and with the matrix view the parameter takes whatever `o` (no step checks it).
     auto opt =
-        std::make_unique<Optim>(std::vector<at::Tensor>{p}, FOGOOptions(o).cuda_graph(false));
+        std::make_unique<Optim>(std::vector<at::Tensor>{p},
+                                FOGOOptions(o).cuda_graph(false).batch_dims(0).heads(1).blocks({}));
     static_cast<FOGOOptions&>(opt->param_groups()[0].options()) = o;
     return opt;
   }
@@ -99,6 +101,9 @@ struct FOGOCase {
         {"projection_scale",
          [](FOGOOptions& o) { o.projection_scale(static_cast<fogo::ProjectionScale>(2)); }},
         {"nonfinite", [](FOGOOptions& o) { o.nonfinite(static_cast<fogo::NonFinitePolicy>(9)); }},
+        {"batch_dims", [](FOGOOptions& o) { o.batch_dims(65); }},
+        {"heads", [](FOGOOptions& o) { o.heads(-2); }},
+        {"blocks", [](FOGOOptions& o) { o.blocks({-1}); }},
     };
   }
 };
@@ -109,8 +114,10 @@ struct MuonCase {
   static constexpr const char* format_key = "muon/format";
   static constexpr const char* checksum_key = "muon/checksum";
   static std::unique_ptr<Optim> make(const at::Tensor& p, const MuonOptions& o) {
+    // Made with the options the parameter takes whatever `o` (no step checks them against it).
     auto opt =
-        std::make_unique<Optim>(std::vector<at::Tensor>{p}, MuonOptions(o).cuda_graph(false));
+        std::make_unique<Optim>(std::vector<at::Tensor>{p},
+                                MuonOptions(o).cuda_graph(false).batch_dims(0).heads(1).blocks({}));
     static_cast<MuonOptions&>(opt->param_groups()[0].options()) = o;
     return opt;
   }
@@ -134,6 +141,12 @@ struct MuonCase {
         {"ns_schedule", [](MuonOptions& o) { o.ns_schedule(3); }},
         {"normuon_beta2", [](MuonOptions& o) { o.normuon_beta2(1.01); }},
         {"normuon_eps", [](MuonOptions& o) { o.normuon_eps(0.0); }},
+        {"batch_dims", [](MuonOptions& o) { o.batch_dims(-1); }},
+        {"heads", [](MuonOptions& o) { o.heads(0); }},
+        {"blocks",
+         [](MuonOptions& o) {
+           o.blocks({3, 0});
+         }},
     };
   }
 };
@@ -156,7 +169,10 @@ TYPED_TEST_SUITE(OptionTable, Cases, CaseNames);
 // A valid value other than `v` for each type of the tables (a row of a new type fails to compile
 // until it has one).
 double other(double v) { return v == 0 ? 0.01 : v / 2; }
-int64_t other(int64_t v) { return v == 0 ? 1 : v - 1; }
+int64_t other(int64_t v) { return v == 0 ? 1 : v == 1 ? 2 : v - 1; }  // Muon's heads: 1 -> 2
+std::vector<int64_t> other(const std::vector<int64_t>& v) {           // Muon's blocks
+  return v.empty() ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{};
+}
 bool other(bool v) { return !v; }
 std::tuple<double, double, double> other(const std::tuple<double, double, double>& v) {
   return v == fogo::kQuintic ? fogo::kCubic : fogo::kQuintic;

@@ -117,17 +117,21 @@ class FOGO : public MatrixOptimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h). The
-  /// per-parameter work runs only on each parameter's owner, for the parameters `owns` accepts:
-  /// Newton–Schulz and the projection (steps 2-3), the lift and the update (steps 8-9). The
-  /// step calls `exchange` twice per group with its parameters with gradients, in the step's
-  /// order:
+  /// per-matrix work runs only on each matrix's owner (a parameter's matrix view, or each matrix
+  /// of it: matrix_view), for the matrices `owns` accepts: Newton–Schulz and the projection
+  /// (steps 2-3), the lift and the update (steps 8-9). The step calls `exchange` twice per group
+  /// with the matrices of its parameters with gradients, in the step's order:
   ///   - after step 3, values[i] = {P_s, P_f} ([m, d] fp32): the projected-space step (4-7) and
   ///     the codebook flush then run on every rank over all rows, so the codebooks, r-bar and
   ///     statistics stay identical with no reduction;
-  ///   - after step 9, values[i] = {the parameter, its |delta|_F / |O_s|_F (0-d fp32)}.
+  ///   - after step 9, values[i] = {the matrix's view of the parameter, its |delta|_F / |O_s|_F
+  ///     (0-d fp32)}.
   /// Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
   /// on the sharding. An empty StepShard turns sharding off.
   void set_step_shard(StepShard shard) override;
+  /// The matrices of `param` under group `group`'s batch_dims, heads and blocks (matrix_view.h):
+  /// each its own rows in the projected space, as a parameter of its own.
+  MatrixView matrix_view(size_t group, const at::Tensor& param) const override;
 
   NonFinitePolicy nonfinite(size_t group) const override;
   NonFinitePolicy default_nonfinite() const override;

@@ -7,6 +7,7 @@
 // name=value; FOGO's step reads the fields and hands the stage functions their own small parameter
 // structs (projected.h, codebook.h, update.h). The paper's configurations are in fogo::presets.
 
+#include <fogo/matrix_view.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 #include <torch/optim/optimizer.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 namespace fogo {
 
@@ -101,11 +103,19 @@ enum class ProjectionScale : int64_t {
     one_of(NSForm::Plain, NSForm::Gram, NSForm::Auto, NSForm::Default), added())                 \
   X(ProjectionScale, projection_scale, ProjectionScale::Unit,                                     \
     one_of(ProjectionScale::Unit, ProjectionScale::JL), always())                                 \
-  X(NonFinitePolicy, nonfinite,        NonFinitePolicy::Raise, known(), always())
+  X(NonFinitePolicy, nonfinite,        NonFinitePolicy::Raise, known(), always())              \
+  /* a parameter's matrices (matrix_view.h; as MuonOptions'): its leading batch_dims dimensions  \
+     a batch (a stack of experts [E, out, in]: 1), each matrix's rows cut into `heads` equal     \
+     blocks or blocks of the `blocks` row counts; each matrix its own rows of the projected      \
+     space, as a parameter of its own */                                                         \
+  X(int64_t,         batch_dims,       0,        range(0, 64),       since(2))                   \
+  X(int64_t,         heads,            1,        range(1, INFINITY), since(2))                   \
+  X(sizes_t,         blocks,           sizes_t(), counts(),          since(2))
 // clang-format on
 
 struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
   using coefficients_t = std::tuple<double, double, double>;
+  using sizes_t = std::vector<int64_t>;
   FOGOOptions(double lr = 1e-3);
 
 #define FOGO_DECLARE_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;
@@ -130,6 +140,9 @@ std::string options_markdown();
 /// FOGO's Newton–Schulz configuration for `steps` iterations: X0 = B / (|B|_F + eps)
 /// (docs/algorithm.md step 2), the options' coefficients and compute dtype.
 NSConfig ns_config(const FOGOOptions& o, int64_t steps);
+
+/// How `o` cuts its group's parameters into matrices (batch_dims, heads, blocks; matrix_view.h).
+MatrixLayout matrix_layout(const FOGOOptions& o);
 
 // clang-format off
 /// The paper's configurations ("Detailed Experimental Setup"; docs/algorithm.md's table), one row

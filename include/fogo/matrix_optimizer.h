@@ -18,6 +18,7 @@
 // distance.
 
 #include <ATen/Tensor.h>
+#include <fogo/matrix_view.h>
 #include <fogo/nonfinite.h>
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
@@ -65,6 +66,9 @@ class MatrixOptimizer : public torch::optim::Optimizer {
   virtual double weight_decay(size_t g) const = 0;
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h).
   virtual void set_step_shard(StepShard shard) = 0;
+  /// The matrices the step orthogonalizes in `param` of group `group` (matrix_view.h): the units
+  /// of a sharded step's work. The default: the parameter is one matrix.
+  virtual MatrixView matrix_view(size_t group, const at::Tensor& param) const;
 
  protected:
   /// One param group's part of a step: its parameters with gradients (in the group's order), and

@@ -11,12 +11,14 @@
 //                                                     'match_rms_adamw': 0.2 sqrt(max(A, B))
 //                                                     'spectral' (fogo's): sqrt(A/B)
 // Beyond PyTorch: an N-D weight (conv [out, in, kh, kw]) is handled as its [out, in*kh*kw] view
-// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; gradients are checked for NaN/Inf;
+// unless `strict_2d` asks for PyTorch's 2-D-only behaviour; a group's `batch_dims` makes a stack
+// [E, out, in] E matrices, its `heads`/`blocks` cut each matrix's rows into blocks, each
+// stepped as a parameter of its own shape (matrix_view.h); gradients are checked for NaN/Inf;
 // `normuon` replaces O by its rows normalized by their second moments (NorMuon; docs/muon.md).
 //
-// Batching: within a param group, the momentum, nesterov and decay updates are multi-tensor
-// ops per shape bucket (same arithmetic per tensor as PyTorch's per-parameter ops). On a CUDA
-// device all parameters whose matrix views share one shape [A, B] go through ONE batched
+// Batching: within a param group, the momentum and nesterov updates are multi-tensor ops (same
+// arithmetic per tensor as PyTorch's per-parameter ops). On a CUDA device all matrices (of the
+// parameters' matrix views) that share one shape [A, B] go through ONE batched
 // Newton–Schulz chain on [count, A, B]: a dozen small matrices in one bmm fill the SMs where a
 // single small GEMM leaves most idle (cuBLAS may round a batched product differently from a
 // single one). On the CPU each parameter takes its own chain, PyTorch's exact op sequence:
@@ -135,10 +137,14 @@ class Muon : public MatrixOptimizer {
 
   /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h): every
   /// rank updates every momentum buffer (so checkpoints do not depend on the sharding), but runs
-  /// Newton–Schulz and the update only for the parameters `owns` accepts; at the end of the step
-  /// `exchange` gets every parameter with a gradient, values[i] = {the parameter}. An empty
-  /// StepShard turns sharding off.
+  /// Newton–Schulz and the update only for the matrices `owns` accepts (each matrix of a
+  /// parameter's matrix view: every expert of a stack, every block of a fused weight); at the end
+  /// of the step `exchange` gets every matrix of every parameter with a gradient, values[i] =
+  /// {the matrix's view of the parameter} (and of NorMuon's second moment). An empty StepShard
+  /// turns sharding off.
   void set_step_shard(StepShard shard) override;
+  /// The matrices of `param` under group `group`'s batch_dims, heads and blocks (matrix_view.h).
+  MatrixView matrix_view(size_t group, const at::Tensor& param) const override;
 
   /// MuonOptions::cuda_graph: how often group `group`'s step was captured (its first step, and
   /// again when its parameters, state or options other than lr change) and run from a graph.

@@ -7,6 +7,7 @@
 // which is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its
 // arithmetic on every host).
 
+#include <fogo/matrix_view.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 #include <torch/optim/optimizer.h>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace fogo {
 
@@ -77,11 +79,22 @@ enum class MuonAdjustLR : int64_t {
   X(double,          normuon_beta2,   0.95,                   range(0.0, 1.0), since(2))          \
   /* NorMuon: added to each row's root second moment and to the normalized update's norm (the     \
      lower bound keeps it above zero in fp32 arithmetic) */                                        \
-  X(double,          normuon_eps,     1e-10,                  range(1e-30, INFINITY), since(2))
+  X(double,          normuon_eps,     1e-10,                  range(1e-30, INFINITY), since(2))   \
+  /* a parameter's matrix view (matrix_view.h): its leading batch_dims dimensions a batch of       \
+     matrices, each orthogonalized and scaled as a parameter of its own (a stack of experts [E,     \
+     out, in]: 1); 0: conv weights [out, in, kh, kw] as their [out, in*kh*kw] view */              \
+  X(int64_t,         batch_dims,      0,                      range(0, 64), since(3))             \
+  /* each matrix's rows in `heads` equal blocks (a fused projection's heads), each orthogonalized  \
+     and scaled as a parameter of its own */                                                       \
+  X(int64_t,         heads,           1,                      range(1, INFINITY), since(3))       \
+  /* ... or in blocks of these row counts, in order (a fused GQA projection: {q, k, v}); empty:    \
+     `heads` */                                                                                    \
+  X(sizes_t,         blocks,          sizes_t(),              counts(), since(3))
 // clang-format on
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   using coefficients_t = std::tuple<double, double, double>;
+  using sizes_t = std::vector<int64_t>;
   MuonOptions(double lr = 1e-3);
 
 #define FOGO_DECLARE_MUON_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;
@@ -107,5 +120,8 @@ std::string muon_options_markdown();
 /// torch.optim.Muon's Newton–Schulz of `o` (X0 = U / max(|U|_F, eps)): what Muon's step runs,
 /// for code that orthogonalizes outside it (the Python package's sharded FSDP2 step).
 NSConfig ns_config(const MuonOptions& o);
+
+/// How `o` cuts its group's parameters into matrices (batch_dims, heads, blocks; matrix_view.h).
+MatrixLayout matrix_layout(const MuonOptions& o);
 
 }  // namespace fogo

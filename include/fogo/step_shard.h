@@ -11,14 +11,21 @@
 
 namespace fogo {
 
-/// Which parameters this rank runs the per-parameter work for, and how the other ranks' results
-/// arrive. `exchange(params, values)` must overwrite values[i] (a list of tensors) with their
-/// values on params[i]'s owner, on every rank that does not own params[i]; every rank calls it
-/// at the same points of a step with the same parameters (a collective). What is exchanged is
-/// the optimizer's to say (FOGO::set_step_shard, Muon::set_step_shard).
+/// One unit of a sharded step's work: matrix `matrix` of `param`'s matrix view (matrix_view.h;
+/// MatrixOptimizer::matrix_view), 0 for a parameter that is one matrix.
+struct ShardUnit {
+  torch::Tensor param;
+  int64_t matrix = 0;
+};
+
+/// Which matrices this rank runs the per-matrix work for, and how the other ranks' results arrive.
+/// `exchange(units, values)` must overwrite values[i] (a list of tensors) with their values on
+/// units[i]'s owner, on every rank that does not own units[i]; every rank calls it at the same
+/// points of a step with the same units (a collective). What is exchanged is the optimizer's to
+/// say (FOGO::set_step_shard, Muon::set_step_shard).
 struct StepShard {
-  std::function<bool(const torch::Tensor& param)> owns;
-  std::function<void(const std::vector<torch::Tensor>& params,
+  std::function<bool(const torch::Tensor& param, int64_t matrix)> owns;
+  std::function<void(const std::vector<ShardUnit>& units,
                      const std::vector<std::vector<torch::Tensor>>& values)>
       exchange;
 

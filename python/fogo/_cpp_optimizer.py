@@ -475,6 +475,7 @@ def fresh_second_moment(st: dict[str, torch.Tensor], p: torch.Tensor,
                         group: dict[str, Any]) -> dict[str, torch.Tensor]:
     """``st`` with NorMuon's zero second moment where ``group``'s normuon is on (the C++ state's
     second_moment: fogo::MuonParamState's, fogo::FOGOParamState's)."""
-    if group.get("normuon"):
-        st["second_moment"] = p.new_zeros(p.shape[0], dtype=normuon_dtype(p))
+    if group.get("normuon"):  # one per row of each matrix: p's leading batch_dims + 1 dims
+        st["second_moment"] = p.new_zeros(p.shape[:group.get("batch_dims", 0) + 1],
+                                          dtype=normuon_dtype(p))
     return st

@@ -165,8 +165,11 @@ class Bound {
             same = same && held[k].unsafeGetTensorImpl() == theirs[k].unsafeGetTensorImpl();
           if (same) continue;
         }
+        const int64_t batch_dims =
+            static_cast<const typename Traits::Options&>(groups[g].options()).batch_dims();
         for (size_t k = 0; k < theirs.size(); ++k)
-          if (Traits::required(k) || theirs[k].defined()) check_state(g, i, p, k, theirs[k]);
+          if (Traits::required(k) || theirs[k].defined())
+            check_state(g, i, p, k, theirs[k], batch_dims);
         adopted.emplace_back(p.unsafeGetTensorImpl(), std::move(s));
       }
     }
@@ -215,7 +218,10 @@ class Bound {
   const typename Traits::Optim& get() const { return opt_; }
 
  private:
-  static void check_state(size_t g, size_t i, const at::Tensor& p, size_t k, const at::Tensor& t) {
+  /// `batch_dims`: the group's (a per-row state has the parameter's leading batch_dims + 1
+  /// dimensions).
+  static void check_state(size_t g, size_t i, const at::Tensor& p, size_t k, const at::Tensor& t,
+                          int64_t batch_dims) {
     const char* key = Traits::state_keys[k];
     const auto fail = [&](const std::string& what) {
       throw py::value_error(std::string("fogo.") + Traits::name + ": opt.state[p]['" + key +
@@ -224,7 +230,7 @@ class Bound {
                             "opt.state by hand must match the parameter)");
     };
     if (!t.defined()) fail("is undefined");
-    const std::vector<int64_t> sizes = Traits::state_sizes(p, k);
+    const std::vector<int64_t> sizes = Traits::state_sizes(p, k, batch_dims);
     if (t.sizes() != at::IntArrayRef(sizes))
       fail("has shape " + c10::str(t.sizes()) + ", expected " + c10::str(at::IntArrayRef(sizes)) +
            " for the parameter's " + c10::str(p.sizes()));

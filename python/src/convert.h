@@ -11,6 +11,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace fogo_py {
 
@@ -74,6 +75,24 @@ struct Convert<std::tuple<double, double, double>> {
     const auto s = py::reinterpret_borrow<py::sequence>(v);
     return {Convert<double>::from(s[0], opt, name), Convert<double>::from(s[1], opt, name),
             Convert<double>::from(s[2], opt, name)};
+  }
+};
+
+// Muon's blocks: a list (or tuple) of integers, each row count of a block.
+template <>
+struct Convert<std::vector<int64_t>> {
+  static py::object to(const std::vector<int64_t>& v) {
+    py::list out;
+    for (const int64_t x : v) out.append(x);
+    return std::move(out);
+  }
+  static std::vector<int64_t> from(const py::handle& v, const char* opt, const char* name) {
+    if (!(PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())))
+      bad_type(opt, name, "a list of integers (row counts)", v);
+    std::vector<int64_t> out;
+    for (const py::handle x : py::reinterpret_borrow<py::sequence>(v))
+      out.push_back(Convert<int64_t>::from(x, opt, name));
+    return out;
   }
 };
 

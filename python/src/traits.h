@@ -5,6 +5,7 @@
 // tensors: state_keys names them, state_sizes and state_dtype say what each must be, and an
 // optional one (required false: Muon's NorMuon second moment) may be absent (undefined in C++).
 #include <fogo/fogo.h>
+#include <fogo/matrix_view.h>
 #include <fogo_private/normuon.h>
 #include <torch/extension.h>
 
@@ -68,9 +69,9 @@ struct FOGOTraits {
   }
   static bool required(size_t k) { return k < 2; }
   /// The momenta are the parameter's shape, fp32 whatever its dtype (FOGOParamState); the second
-  /// moment one per row, [size(0)], in normuon_dtype.
-  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k) {
-    return k < 2 ? p.sizes().vec() : std::vector<int64_t>{p.size(0)};
+  /// moment one per row of each matrix (row_state_sizes), in normuon_dtype.
+  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k, int64_t batch_dims) {
+    return k < 2 ? p.sizes().vec() : fogo::row_state_sizes(p.sizes(), batch_dims);
   }
   static c10::ScalarType state_dtype(const at::Tensor& p, size_t k) {
     return k < 2 ? at::kFloat : fogo::normuon_dtype(p);
@@ -121,9 +122,10 @@ struct MuonTraits {
   }
   static bool required(size_t k) { return k == 0; }
   /// The buffer is the parameter's shape and dtype (torch.optim.Muon's zeros_like(grad)); the
-  /// second moment one per row, [size(0)], in normuon_dtype (fp32; fp64 for an fp64 parameter).
-  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k) {
-    return k == 0 ? p.sizes().vec() : std::vector<int64_t>{p.size(0)};
+  /// second moment one per row of each matrix (row_state_sizes), in normuon_dtype (fp32; fp64 for
+  /// an fp64 parameter).
+  static std::vector<int64_t> state_sizes(const at::Tensor& p, size_t k, int64_t batch_dims) {
+    return k == 0 ? p.sizes().vec() : fogo::row_state_sizes(p.sizes(), batch_dims);
   }
   static c10::ScalarType state_dtype(const at::Tensor& p, size_t k) {
     return k == 0 ? p.scalar_type() : fogo::normuon_dtype(p);

@@ -177,33 +177,46 @@ std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimiz
               "HybridOptimizer's matrix side, not a ", c10::demangle(typeid(optimizer).name()),
               "; other optimizers shard with ShardedOptimizer");
   std::vector<at::Tensor> params;
-  for (const auto& g : optimizer.param_groups()) {
-    for (const auto& p : g.params()) {
+  std::vector<std::pair<size_t, at::Tensor>> grouped;  // (group, parameter)
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    for (const auto& p : optimizer.param_groups()[g].params()) {
       params.push_back(p);
+      grouped.emplace_back(g, p);
     }
   }
   check_same_layout(impl(group), numbered("parameter", params), "shard_step");
-  const auto owners = assign_owners(params, group.world_size(), cost);
-  auto owner_of = std::make_shared<std::map<const c10::TensorImpl*, int64_t>>();
-  for (size_t i = 0; i < params.size(); ++i) {
-    (*owner_of)[params[i].unsafeGetTensorImpl()] = owners[i];
+  // The units of work: each matrix of each parameter's matrix view (the experts of a stack, the
+  // blocks of a fused weight), each at `cost` of its view (newton_schulz_cost: its own
+  // [rows, cols]).
+  std::vector<std::pair<const c10::TensorImpl*, int64_t>> units;
+  std::vector<double> costs;
+  for (const auto& [g, p] : grouped) {
+    const fogo::MatrixView view = matrix->matrix_view(g, p);
+    for (int64_t k = 0; k < view.count(); ++k) {
+      units.emplace_back(p.unsafeGetTensorImpl(), k);
+      costs.push_back(cost(fogo::matrix_of(p, view, k)));
+    }
   }
-  const auto find = [owner_of](const at::Tensor& p) {
-    const auto it = owner_of->find(p.unsafeGetTensorImpl());
-    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_step: a parameter of the step ",
-                "was not in the optimizer when it was sharded; call shard_step again after ",
-                "add_param_group");
+  const auto owners = fogo::assign_owners(costs, group.world_size());
+  auto owner_of = std::make_shared<std::map<std::pair<const c10::TensorImpl*, int64_t>, int64_t>>();
+  for (size_t i = 0; i < units.size(); ++i) (*owner_of)[units[i]] = owners[i];
+  const auto find = [owner_of](const at::Tensor& p, int64_t k) {
+    const auto it = owner_of->find({p.unsafeGetTensorImpl(), k});
+    TORCH_CHECK(it != owner_of->end(), "fogo::dist::shard_step: matrix ", k,
+                " of a parameter of the step (shape ", p.sizes(),
+                ") was not in the optimizer when it was sharded; call shard_step again after ",
+                "add_param_group or a change of batch_dims, heads or blocks");
     return it->second;
   };
   fogo::StepShard shard;
   const auto rank = group.rank();
-  shard.owns = [find, rank](const torch::Tensor& p) { return find(p) == rank; };
-  shard.exchange = [find, group](const std::vector<torch::Tensor>& ps,
+  shard.owns = [find, rank](const torch::Tensor& p, int64_t k) { return find(p, k) == rank; };
+  shard.exchange = [find, group](const std::vector<fogo::ShardUnit>& us,
                                  const std::vector<std::vector<torch::Tensor>>& values) {
     std::vector<at::Tensor> tensors;
     std::vector<int64_t> owners;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const auto owner = find(ps[i]);
+    for (size_t i = 0; i < us.size(); ++i) {
+      const auto owner = find(us[i].param, us[i].matrix);
       for (const auto& t : values[i]) {
         tensors.push_back(t);
         owners.push_back(owner);

@@ -86,13 +86,18 @@ class ShardedOptimizer {
 /// parameters stay bit-identical to the replicated mode's (tested) with no reduction of m_j, s_j
 /// or r_t.
 /// fogo::Muon (Muon::set_step_shard): Newton–Schulz and the update on the owner, the
-/// parameters broadcast at the end of the step.
+/// parameters broadcast at the end of the step. The unit of work is a matrix of a parameter's
+/// matrix view (MatrixOptimizer::matrix_view): a stack of experts (batch_dims) or a fused weight
+/// cut in blocks (heads, blocks) is split across owners by matrix, each at `cost` of its view
+/// (fogo::matrix_of: [rows, in...]).
 /// A HybridOptimizer: its matrix side, as above (the AdamW side stays replicated: it is cheap).
 ///
 /// Momenta stay on every rank, so checkpoints do not depend on the world size (for Muon,
 /// ShardedOptimizer also shards the state). Collective: every rank calls it for its optimizer,
 /// with the same parameters in the same order; call it again after add_param_group or a load()
-/// that brings other parameters. Returns the owner of each parameter (param groups in order).
+/// that brings other parameters (or a change of a group's batch_dims, heads or blocks). Returns
+/// the owner of each matrix: the parameters in param-group order, each one's matrices in order
+/// (one per parameter where nothing cuts it into several).
 /// The optimizer keeps a copy of `group` for its steps. Another optimizer type is an error.
 std::vector<int64_t> shard_step(const ProcessGroup& group, torch::optim::Optimizer& optimizer,
                                 const ShardedOptimizer::Cost& cost = newton_schulz_cost);

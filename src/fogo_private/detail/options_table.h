@@ -5,7 +5,8 @@
 // generated here from the same rows: validation, the archive both ways, ==, its part in a
 // checkpoint's checksum and format, the docs table.
 //
-//   valid:      any(), range(lo, hi), positive(), finite(), known(), one_of(a, b, ...); a row's
+//   valid:      any(), range(lo, hi), positive(), finite(), known(), one_of(a, b, ...), counts();
+//               a row's
 //               rule may read the other options as `o` (gamma_st_max: range(o.gamma_st_min(), ..))
 //   checkpoint: always()   in every checkpoint of the optimizer (a missing one: no checkpoint)
 //               added()    not in the oldest checkpoints: one without it keeps the option's
@@ -49,6 +50,7 @@ struct Range {  ///< finite and in [lo, hi]
 struct Positive {};  ///< finite and > 0
 struct Finite {};    ///< every element finite (a tuple of numbers)
 struct Known {};     ///< is_known(value) (nonfinite.h)
+struct Counts {};    ///< a list of integers, each >= 1 (sizes_t: block row counts)
 template <class T, size_t N>
 struct OneOf {  ///< one of `values`
   std::array<T, N> values;
@@ -58,6 +60,7 @@ constexpr Range range(double lo, double hi) { return {lo, hi}; }
 constexpr Positive positive() { return {}; }
 constexpr Finite finite() { return {}; }
 constexpr Known known() { return {}; }
+constexpr Counts counts() { return {}; }
 template <class T, class... U>
 constexpr OneOf<T, 1 + sizeof...(U)> one_of(T first, U... rest) {
   return {{first, rest...}};
@@ -94,6 +97,7 @@ struct Row {
     using namespace ::fogo;                                          \
     using namespace ::fogo::option_table;                            \
     using coefficients_t = typename std::decay_t<O>::coefficients_t; \
+    using sizes_t = std::vector<int64_t>;                            \
     TABLE(FOGO_OPTION_TABLE_ROW)                                     \
   }
 #define FOGO_OPTION_TABLE_ROW(T, name, def, valid, stored)                                    \
@@ -133,7 +137,9 @@ auto archived(const T& v) {
 
 template <class T>
 T from_archive(const c10::IValue& v) {
-  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return v.toIntVector();
+  } else if constexpr (std::is_same_v<T, c10::ScalarType>) {
     return ns_dtype_from_code(v.toInt());
   } else if constexpr (std::is_enum_v<T>) {
     return static_cast<T>(v.toInt());
@@ -181,6 +187,13 @@ template <class T>
 void check(const char* optimizer, const char* name, const T& v, Known) {
   TORCH_CHECK(is_known(v), optimizer, ": option '", name, "' is not a known value (", printable(v),
               ")");
+}
+
+inline void check(const char* optimizer, const char* name, const std::vector<int64_t>& v, Counts) {
+  for (const int64_t x : v) {
+    TORCH_CHECK(x >= 1, optimizer, ": option '", name, "' must list counts >= 1, got ",
+                at::IntArrayRef(v));
+  }
 }
 
 template <class T, size_t N>
