@@ -106,6 +106,7 @@ std::vector<ParamRoute> HybridOptimizer::routes(const torch::nn::Module& module,
     r.matrix = matrix;
     r.group = group_name(g);
     r.scale = update_scale(param_groups_[g].options(), r.sizes);
+    if (matrix) r.treated = treated_as(param_groups_[g].options(), r.sizes);
   }
   return out;
 }

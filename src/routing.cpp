@@ -14,6 +14,7 @@
 
 #include "fogo/enum_names.h"
 #include "fogo/fogo_options.h"
+#include "fogo/matrix_view.h"
 #include "fogo/muon.h"
 
 namespace fogo {
@@ -122,14 +123,6 @@ std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
   return out;
 }
 
-std::pair<int64_t, int64_t> view_shape(const std::vector<int64_t>& sizes) {
-  TORCH_CHECK_VALUE(sizes.size() >= 2, "view_shape: a matrix view needs a >= 2-D shape, got ",
-                    at::IntArrayRef(sizes));
-  int64_t cols = 1;
-  for (size_t d = 1; d < sizes.size(); ++d) cols *= sizes[d];
-  return {sizes.front(), cols};
-}
-
 namespace {
 
 // A table cell: '|' (a regex's alternation) escaped so that it does not end the cell.
@@ -150,18 +143,59 @@ std::string number(double x) {
 
 }  // namespace
 
+namespace {
+
+// The layout `options` cut parameters into matrices by (the default for options without one).
+MatrixLayout layout_of(const torch::optim::OptimizerOptions& options) {
+  if (const auto* muon = dynamic_cast<const MuonOptions*>(&options)) return matrix_layout(*muon);
+  if (const auto* fogo = dynamic_cast<const FOGOOptions*>(&options)) return matrix_layout(*fogo);
+  return {};
+}
+
+MatrixView view_of(const std::vector<int64_t>& sizes, const MatrixLayout& layout) {
+  return matrix_view(at::IntArrayRef(sizes), layout, "routing", "a parameter");
+}
+
+// The distinct [rows, cols] of a view's matrices, in their order.
+std::vector<std::pair<int64_t, int64_t>> shapes_of(const MatrixView& view) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t k = 0; k < view.block_count(); ++k) {
+    const std::pair<int64_t, int64_t> shape{view.rows_of(k), view.cols};
+    if (std::find(out.begin(), out.end(), shape) == out.end()) out.push_back(shape);
+  }
+  return out;
+}
+
+std::string treatment(const std::vector<int64_t>& sizes, const MatrixView& view) {
+  if (view.single()) {
+    return "one " + std::to_string(view.rows) + "x" + std::to_string(view.cols) + " matrix" +
+           (sizes.size() > 2 ? " (its trailing dimensions flattened)" : "");
+  }
+  return to_string(view) + " matrices";
+}
+
+}  // namespace
+
 UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
                          const std::vector<int64_t>& sizes) {
   UpdateScale s;
   s.lr = options.get_lr();
   if (const auto* muon = dynamic_cast<const MuonOptions*>(&options)) {
-    const auto [rows, cols] = view_shape(sizes);
-    const auto [f1, f2] = muon_adjusted_lr_factors(muon->adjust_lr(), rows, cols);
-    const double factor = f1 * f2;
-    // An orthogonal [rows, cols] update has RMS 1 / sqrt(max(rows, cols)) per entry.
-    s.rms_per_lr = factor / std::sqrt(static_cast<double>(std::max(rows, cols)));
-    s.text = "lr " + number(s.lr) + " x " + number(factor) + " (" + enum_name(muon->adjust_lr()) +
-             "); RMS ~ " + number(s.rms_per_lr) + " lr";
+    // Each matrix by its own shape (a block of a fused weight by the block's): one text per shape.
+    const auto shapes = shapes_of(view_of(sizes, layout_of(options)));
+    for (const auto& [rows, cols] : shapes) {
+      const auto [f1, f2] = muon_adjusted_lr_factors(muon->adjust_lr(), rows, cols);
+      const double factor = f1 * f2;
+      // An orthogonal [rows, cols] update has RMS 1 / sqrt(max(rows, cols)) per entry.
+      const double rms = factor / std::sqrt(static_cast<double>(std::max(rows, cols)));
+      if (std::isnan(s.rms_per_lr)) s.rms_per_lr = rms;
+      s.text +=
+          std::string(s.text.empty() ? "" : "; ") +
+          (shapes.size() > 1 ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]: "
+                             : "") +
+          "lr " + number(s.lr) + " x " + number(factor) + " (" + enum_name(muon->adjust_lr()) +
+          "); RMS ~ " + number(rms) + " lr";
+    }
   } else if (const auto* fogo = dynamic_cast<const FOGOOptions*>(&options)) {
     s.rms_per_lr = fogo->sigma();
     s.text = "lr " + number(s.lr) + "; RMS = sigma lr = " + number(s.rms_per_lr) + " lr";
@@ -171,6 +205,11 @@ UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
     s.text = "lr " + number(s.lr) + " (its optimizer's own scale)";
   }
   return s;
+}
+
+std::string treated_as(const torch::optim::OptimizerOptions& options,
+                       const std::vector<int64_t>& sizes) {
+  return treatment(sizes, view_of(sizes, layout_of(options)));
 }
 
 std::string routing_table(const std::vector<ParamRoute>& routes) {
@@ -186,9 +225,7 @@ std::string routing_table(const std::vector<ParamRoute>& routes) {
     if (!r.matrix) {
       out << "as is";
     } else {
-      const auto [rows, cols] = view_shape(r.sizes);
-      out << "one " << rows << "x" << cols << " matrix"
-          << (r.sizes.size() > 2 ? " (its trailing dimensions flattened)" : "");
+      out << (r.treated.empty() ? treatment(r.sizes, view_of(r.sizes, {})) : r.treated);
     }
     out << " |";
     if (held)

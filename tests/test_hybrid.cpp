@@ -185,6 +185,37 @@ TEST(HybridOptimizer, RoutesNameEachParametersGroupAndUpdateScale) {
   EXPECT_NE(table.find(R"((lm_head\|head\|classifier\|output))"), std::string::npos) << table;
 }
 
+// A fused weight's blocks and a stack's experts in the routing: treated as their matrices, each
+// block shape with its own Muon scale (the first one's RMS as the number).
+TEST(HybridOptimizer, RoutesShowEachParametersMatricesAndTheirScales) {
+  TinyNet net;
+  std::vector<torch::Tensor> rest;
+  for (const auto& item : net->named_parameters()) {
+    if (item.key() != "fc1.weight" && item.key() != "conv.weight") rest.push_back(item.value());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(
+      std::vector<torch::Tensor>{net->fc1->weight},
+      std::make_unique<fogo::MuonOptions>(fogo::MuonOptions(0.02).blocks({8, 4, 4})));
+  groups.emplace_back(std::vector<torch::Tensor>{net->conv->weight},
+                      std::make_unique<fogo::MuonOptions>(fogo::MuonOptions(0.02).batch_dims(1)));
+  fogo::HybridOptimizer opt(std::make_unique<fogo::Muon>(groups, fogo::MuonOptions(0.02)),
+                            std::make_unique<torch::optim::AdamW>(rest));
+  std::map<std::string, fogo::ParamRoute> by_name;
+  for (const auto& r : opt.routes(*net)) by_name[r.name] = r;
+  const auto& fc1 = by_name["fc1.weight"];  // [16, 8] in blocks of 8, 4, 4 rows
+  EXPECT_EQ(fc1.treated, "[8, 8] + 2 x [4, 8] matrices");
+  EXPECT_DOUBLE_EQ(fc1.scale.rms_per_lr, 1.0 / std::sqrt(8.0));  // original on [8, 8]
+  EXPECT_NE(fc1.scale.text.find("[8, 8]: lr 0.02 x 1 (original)"), std::string::npos)
+      << fc1.scale.text;
+  EXPECT_NE(fc1.scale.text.find("[4, 8]: lr 0.02 x 1 (original)"), std::string::npos)
+      << fc1.scale.text;
+  EXPECT_EQ(by_name["conv.weight"].treated, "16 x [16, 3] matrices");  // [16, 16, 3], batch_dims 1
+  const std::string table = fogo::routing_table(opt.routes(*net));
+  EXPECT_NE(table.find("| 2-D weight | [8, 8] + 2 x [4, 8] matrices |"), std::string::npos)
+      << table;
+}
+
 TEST(SplitParameters, UserOverrides) {
   TinyNet net;
   fogo::ParamSplitRules rules;

@@ -75,13 +75,17 @@ struct UpdateScale {
 };
 
 /// The update scale `options` (MuonOptions, FOGOOptions, AdamWOptions; others: their lr alone)
-/// give a parameter of shape `sizes`, on its matrix view (view_shape).
+/// give a parameter of shape `sizes`, on its matrix view (matrix_view.h: the options' batch_dims,
+/// heads, blocks): Muon's per matrix shape, the text listing each shape's where the blocks differ,
+/// `rms_per_lr` the first matrix's.
 UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
                          const std::vector<int64_t>& sizes);
 
-/// The matrix a matrix optimizer makes of a >= 2-D parameter: [size(0), numel / size(0)] (conv
-/// weights flattened).
-std::pair<int64_t, int64_t> view_shape(const std::vector<int64_t>& sizes);
+/// How `options` treat a parameter of shape `sizes` (the routing table's "treated as"): "one 16x48
+/// matrix (its trailing dimensions flattened)", "8 x [64, 256] matrices" (a stack),
+/// "[8, 5] + 2 x [4, 5] matrices" (blocks).
+std::string treated_as(const torch::optim::OptimizerOptions& options,
+                       const std::vector<int64_t>& sizes);
 
 /// One trainable parameter of a module as split_parameters routes it: its name, shape, side
 /// (matrix optimizer or AdamW) and the rule that sent it there; from an optimizer that holds it
@@ -94,8 +98,9 @@ struct ParamRoute {
   std::vector<int64_t> sizes;
   bool matrix = false;
   std::string rule;
-  std::string group;  ///< empty: not from an optimizer
-  UpdateScale scale;  ///< text empty: not from an optimizer
+  std::string group;    ///< empty: not from an optimizer
+  UpdateScale scale;    ///< text empty: not from an optimizer
+  std::string treated;  ///< treated_as under its group's options; empty: one matrix by default
 };
 std::vector<ParamRoute> route_parameters(const torch::nn::Module& module,
                                          const ParamSplitRules& rules = {});

@@ -74,7 +74,8 @@ def routing_table(routes: list[dict[str, Any]]) -> str:
     Markdown table (parameter, shape, side, rule, how the matrix side treats it; from an
     optimizer also the group and the update scale)."""
     return _C.routing_table([(r["name"], list(r["shape"]), r["side"] == "matrix", r["rule"],
-                              r.get("group") or "", r.get("update_scale") or "")
+                              r.get("group") or "", r.get("update_scale") or "",
+                              r.get("treated_as") or "")
                              for r in routes])
 
 
@@ -243,7 +244,9 @@ class Hybrid(torch.optim.Optimizer):
         :func:`route_parameters` (the split's rule under the given rules) with ``group`` (the
         param group's ``"name"``, else its index), ``lr``, ``rms_per_lr`` (the update's RMS per
         entry over lr: Muon's adjust_lr factor over sqrt(max(rows, cols)), FOGO's sigma; None for
-        AdamW) and ``update_scale`` (both in words), all from fogo::update_scale. A parameter held
+        AdamW), ``update_scale`` (both in words; fogo::update_scale) and ``treated_as`` (the
+        matrices the group's batch_dims / heads / blocks make of it: fogo::treated_as). A
+        parameter held
         on the other side than the rule sends it to says so in ``rule`` ("placed by hand"); one
         this optimizer does not hold has ``group`` None. ``module`` defaults to the module this
         Hybrid was built from (with its split's rules). :func:`routing_table` prints them."""
@@ -260,7 +263,7 @@ class Hybrid(torch.optim.Optimizer):
         params = dict(module.named_parameters())
         out = route_parameters(module, rest_patterns, matrix_patterns, embeddings_to_rest)
         for r in out:
-            r.update(group=None, lr=None, rms_per_lr=None, update_scale=None)
+            r.update(group=None, lr=None, rms_per_lr=None, update_scale=None, treated_as=None)
             where = held.get(id(params[r["name"]]))
             if where is None:
                 continue
@@ -274,7 +277,8 @@ class Hybrid(torch.optim.Optimizer):
             options["lr"] = float(group["lr"])
             scale = _C.update_scale(kind, options, list(r["shape"]))
             r.update(side=side, group=str(group.get("name", g)), lr=scale["lr"],
-                     rms_per_lr=scale["rms_per_lr"], update_scale=scale["text"])
+                     rms_per_lr=scale["rms_per_lr"], update_scale=scale["text"],
+                     treated_as=scale["treated"] or None)
         return out
 
     @property

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -72,42 +73,46 @@ void bind_lists(py::module_& m) {
       },
       py::arg("params"), py::arg("rest_patterns"), py::arg("matrix_patterns"),
       py::arg("embeddings_to_rest"));
-  // (name, shape, to matrix side, rule, group, update scale's text): group and text empty for
-  // a route not from an optimizer.
+  // (name, shape, to matrix side, rule, group, update scale's text, treated as): the last three
+  // empty for a route not from an optimizer.
   m.def(
       "routing_table",
       [](const std::vector<std::tuple<std::string, std::vector<int64_t>, bool, std::string,
-                                      std::string, std::string>>& routes) {
+                                      std::string, std::string, std::string>>& routes) {
         std::vector<fogo::ParamRoute> in;
-        for (const auto& [name, sizes, matrix, rule, group, scale] : routes) {
+        for (const auto& [name, sizes, matrix, rule, group, scale, treated] : routes) {
           fogo::ParamRoute r{name, sizes, matrix, rule, group};
           r.scale.text = scale;
+          r.treated = treated;
           in.push_back(r);
         }
         return fogo::routing_table(in);
       },
       py::arg("routes"));
-  // fogo::update_scale of a param group's options ("muon", "fogo": their option dicts; "adamw":
-  // its lr) for a parameter of shape `sizes`: {"lr", "rms_per_lr" (None: no fixed RMS), "text"}.
+  // fogo::update_scale and, on the matrix side, fogo::treated_as of a param group's options
+  // ("muon", "fogo": their option dicts; "adamw": its lr) for a parameter of shape `sizes`:
+  // {"lr", "rms_per_lr" (None: no fixed RMS), "text", "treated" ("" for AdamW)}.
   m.def(
       "update_scale",
       [](const std::string& kind, const py::dict& options, const std::vector<int64_t>& sizes) {
-        fogo::UpdateScale s;
+        std::unique_ptr<torch::optim::OptimizerOptions> o;
         if (kind == "muon") {
-          s = fogo::update_scale(MuonTraits::from_dict(options, fogo::MuonOptions()), sizes);
+          o = std::make_unique<fogo::MuonOptions>(MuonTraits::from_dict(options, {}));
         } else if (kind == "fogo") {
-          s = fogo::update_scale(FOGOTraits::from_dict(options, fogo::FOGOOptions()), sizes);
+          o = std::make_unique<fogo::FOGOOptions>(FOGOTraits::from_dict(options, {}));
         } else if (kind == "adamw") {
-          s = fogo::update_scale(torch::optim::AdamWOptions(options["lr"].cast<double>()), sizes);
+          o = std::make_unique<torch::optim::AdamWOptions>(options["lr"].cast<double>());
         } else {
           throw py::value_error("update_scale: kind must be 'muon', 'fogo' or 'adamw', got '" +
                                 kind + "'");
         }
+        const fogo::UpdateScale s = fogo::update_scale(*o, sizes);
         py::dict out;
         out["lr"] = s.lr;
         out["rms_per_lr"] = std::isnan(s.rms_per_lr) ? py::object(py::none())
                                                      : py::object(py::float_(s.rms_per_lr));
         out["text"] = s.text;
+        out["treated"] = kind == "adamw" ? std::string() : fogo::treated_as(*o, sizes);
         return out;
       },
       py::arg("kind"), py::arg("options"), py::arg("sizes"));

@@ -223,3 +223,17 @@ def test_routes_give_each_parameters_group_and_update_scale():
     with pytest.raises(ValueError, match="pass the model"):
         copy_opt.routes()
     assert [r["lr"] for r in copy_opt.routes(copy_net)] == [r["lr"] for r in opt.routes()]
+
+
+def test_routes_show_blocks_and_their_scales():
+    """A fused weight in its own group with blocks: Hybrid.routes says which matrices it is and
+    the Muon scale of each block shape (fogo::treated_as, fogo::update_scale)."""
+    net = Net()
+    others = [p for n, p in net.named_parameters() if n != "fc2.weight"]
+    opt = fogo.Hybrid([{"params": [net.fc2.weight], "side": "matrix", "blocks": [8, 4, 4]},
+                       {"params": others, "side": "rest"}], fogo.Muon, lr=0.02)
+    fc2 = {r["name"]: r for r in opt.routes(net)}["fc2.weight"]
+    assert fc2["treated_as"] == "[8, 16] + 2 x [4, 16] matrices"
+    assert fc2["rms_per_lr"] == pytest.approx(1 / 16 ** 0.5, rel=1e-15)  # original on [8, 16]
+    assert "[4, 16]: lr 0.02 x 1 (original)" in fc2["update_scale"]
+    assert "| [8, 16] + 2 x [4, 16] matrices |" in fogo.routing_table(opt.routes(net))
