@@ -16,6 +16,7 @@ namespace fogo::trainer {
 namespace {
 
 using coefficients_t = FOGOOptions::coefficients_t;
+using sizes_t = FOGOOptions::sizes_t;
 
 // One value of each option type from its text; throws std::invalid_argument with what was
 // expected (the caller adds the flag and the key).
@@ -61,6 +62,18 @@ coefficients_t parse(const std::string& text, coefficients_t*) {
     start = comma + 1;
   }
   return {abc[0], abc[1], abc[2]};
+}
+
+// Row counts, "8,4,4" (blocks); "" for none.
+sizes_t parse(const std::string& text, sizes_t*) {
+  sizes_t out;
+  for (size_t start = 0; !text.empty();) {
+    const size_t comma = text.find(',', start);
+    out.push_back(parse(text.substr(start, comma - start), static_cast<int64_t*>(nullptr)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 c10::ScalarType parse(const std::string& text, c10::ScalarType*) {

@@ -577,6 +577,12 @@ TEST(FogoFlags, EveryOptionOfTheTablesIsSettableByItsName) {
   EXPECT_EQ(o.lr(), 2e-3);
   apply_fogo_assignment(o, "ns_coefficients=1.5,-0.5,0.25");
   EXPECT_EQ(o.ns_coefficients(), std::make_tuple(1.5, -0.5, 0.25));
+  apply_fogo_assignment(o, "blocks=8,4,4");  // row counts (issue 36's fused weights)
+  EXPECT_EQ(o.blocks(), std::vector<int64_t>({8, 4, 4}));
+  apply_fogo_assignment(o, "normuon=true");
+  EXPECT_TRUE(o.normuon());
+  EXPECT_EQ(fogo_error([&] { apply_fogo_assignment(o, "blocks=8,x"); }),
+            "--fogo: blocks: expected an integer, got 'x'");
   // Every other option keeps its default.
   EXPECT_EQ(o.mu_s(), fogo::FOGOOptions().mu_s());
 }
