@@ -10,7 +10,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _memory
-from ._cpp_optimizer import (Shard, _CppOptimizer, fresh_second_moment, normuon_dtype,
+from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment, normuon_dtype,
                              repr_without_memory)
 from ._row_shards import _RowShards
 
@@ -152,6 +152,25 @@ class Muon(_CppOptimizer):
                              f"got {dtensor!r}")
         self._dtensor = dtensor  # read by add_param_group, in super().__init__
         super().__init__(params, lr, **options)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # Owner-computes steps each matrix whole on its owner from rows (fogo::muon_step_rows),
+        # not yet a stack by expert or a fused weight by block: such a group must take the
+        # all-gather scheme, said before anything is built.
+        layout = {k: param_group.get(k, self.defaults.get(k)) for k in ("batch_dims", "heads")}
+        blocks = param_group.get("blocks", self.defaults.get("blocks")) or []
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if ((layout["batch_dims"] or 0) > 0 or (layout["heads"] or 1) > 1 or len(blocks) > 0) \
+                and DTensor is not None and any(isinstance(p, DTensor) and self._owner_computes(p)
+                                                for p in params):
+            raise ValueError(
+                f"Muon: param group {len(self.param_groups)} sets batch_dims, heads or blocks, "
+                "which the DTensor owner-computes step (dtensor='owner', the default for "
+                "fully_shard parameters) does not support yet; pass dtensor='gather' (every "
+                "rank steps the whole parameter) or keep these parameters out of fully_shard")
+        param_group = {**param_group, "params": params}
+        super().add_param_group(param_group)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_dtensor": self._dtensor}

@@ -147,6 +147,41 @@ def owner_bits(tmp, normuon=False):
         assert changed == [t != 3] * len(ref), f"step {t}: parameters changed {changed}"
 
 
+def stack_gather(tmp):
+    """A stack of experts [E, out, in] (batch_dims 1) and a fused weight in blocks, row-sharded
+    DTensors: the owner-computes scheme refuses them at construction, naming the way that works;
+    the all-gather scheme steps them bit for bit as unsharded fogo.Muon does (NorMuon on)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    shapes = [(6, 8, 5), (12, 7)]
+    full = init(shapes)
+    ref = leaves(full)
+    sharded = [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in full]
+
+    def make(params, **scheme):
+        return fogo.Muon([{"params": params[:1], "batch_dims": 1},
+                          {"params": params[1:], "blocks": [6, 3, 3]}], lr=0.02, normuon=True,
+                         ns_dtype=torch.float32, **scheme)
+
+    try:
+        make(sharded)
+        raise AssertionError("owner-computes took a stack")
+    except ValueError as e:
+        assert "dtensor='gather'" in str(e) and "param group 0" in str(e), str(e)
+    ref_opt, opt = make(ref), make(sharded, dtensor="gather")
+    for t in range(3):
+        gs = grads(t, shapes)
+        set_grads(ref, gs)
+        for q, g in zip(sharded, gs):
+            q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        ref_opt.step()
+        opt.step()
+        for k, (p, q) in enumerate(zip(ref, sharded)):
+            assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
+
+
 class Chain(torch.nn.Module):
     def __init__(self, bias=False):
         super().__init__()
@@ -517,6 +552,8 @@ def main():
                     owner_bits(tmp)
                 elif case == "owner_bits_normuon":
                     owner_bits(tmp, normuon=True)
+                elif case == "stack_gather":
+                    stack_gather(tmp)
                 else:
                     fsdp(tmp, case)
             except Exception as e:

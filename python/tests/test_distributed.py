@@ -83,7 +83,7 @@ def load_muon_checkpoint_unsharded(tmp_path, options="MUON_DCP_OPTIONS", name="m
 
 def test_muon_owner_computes_on_three_ranks(tmp_path):
     # Three ranks: each matrix has its own owner, and a 16-row matrix shards 6/6/4.
-    print(torchrun("fsdp_muon,owner_bits,owner_bits_normuon,fsdp_muon_dcp,fsdp_normuon_dcp",
-                   tmp_path, nproc=3))
+    print(torchrun("fsdp_muon,owner_bits,owner_bits_normuon,fsdp_muon_dcp,fsdp_normuon_dcp,"
+                   "stack_gather", tmp_path, nproc=3))
     load_muon_checkpoint_unsharded(tmp_path)
     load_muon_checkpoint_unsharded(tmp_path, "NORMUON_DCP_OPTIONS", "normuon")
