@@ -85,6 +85,20 @@ def zero(tmp):
     assert not all(torch.equal(p, q) for p, q in zip(full, restart)), "the test cannot fail"
 
 
+def step_both(ref, ref_opt, sharded, opt, gs, mesh, t):
+    """One step of an unsharded optimizer and of its row-sharded twin on the same gradients;
+    the parameters compared bit for bit."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    set_grads(ref, gs)
+    for q, g in zip(sharded, gs):
+        q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+    ref_opt.step()
+    opt.step()
+    for k, (p, q) in enumerate(zip(ref, sharded)):
+        assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
+
+
 def owner_bits(tmp, normuon=False):
     """Owner-computes (fogo::muon_step_rows) is fogo.Muon's step on the whole matrices, bit for
     bit: row-sharded DTensor parameters given the gradients of an unsharded fogo.Muon (the same
@@ -121,13 +135,8 @@ def owner_bits(tmp, normuon=False):
         if t == 3:  # a masked step: every bit kept, on both
             gs[2][1, 0] = float("nan")
         before = [p.detach().clone() for p in ref]
-        set_grads(ref, gs)
-        for q, g in zip(sharded, gs):
-            q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
-        ref_opt.step()
-        opt.step()
+        step_both(ref, ref_opt, sharded, opt, gs, mesh, t)
         for k, (p, q) in enumerate(zip(ref, sharded)):
-            assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
             buf = opt.state[q]["momentum_buffer"].full_tensor()
             assert torch.equal(buf, ref_opt.state[p]["momentum_buffer"]), f"step {t}, buffer {k}"
             if normuon:
@@ -172,14 +181,7 @@ def stack_gather(tmp):
         assert "dtensor='gather'" in str(e) and "param group 0" in str(e), str(e)
     ref_opt, opt = make(ref), make(sharded, dtensor="gather")
     for t in range(3):
-        gs = grads(t, shapes)
-        set_grads(ref, gs)
-        for q, g in zip(sharded, gs):
-            q.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
-        ref_opt.step()
-        opt.step()
-        for k, (p, q) in enumerate(zip(ref, sharded)):
-            assert torch.equal(q.full_tensor(), p.detach()), f"step {t}, parameter {k}"
+        step_both(ref, ref_opt, sharded, opt, grads(t, shapes), mesh, t)
 
 
 class Chain(torch.nn.Module):
