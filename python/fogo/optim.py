@@ -5,6 +5,7 @@ machinery they share, and how options and state reach the C++ step: _cpp_optimiz
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Iterable, Optional
 
 import torch
@@ -151,33 +152,44 @@ class Muon(_CppOptimizer):
             raise ValueError(f"Muon: option 'dtensor' must be one of {self._schemes}, "
                              f"got {dtensor!r}")
         self._dtensor = dtensor  # read by add_param_group, in super().__init__
+        self._row_dims: dict[int, int] = {}  # id(owner-computed stack) -> its row state's dims
         super().__init__(params, lr, **options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # Owner-computes steps each matrix whole on its owner from rows (fogo::muon_step_rows),
-        # not yet a stack by expert or a fused weight by block: such a group must take the
+        # Owner-computes steps each matrix whole on its owner from rows (fogo::muon_step_rows).
+        # A stack (batch_dims) sharded by FSDP2 along its experts holds whole experts on each
+        # rank, which step there (_owner_step); a fused weight's blocks (heads, blocks) span the
+        # ranks' rows, which owner-computes does not cut yet: such a group must take the
         # all-gather scheme, said before anything is built.
-        layout = {k: param_group.get(k, self.defaults.get(k)) for k in ("batch_dims", "heads")}
-        blocks = param_group.get("blocks", self.defaults.get("blocks")) or []
+        def option(key: str) -> Any:
+            return param_group.get(key, self.defaults.get(key))
+
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        if ((layout["batch_dims"] or 0) > 0 or (layout["heads"] or 1) > 1 or len(blocks) > 0) \
-                and DTensor is not None and any(isinstance(p, DTensor) and self._owner_computes(p)
-                                                for p in params):
+        owned = [p for p in params
+                 if DTensor is not None and isinstance(p, DTensor) and self._owner_computes(p)]
+        if owned and ((option("heads") or 1) > 1 or len(option("blocks") or []) > 0):
             raise ValueError(
-                f"Muon: param group {len(self.param_groups)} sets batch_dims, heads or blocks, "
-                "which the DTensor owner-computes step (dtensor='owner', the default for "
-                "fully_shard parameters) does not support yet; pass dtensor='gather' (every "
-                "rank steps the whole parameter) or keep these parameters out of fully_shard")
-        param_group = {**param_group, "params": params}
-        super().add_param_group(param_group)
+                f"Muon: param group {len(self.param_groups)} sets heads or blocks, which the "
+                "DTensor owner-computes step (dtensor='owner', the default for fully_shard "
+                "parameters) does not support yet; pass dtensor='gather' (every rank steps the "
+                "whole parameter) or keep these parameters out of fully_shard")
+        for p in owned:  # a stack's per-row state: its leading batch_dims + 1 dimensions
+            self._row_dims[id(p)] = (option("batch_dims") or 0) + 1
+        super().add_param_group({**param_group, "params": params})
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_dtensor": self._dtensor}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dtensor = state.pop("_dtensor", "owner")
+        self._row_dims = {}
         super().__setstate__(state)
+
+    def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
+        if key == "second_moment":
+            return tuple(p.shape[: self._row_dims.get(id(p), 1)])
+        return tuple(p.shape)
 
     # -- owner-computes for DTensor parameters ------------------------------------------------
     #
@@ -198,7 +210,8 @@ class Muon(_CppOptimizer):
         """(group, index, parameter, owner's rank in the mesh) of every owner-computed
         parameter, in group order (every rank issues the collectives in this order)."""
         items = [(group, i, p) for group in self.param_groups
-                 for i, p in enumerate(group["params"]) if id(p) in self._locals]
+                 for i, p in enumerate(group["params"])
+                 if id(p) in self._locals and not group["batch_dims"]]
         owners = [0] * len(items)
         meshes: dict[Any, list[int]] = {}  # each mesh's ranks balanced on their own
         for k, (_, _, p) in enumerate(items):
@@ -212,6 +225,9 @@ class Muon(_CppOptimizer):
     def _owner_step(self, ok: Optional[torch.Tensor]) -> None:
         owned = [(group, p, owner) for group, _, p, owner in self._owned() if p.grad is not None]
         for group in self.param_groups:  # each group with its options, in order
+            if group["batch_dims"]:
+                self._local_experts_step(group, ok)
+                continue
             mine = [(p, owner) for g, p, owner in owned if g is group]
             if not mine:
                 continue
@@ -223,6 +239,36 @@ class Muon(_CppOptimizer):
                 [p.shape[0] for p, _ in mine], group, ok,
                 lambda k, rows: _RowShards(*mine[k]).gather(rows),
                 lambda k, whole, out: _RowShards(*mine[k]).scatter(whole, out))
+
+    def _local_experts_step(self, group: dict[str, Any], ok: Optional[torch.Tensor]) -> None:
+        """A group of stacks (batch_dims) sharded along their experts: each rank holds whole
+        experts (FSDP2's Shard(0) over the leading batch dimension) and steps its own, each as a
+        matrix of its own (fogo::muon_step_rows with the whole matrix here: nothing travels),
+        the bits of the unsharded step."""
+        b = group["batch_dims"]
+        params = [p for p in group["params"] if id(p) in self._locals and p.grad is not None]
+        if not params:
+            return
+
+        def experts(t: torch.Tensor, dims: int) -> list[torch.Tensor]:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            # a view (never a copy: the step writes through it); a rank may hold no expert
+            count = math.prod(local.shape[:b])
+            return list(local.view((count,) + tuple(local.shape[b:dims])).unbind(0))
+
+        mats = [e for p in params for e in experts(p, p.dim())]
+        if not mats:
+            return
+        grads = [e for p in params for e in experts(p.grad, p.dim())]
+        bufs = [e for p in params for e in experts(self.state[p]["momentum_buffer"], p.dim())]
+        second = ([e for p in params for e in experts(self.state[p]["second_moment"], b + 1)]
+                  if group["normuon"] else [])
+
+        def scatter(k: int, whole: torch.Tensor, out: torch.Tensor) -> None:
+            out.copy_(whole)
+
+        _C.muon_step_rows(mats, grads, bufs, second, [m.shape[0] for m in mats],
+                          {**group, "batch_dims": 0}, ok, lambda k, rows: rows, scatter)
 
     def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         return fresh_second_moment(

@@ -158,28 +158,43 @@ def owner_bits(tmp, normuon=False):
 
 def stack_gather(tmp):
     """A stack of experts [E, out, in] (batch_dims 1) and a fused weight in blocks, row-sharded
-    DTensors: the owner-computes scheme refuses them at construction, naming the way that works;
-    the all-gather scheme steps them bit for bit as unsharded fogo.Muon does (NorMuon on)."""
+    DTensors (experts split over the ranks): owner-computes steps the stack's experts where they
+    are, bit for bit as unsharded fogo.Muon (NorMuon on; parameters, momenta, second moments);
+    it refuses the blocks, naming the way that works, and the all-gather scheme steps both bit
+    for bit."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    shapes = [(6, 8, 5), (12, 7)]
+    shapes = [(7, 8, 5), (2, 3, 6, 4), (12, 7)]  # 7 experts on 3 ranks: 3/3/1; batch_dims 2
     full = init(shapes)
-    ref = leaves(full)
-    sharded = [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in full]
 
     def make(params, **scheme):
-        return fogo.Muon([{"params": params[:1], "batch_dims": 1},
-                          {"params": params[1:], "blocks": [6, 3, 3]}], lr=0.02, normuon=True,
-                         ns_dtype=torch.float32, **scheme)
+        groups = [{"params": params[:1], "batch_dims": 1}, {"params": params[1:2], "batch_dims": 2}]
+        if scheme:
+            groups.append({"params": params[2:], "blocks": [6, 3, 3]})
+        return fogo.Muon(groups, lr=0.02, normuon=True, ns_dtype=torch.float32, **scheme)
+
+    def sharded_of(ts):
+        return [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in ts]
 
     try:
-        make(sharded)
-        raise AssertionError("owner-computes took a stack")
+        make(sharded_of(full), dtensor="owner")
+        raise AssertionError("owner-computes took a fused weight's blocks")
     except ValueError as e:
-        assert "dtensor='gather'" in str(e) and "param group 0" in str(e), str(e)
-    ref_opt, opt = make(ref), make(sharded, dtensor="gather")
+        assert "dtensor='gather'" in str(e) and "param group 2" in str(e), str(e)
+    ref, sharded = leaves(full[:2]), sharded_of(full[:2])
+    ref_opt, opt = make(ref), make(sharded)
+    assert len(opt._locals) == 2, "owner-computes is not in use"
+    for t in range(3):
+        step_both(ref, ref_opt, sharded, opt, grads(t, shapes[:2]), mesh, t)
+        for k, (p, q) in enumerate(zip(ref, sharded)):
+            for key in ("momentum_buffer", "second_moment"):
+                mine = opt.state[q][key]
+                assert isinstance(mine, DTensor) and mine.shape == ref_opt.state[p][key].shape
+                assert torch.equal(mine.full_tensor(), ref_opt.state[p][key]), (t, k, key)
+    ref, sharded = leaves(full), sharded_of(full)
+    ref_opt, opt = make(ref, dtensor="gather"), make(sharded, dtensor="gather")
     for t in range(3):
         step_both(ref, ref_opt, sharded, opt, grads(t, shapes), mesh, t)
 
