@@ -3,6 +3,7 @@ uninterrupted one bit for bit (FOGO's codebooks, frozen banks and generators inc
 
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -223,3 +224,26 @@ def test_fogo_01_layout_still_loads(gen):
     muon.load_state_dict(msd)
     assert muon.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
     assert "adjust_lr" not in muon.param_groups[0]
+
+
+@pytest.mark.parametrize("key, bad, what", [
+    ("centroids", (5, 8), "codebook has shape [5, 8], expected [6, 8]"),
+    ("N", (7,), "codebook counts N has shape [7], expected [6]"),
+    ("rbar", (2,), "conflict EMA has shape [2], expected []"),
+])
+def test_fogo_memory_of_another_shape_is_refused_and_changes_nothing(key, bad, what):
+    """FOGO's group memory in a state_dict (no checksum travels in memory) is checked by
+    FOGO::load's shapes: a tensor of another shape is refused naming it, and the optimizer keeps
+    its state."""
+    p = torch.randn(6, 20, requires_grad=True)
+    opt = fogo.FOGO([p], lr=0.01, codebook_size=6, proj_dim=8)
+    p.grad = torch.randn(6, 20)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    sd["param_groups"][0]["memory"][key] = torch.zeros(bad)
+    target = fogo.FOGO([p.detach().clone().requires_grad_(True)], lr=0.02, codebook_size=6,
+                       proj_dim=8)
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(RuntimeError, match=re.escape(what)):
+        target.load_state_dict(sd)
+    assert_state_equal(target.state_dict(), before)
