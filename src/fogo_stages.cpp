@@ -218,8 +218,7 @@ std::vector<Work> working_set(const std::vector<at::Tensor>& params,
     const MatrixView view = matrix_view(p.sizes(), layout, "FOGO", "a parameter");
     const at::Tensor G = grads[k].to(at::kFloat);
     if (normuon && !st.second_moment().defined())
-      st.second_moment(at::zeros(row_state_sizes(p.sizes(), layout.batch_dims),
-                                 p.options().dtype(normuon_dtype(p))));
+      st.second_moment(fresh_second_moment(p, layout.batch_dims));
     for (int64_t i = 0; i < view.count(); ++i) {  // each matrix as a parameter of its own
       const int64_t rows = view.rows_of(i), cols = view.cols;
       const auto of = [&](const at::Tensor& t) { return matrix_of(t, view, i); };
@@ -249,9 +248,7 @@ void add_second_moments(ParamStates& state, const std::vector<at::Tensor>& param
     const auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end() || p.numel() == 0) continue;
     auto& st = static_cast<FOGOParamState&>(*it->second);
-    if (!st.second_moment().defined())
-      st.second_moment(at::zeros(row_state_sizes(p.sizes(), layout.batch_dims),
-                                 p.options().dtype(normuon_dtype(p))));
+    if (!st.second_moment().defined()) st.second_moment(fresh_second_moment(p, layout.batch_dims));
   }
 }
 

@@ -60,7 +60,7 @@ at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t k) {
 }
 
 std::vector<int64_t> row_state_sizes(at::IntArrayRef sizes, int64_t batch_dims) {
-  return sizes.slice(0, static_cast<size_t>(batch_dims) + 1).vec();
+  return sizes.slice(0, std::min(static_cast<size_t>(batch_dims) + 1, sizes.size())).vec();
 }
 
 std::string to_string(const MatrixView& view) {

@@ -141,8 +141,7 @@ void Muon::step_group(const GroupStep& s) {
     }
     auto& st = static_cast<MuonParamState&>(*slot);
     if (o.normuon() && !st.second_moment().defined()) {
-      st.second_moment(at::zeros(row_state_sizes(p.sizes(), o.batch_dims()),
-                                 p.options().dtype(normuon_dtype(p))));
+      st.second_moment(fresh_second_moment(p, o.batch_dims()));
     }
   }
   auto& graph = graphs_->of(s.group);
@@ -495,12 +494,11 @@ void Muon::load(torch::serialize::InputArchive& archive) {
         const at::Tensor& v = st.second_moment();
         if (!v.defined()) return;  // NorMuon off when saved: a step with it on starts at zeros
         // One per row of each matrix (batch_dims: of each matrix of the stack).
-        const auto rows = p.sizes().slice(
-            0, std::min<size_t>(static_cast<size_t>(options.batch_dims()) + 1, p.sizes().size()));
-        TORCH_CHECK(v.sizes() == rows && v.is_floating_point(),
+        const std::vector<int64_t> rows = row_state_sizes(p.sizes(), options.batch_dims());
+        TORCH_CHECK(v.sizes() == at::IntArrayRef(rows) && v.is_floating_point(),
                     "Muon::load: the checkpoint's second_moment for ",
                     detail::describe_param(g, i, p), " has shape ", v.sizes(), " (",
-                    v.scalar_type(), "), expected ", rows,
+                    v.scalar_type(), "), expected ", at::IntArrayRef(rows),
                     " floating point (one per row of each matrix); the checkpoint was made for a "
                     "different model or another batch_dims");
         detail::check_finite_state("Muon", "second_moment for " + detail::describe_param(g, i, p),

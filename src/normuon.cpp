@@ -2,10 +2,17 @@
 
 #include <ATen/ATen.h>
 
+#include "fogo/matrix_view.h"
+
 namespace fogo {
 
 at::ScalarType normuon_dtype(const at::Tensor& param) {
   return param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor fresh_second_moment(const at::Tensor& param, int64_t batch_dims) {
+  return at::zeros(row_state_sizes(param.sizes(), batch_dims),
+                   param.options().dtype(normuon_dtype(param)));
 }
 
 std::vector<at::Tensor> normuon_normalize(const at::Tensor& O,

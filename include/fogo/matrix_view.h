@@ -59,7 +59,8 @@ MatrixView matrix_view(at::IntArrayRef sizes, const MatrixLayout& layout, const 
 at::Tensor matrix_of(const at::Tensor& t, const MatrixView& view, int64_t k);
 
 /// The shape of a per-row state of a parameter of shape `sizes` (NorMuon's second moment): its
-/// leading batch_dims + 1 dimensions, one entry per row of each of its matrices.
+/// leading batch_dims + 1 dimensions, one entry per row of each of its matrices (at most all of
+/// them: a layout that does not fit the parameter is refused elsewhere, naming it).
 std::vector<int64_t> row_state_sizes(at::IntArrayRef sizes, int64_t batch_dims);
 
 /// The matrix view as text, for routing tables and messages: "[out, in]" for one matrix,

@@ -132,8 +132,12 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
         """The (global) shape of parameter ``p``'s state tensor ``key``: NorMuon's second moment
-        one per row, [size(0)]; the others the parameter's."""
-        return (p.shape[0],) if key == "second_moment" else tuple(p.shape)
+        one per row of each matrix under its group's batch_dims (fogo::row_state_sizes); the
+        others the parameter's."""
+        if key != "second_moment":
+            return tuple(p.shape)
+        group = next((g for g in self.param_groups if any(q is p for q in g["params"])), {})
+        return tuple(_C.row_state_sizes(list(p.shape), group.get("batch_dims", 0)))
 
     def _cast_state(self, p: torch.Tensor, key: str, value: torch.Tensor) -> torch.Tensor:
         """A loaded state tensor ``key`` of parameter ``p`` as the step needs it."""
@@ -468,14 +472,14 @@ class _CppOptimizer(torch.optim.Optimizer):
 def normuon_dtype(p: torch.Tensor) -> torch.dtype:
     """The dtype of NorMuon's second moment (fogo::normuon_dtype): fp32, fp64 for an fp64
     parameter."""
-    return torch.float64 if p.dtype == torch.float64 else torch.float32
+    return _C.normuon_dtype(p)
 
 
 def fresh_second_moment(st: dict[str, torch.Tensor], p: torch.Tensor,
                         group: dict[str, Any]) -> dict[str, torch.Tensor]:
     """``st`` with NorMuon's zero second moment where ``group``'s normuon is on (the C++ state's
     second_moment: fogo::MuonParamState's, fogo::FOGOParamState's)."""
-    if group.get("normuon"):  # one per row of each matrix: p's leading batch_dims + 1 dims
-        st["second_moment"] = p.new_zeros(p.shape[:group.get("batch_dims", 0) + 1],
-                                          dtype=normuon_dtype(p))
+    if group.get("normuon"):  # one per row of each matrix (fogo::row_state_sizes)
+        st["second_moment"] = p.new_zeros(
+            _C.row_state_sizes(list(p.shape), group.get("batch_dims", 0)), dtype=normuon_dtype(p))
     return st

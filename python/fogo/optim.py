@@ -152,7 +152,6 @@ class Muon(_CppOptimizer):
             raise ValueError(f"Muon: option 'dtensor' must be one of {self._schemes}, "
                              f"got {dtensor!r}")
         self._dtensor = dtensor  # read by add_param_group, in super().__init__
-        self._row_dims: dict[int, int] = {}  # id(owner-computed stack) -> its row state's dims
         super().__init__(params, lr, **options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -174,8 +173,6 @@ class Muon(_CppOptimizer):
                 "DTensor owner-computes step (dtensor='owner', the default for fully_shard "
                 "parameters) does not support yet; pass dtensor='gather' (every rank steps the "
                 "whole parameter) or keep these parameters out of fully_shard")
-        for p in owned:  # a stack's per-row state: its leading batch_dims + 1 dimensions
-            self._row_dims[id(p)] = (option("batch_dims") or 0) + 1
         super().add_param_group({**param_group, "params": params})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,13 +180,7 @@ class Muon(_CppOptimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dtensor = state.pop("_dtensor", "owner")
-        self._row_dims = {}
         super().__setstate__(state)
-
-    def _state_shape(self, p: torch.Tensor, key: str) -> tuple[int, ...]:
-        if key == "second_moment":
-            return tuple(p.shape[: self._row_dims.get(id(p), 1)])
-        return tuple(p.shape)
 
     # -- owner-computes for DTensor parameters ------------------------------------------------
     #

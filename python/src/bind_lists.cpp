@@ -116,6 +116,15 @@ void bind_lists(py::module_& m) {
         return out;
       },
       py::arg("kind"), py::arg("options"), py::arg("sizes"));
+  // NorMuon's second moment of a parameter (fogo::row_state_sizes, fogo::normuon_dtype): the
+  // shape under `batch_dims`, and the dtype.
+  m.def(
+      "row_state_sizes",
+      [](const std::vector<int64_t>& sizes, int64_t batch_dims) {
+        return fogo::row_state_sizes(sizes, batch_dims);
+      },
+      py::arg("sizes"), py::arg("batch_dims"));
+  m.def("normuon_dtype", [](const at::Tensor& p) { return fogo::normuon_dtype(p); });
   m.def("shape_key", [](const at::Tensor& p) { return fogo::shape_key("", p); });
 
   // Sharded steps' owners (fogo::assign_owners by fogo::newton_schulz_cost): each shape's owner

@@ -18,6 +18,10 @@ namespace fogo {
 /// fp64 for an fp64 parameter.
 at::ScalarType normuon_dtype(const at::Tensor& param);
 
+/// A fresh (zero) second moment of `param` under `batch_dims`: one per row of each of its
+/// matrices (row_state_sizes), in normuon_dtype, on param's device.
+at::Tensor fresh_second_moment(const at::Tensor& param, int64_t batch_dims);
+
 /// Normalizes `O` [count, rows, cols] (a Newton–Schulz run, any float dtype): returns each Oh[k]
 /// [rows, cols] in second_moments[k]'s dtype and updates second_moments[k] ([rows]) in place with
 /// O[k]'s rows. A matrix without columns is returned as it is, its second moment unchanged (a
