@@ -243,6 +243,30 @@ std::vector<at::Tensor> momentum_updates(const std::vector<at::Tensor>& bufs,
   return o.nesterov() ? at::_foreach_lerp(grads, bufs, o.momentum()) : bufs;
 }
 
+// Newton–Schulz of each of `matrices` (matrix m.k of tensor U[m.param] under views[m.param]) in
+// the runs shape_runs makes, and with NorMuon each O's rows normalized by their second moments
+// (`second`, as U; normuon.h): `done(m, O)` receives every matrix with its O, run by run.
+template <class Done>
+void orthogonalize_matrices(std::vector<Matrix>& matrices, const std::vector<MatrixView>& views,
+                            const std::vector<at::Tensor>& U, const std::vector<at::Tensor>& second,
+                            const MuonOptions& o, Done&& done) {
+  const auto of = [&](const std::vector<at::Tensor>& t, const Matrix& m) {
+    return matrix_of(t[m.param], views[m.param], m.k);
+  };
+  for (const auto& [begin, end] : shape_runs(U, matrices)) {
+    std::vector<at::Tensor> inputs, run_second;
+    for (size_t i = begin; i < end; ++i) {
+      inputs.push_back(of(U, matrices[i]));
+      if (o.normuon()) run_second.push_back(of(second, matrices[i]));
+    }
+    const at::Tensor O = orthogonalize_run(inputs, ns_config(o));
+    const std::vector<at::Tensor> Os =
+        o.normuon() ? normuon_normalize(O, run_second, o.normuon_beta2(), o.normuon_eps())
+                    : O.unbind(0);
+    for (size_t i = begin; i < end; ++i) done(matrices[i], Os[i - begin]);
+  }
+}
+
 }  // namespace
 
 MatrixView Muon::matrix_view(size_t group, const at::Tensor& param) const {
@@ -277,24 +301,10 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
         matrices.push_back({i, k, views[i].rows_of(k), views[i].cols});
     }
   }
-  const auto of = [&](const std::vector<at::Tensor>& t, const Matrix& m) {
-    return matrix_of(t[m.param], views[m.param], m.k);
-  };
   std::vector<MuonUpdateItem> updates;  // each (owned) matrix with its orthogonalized momentum
-  for (const auto& [begin, end] : shape_runs(params, matrices)) {
-    std::vector<at::Tensor> inputs, run_second;
-    for (size_t i = begin; i < end; ++i) {
-      inputs.push_back(of(U, matrices[i]));
-      if (o.normuon()) run_second.push_back(of(second, matrices[i]));
-    }
-    const at::Tensor O = orthogonalize_run(inputs, ns_config(o));
-    // NorMuon: each O's rows normalized by their second moments (normuon.h), then the same update.
-    const std::vector<at::Tensor> Os =
-        o.normuon() ? normuon_normalize(O, run_second, o.normuon_beta2(), o.normuon_eps())
-                    : O.unbind(0);
-    for (size_t i = begin; i < end; ++i)
-      updates.push_back({of(params, matrices[i]), Os[i - begin]});
-  }
+  orthogonalize_matrices(matrices, views, U, second, o, [&](const Matrix& m, const at::Tensor& O) {
+    updates.push_back({matrix_of(params[m.param], views[m.param], m.k), O});
+  });
   // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops. Each matrix takes the
   // adjusted learning rate of its own shape.
@@ -306,8 +316,10 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
 namespace {
 
 // muon_step_rows' inputs: this rank's rows of each matrix with its gradient, buffer and (NorMuon)
-// second moment, shaped alike.
-void check_rows(const std::vector<MuonRows>& items, const MuonOptions& o) {
+// second moment, shaped alike; each parameter's matrix view (heads, blocks) checked on every
+// rank alike before any collective.
+std::vector<MatrixView> check_rows(const std::vector<MuonRows>& items, const MuonOptions& o) {
+  std::vector<MatrixView> views;
   for (size_t k = 0; k < items.size(); ++k) {
     const MuonRows& m = items[k];
     TORCH_CHECK(m.param.dim() >= 2 && (!o.strict_2d() || m.param.dim() == 2) &&
@@ -317,6 +329,14 @@ void check_rows(const std::vector<MuonRows>& items, const MuonOptions& o) {
                 o.strict_2d() ? "2-D" : ">= 2-D", " parameter with its gradient and buffer of ",
                 "the same shape, got ", m.param.sizes(), ", ", m.grad.sizes(), ", ", m.buf.sizes(),
                 " (", m.rows, " rows in all)");
+    TORCH_CHECK(m.first_row >= 0 && m.first_row + m.param.size(0) <= m.rows,
+                "muon_step_rows: matrix ", k, "'s first_row ", m.first_row, " with its ",
+                m.param.size(0), " rows here lies outside its ", m.rows, " rows");
+    std::vector<int64_t> whole = m.param.sizes().vec();
+    whole[0] = m.rows;
+    views.push_back(
+        matrix_view(whole, matrix_layout(o), "Muon",
+                    c10::str("row-sharded matrix ", k, " (shape ", at::IntArrayRef(whole), ")")));
     if (!o.normuon()) continue;
     const at::Tensor& v = m.second_moment;
     TORCH_CHECK(v.defined() && v.dim() == 1 && v.size(0) == m.param.size(0) &&
@@ -328,6 +348,21 @@ void check_rows(const std::vector<MuonRows>& items, const MuonOptions& o) {
                 v.defined() ? c10::str(v.sizes(), " ", v.scalar_type(), " on ", v.device())
                             : std::string("none"));
   }
+  return views;
+}
+
+// The orthogonalized (NorMuon: normalized) update of a whole matrix `whole` [rows, ...] on the
+// rank that holds it, block by block as fogo::Muon steps a parameter of that view
+// (orthogonalize_matrices); `whole_v` its second moment (NorMuon). [rows, cols].
+at::Tensor orthogonalize_whole(const at::Tensor& whole, const at::Tensor& whole_v,
+                               const MatrixView& view, const MuonOptions& o) {
+  std::vector<Matrix> blocks;
+  for (int64_t b = 0; b < view.count(); ++b) blocks.push_back({0, b, view.rows_of(b), view.cols});
+  std::vector<at::Tensor> Os(blocks.size());
+  orthogonalize_matrices(
+      blocks, {view}, {whole}, {whole_v}, o,
+      [&](const Matrix& m, const at::Tensor& O) { Os[static_cast<size_t>(m.k)] = O; });
+  return Os.size() == 1 ? Os[0] : at::cat(Os);
 }
 
 }  // namespace
@@ -336,11 +371,11 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange) {
   o.validate();
   TORCH_CHECK(exchange.gather && exchange.scatter, "muon_step_rows: no gather or scatter");
-  TORCH_CHECK(matrix_layout(o).is_default(),
-              "muon_step_rows: options 'batch_dims', 'heads' and 'blocks' are not supported for "
-              "row-sharded matrices (FSDP2 owner-computes) yet; use fogo::Muon or fogo::dist's "
-              "sharded steps");
-  check_rows(items, o);
+  TORCH_CHECK(o.batch_dims() == 0,
+              "muon_step_rows: option 'batch_dims' is not supported for row-sharded matrices "
+              "(FSDP2 owner-computes steps a stack's experts where they lie); use fogo::Muon or "
+              "fogo::dist's sharded steps");
+  const std::vector<MatrixView> views = check_rows(items, o);
   std::vector<at::Tensor> params, grads, bufs, second;
   for (const MuonRows& m : items) {
     params.push_back(m.param);
@@ -359,7 +394,7 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
   std::vector<MuonUpdateItem> updates;
   for (size_t k = 0; k < items.size(); ++k) {
     const at::Tensor& p = params[k];
-    const int64_t cols = c10::multiply_integers(p.sizes().slice(1));
+    const MatrixView& view = views[k];
     const at::Tensor whole = exchange.gather(k, U[k]);
     // NorMuon: the whole second moment with the whole update (undefined elsewhere).
     const at::Tensor whole_v = o.normuon() ? exchange.gather(k, second[k]) : at::Tensor();
@@ -368,23 +403,27 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
       TORCH_CHECK(whole.size(0) == items[k].rows && whole.sizes().slice(1) == p.sizes().slice(1),
                   "muon_step_rows: gather returned ", whole.sizes(), " for matrix ", k, " of ",
                   items[k].rows, " rows");
-      O = orthogonalize_run({whole}, ns_config(o));  // [1, rows, cols]
-      if (o.normuon()) {
-        TORCH_CHECK(whole_v.defined() && whole_v.sizes() == at::IntArrayRef{items[k].rows},
-                    "muon_step_rows: gather returned no [", items[k].rows,
-                    "] second moment for matrix ", k);
-        O = normuon_normalize(O, {whole_v}, o.normuon_beta2(), o.normuon_eps())[0];
-      } else {
-        O = O[0];
-      }
+      TORCH_CHECK(
+          !o.normuon() || (whole_v.defined() && whole_v.sizes() == at::IntArrayRef{items[k].rows}),
+          "muon_step_rows: gather returned no [", items[k].rows, "] second moment for matrix ", k);
+      O = orthogonalize_whole(whole, whole_v, view, o);
     }
     // What O reaches the update in, the same on every rank: NorMuon's dtype, or Newton–Schulz's.
     const at::ScalarType dtype =
         o.normuon() ? normuon_dtype(p) : resolve_ns_config(ns_config(o), p.device()).compute_dtype;
-    const at::Tensor mine = at::empty({p.size(0), cols}, p.options().dtype(dtype));
+    const at::Tensor mine = at::empty({p.size(0), view.cols}, p.options().dtype(dtype));
     exchange.scatter(k, O, mine);
     if (o.normuon()) exchange.scatter(k, whole_v, second[k]);
-    updates.push_back({p, mine, items[k].rows, cols});
+    // This rank's rows [first_row, first_row + size(0)) of each block they meet, each with its
+    // block's shape for the adjusted learning rate (one item, the whole matrix's, by default).
+    const int64_t first = items[k].first_row, last = first + p.size(0);
+    for (int64_t b = 0; b < view.count(); ++b) {
+      const int64_t start = view.offsets[static_cast<size_t>(b)];
+      const int64_t lo = std::max(first, start), hi = std::min(last, start + view.rows_of(b));
+      if (hi <= lo) continue;  // no row of block b here (an empty shard meets none)
+      updates.push_back({p.narrow(0, lo - first, hi - lo), mine.narrow(0, lo - first, hi - lo),
+                         view.rows_of(b), view.cols});
+    }
   }
   ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype});
   keep.restore();

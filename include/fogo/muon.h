@@ -63,11 +63,14 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
 /// Shard(0) lays them out; possibly none), and the whole matrix's number of rows. With NorMuon
 /// (MuonOptions::normuon) `second_moment` holds the same rows of the matrix's second moment
 /// ([rows] in all, normuon_dtype: MuonParamState::second_moment laid out as the momentum);
-/// without, it is not read.
+/// without, it is not read. `first_row`: where this rank's rows start in the whole matrix (which
+/// blocks of a heads/blocks layout they belong to, and so which adjusted learning rate each
+/// takes).
 struct MuonRows {
   at::Tensor param, grad, buf;
   int64_t rows = 0;
   at::Tensor second_moment = {};
+  int64_t first_row = 0;
 };
 
 /// Where the rows of row-sharded matrices live (the caller's communication; both collectives,
@@ -87,14 +90,17 @@ struct RowExchange {
 /// fogo::Muon's step of one param group's matrices whose rows are spread over ranks
 /// (owner-computes; fogo.Muon's FSDP2 path): the step's own code, with `exchange` supplying only
 /// where the matrices live. The momentum and the Nesterov blend on this rank's rows, Newton–Schulz
-/// of the whole update on the rank `gather` hands it to, weight decay and the update on this
-/// rank's rows with the whole matrix's adjusted learning rate. Every operation outside
-/// Newton–Schulz is elementwise and Newton–Schulz sees the whole matrix, so the result is
-/// fogo::Muon's on the whole matrices bit for bit wherever that step runs one Newton–Schulz per
-/// matrix (the CPU; on CUDA, matrices of distinct shapes). NorMuon (`o.normuon()`) normalizes O
-/// on the rank holding it, with the whole second moment gathered there (normuon.h), as fogo::Muon
-/// does. `o`: the group's options (validated here); `lr_dtype`: as Muon::set_lr_dtype; `ok`
-/// (Mask): where false, the parameters, buffers and second moments keep their bits.
+/// of the whole update on the rank `gather` hands it to (a fused weight's heads or blocks, options
+/// `heads` / `blocks`, each on its own as fogo::Muon does them), weight decay and the update on
+/// this rank's rows with the adjusted learning rate of the matrix (or block) each row belongs to.
+/// Every operation outside Newton–Schulz is elementwise and Newton–Schulz sees the whole matrix,
+/// so the result is fogo::Muon's on the whole matrices bit for bit wherever that step runs one
+/// Newton–Schulz per matrix (the CPU; on CUDA, matrices of distinct shapes). NorMuon
+/// (`o.normuon()`) normalizes O on the rank holding it, with the whole second moment gathered
+/// there (normuon.h), as fogo::Muon does. `batch_dims` is refused (a stack sharded along its
+/// experts steps where it lies: fogo.Muon). `o`: the group's options (validated here);
+/// `lr_dtype`: as Muon::set_lr_dtype; `ok` (Mask): where false, the parameters, buffers and second
+/// moments keep their bits. Every check runs before the first collective, alike on every rank.
 void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange);
 

@@ -175,7 +175,8 @@ class _CppOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            self._cpp.add_param_group(self._bind(group["params"]), group)
+            self._cpp.add_param_group(self._bind(group["params"]), group,
+                                      self._shape_probes(group["params"]))
         except BaseException:
             self.param_groups.pop()
             raise
@@ -209,6 +210,14 @@ class _CppOptimizer(torch.optim.Optimizer):
                     self._shadows[id(p)] = p.full_tensor().detach().clone()
                     self._written[id(p)] = p.to_local().detach().clone()
         return [self._cpp_param(p) for p in params]
+
+    def _shape_probes(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What the C++ optimizer's checks of ``params`` (bound) see: the whole shape of an
+        owner-computed parameter (its local rows stand in for it, but a fused weight's blocks
+        span the ranks), as a stride-0 view of one element on its device; the bound tensor
+        otherwise."""
+        return [self._locals[id(p)].new_empty(()).expand(p.shape) if id(p) in self._locals
+                else self._cpp_param(p) for p in params]
 
     def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
         return self._shadows.get(id(p), self._locals.get(id(p), p))
@@ -465,7 +474,8 @@ class _CppOptimizer(torch.optim.Optimizer):
         self._cpp = self._Cpp(self.defaults)
         self._shadows, self._written, self._locals = {}, {}, {}
         for group in self.param_groups:
-            self._cpp.add_param_group(self._bind(group["params"]), group)
+            self._cpp.add_param_group(self._bind(group["params"]), group,
+                                      self._shape_probes(group["params"]))
         self._restore()
 
 

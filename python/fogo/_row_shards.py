@@ -20,6 +20,7 @@ class _RowShards:
         self.owner, self.rows = owner, p.shape[0]
         self.src = torch.distributed.get_global_rank(self.group, owner)
         self.chunk = -(-self.rows // self.world)
+        self.first_row = min(self.rank * self.chunk, self.rows)  # where this rank's rows start
 
     def _padded(self, t: torch.Tensor) -> torch.Tensor:
         out = t.new_zeros((self.chunk,) + tuple(t.shape[1:]))

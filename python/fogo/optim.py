@@ -154,27 +154,6 @@ class Muon(_CppOptimizer):
         self._dtensor = dtensor  # read by add_param_group, in super().__init__
         super().__init__(params, lr, **options)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # Owner-computes steps each matrix whole on its owner from rows (fogo::muon_step_rows).
-        # A stack (batch_dims) sharded by FSDP2 along its experts holds whole experts on each
-        # rank, which step there (_owner_step); a fused weight's blocks (heads, blocks) span the
-        # ranks' rows, which owner-computes does not cut yet: such a group must take the
-        # all-gather scheme, said before anything is built.
-        def option(key: str) -> Any:
-            return param_group.get(key, self.defaults.get(key))
-
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        owned = [p for p in params
-                 if DTensor is not None and isinstance(p, DTensor) and self._owner_computes(p)]
-        if owned and ((option("heads") or 1) > 1 or len(option("blocks") or []) > 0):
-            raise ValueError(
-                f"Muon: param group {len(self.param_groups)} sets heads or blocks, which the "
-                "DTensor owner-computes step (dtensor='owner', the default for fully_shard "
-                "parameters) does not support yet; pass dtensor='gather' (every rank steps the "
-                "whole parameter) or keep these parameters out of fully_shard")
-        super().add_param_group({**param_group, "params": params})
-
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_dtensor": self._dtensor}
 
@@ -227,7 +206,8 @@ class Muon(_CppOptimizer):
                 [self.state[p]["momentum_buffer"].to_local() for p, _ in mine],
                 [self.state[p]["second_moment"].to_local() for p, _ in mine]
                 if group["normuon"] else [],
-                [p.shape[0] for p, _ in mine], group, ok,
+                [p.shape[0] for p, _ in mine],
+                [_RowShards(*item).first_row for item in mine], group, ok,
                 lambda k, rows: _RowShards(*mine[k]).gather(rows),
                 lambda k, whole, out: _RowShards(*mine[k]).scatter(whole, out))
 
@@ -258,7 +238,7 @@ class Muon(_CppOptimizer):
         def scatter(k: int, whole: torch.Tensor, out: torch.Tensor) -> None:
             out.copy_(whole)
 
-        _C.muon_step_rows(mats, grads, bufs, second, [m.shape[0] for m in mats],
+        _C.muon_step_rows(mats, grads, bufs, second, [m.shape[0] for m in mats], [0] * len(mats),
                           {**group, "batch_dims": 0}, ok, lambda k, rows: rows, scatter)
 
     def _fresh_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -14,25 +14,27 @@ namespace fogo_py {
 void bind_muon(py::module_& m) {
   // Owner-computes for row-sharded (DTensor) matrices (fogo/optim.py): the C++ step
   // (fogo::muon_step_rows) of group `group`'s matrices, given this rank's rows of each (and, with
-  // normuon, of each second moment; an empty list without); Python supplies where the rows live:
+  // normuon, of each second moment; an empty list without) and where those rows start in each
+  // matrix (first_rows: a fused weight's blocks need it); Python supplies where the rows live:
   // gather(k, rows) -> the whole tensor on the matrix's owner rank (None elsewhere), scatter(k,
   // whole or None, out) -> this rank's rows of it written into `out` (fogo/muon.h, RowExchange).
   m.def(
       "muon_step_rows",
       [](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
          const std::vector<at::Tensor>& bufs, const std::vector<at::Tensor>& second_moments,
-         const std::vector<int64_t>& rows, const py::dict& group,
-         const std::optional<at::Tensor>& ok, const py::function& gather,
+         const std::vector<int64_t>& rows, const std::vector<int64_t>& first_rows,
+         const py::dict& group, const std::optional<at::Tensor>& ok, const py::function& gather,
          const py::function& scatter) {
         TORCH_CHECK(grads.size() == params.size() && bufs.size() == params.size() &&
-                        rows.size() == params.size() &&
+                        rows.size() == params.size() && first_rows.size() == params.size() &&
                         (second_moments.empty() || second_moments.size() == params.size()),
-                    "fogo._C.muon_step_rows: params, grads, bufs, second_moments (when given) and "
-                    "rows differ in length");
+                    "fogo._C.muon_step_rows: params, grads, bufs, second_moments (when given), "
+                    "rows and first_rows differ in length");
         std::vector<fogo::MuonRows> items;
         for (size_t k = 0; k < params.size(); ++k)
           items.push_back({params[k], grads[k], bufs[k], rows[k],
-                           second_moments.empty() ? at::Tensor() : second_moments[k]});
+                           second_moments.empty() ? at::Tensor() : second_moments[k],
+                           first_rows[k]});
         const fogo::RowExchange exchange{
             [&](size_t k, const at::Tensor& rows) {
               const py::object whole = gather(k, rows);
@@ -45,7 +47,8 @@ void bind_muon(py::module_& m) {
                              MuonTraits::lr_dtype(group), ok ? *ok : at::Tensor(), exchange);
       },
       py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("second_moments"),
-      py::arg("rows"), py::arg("group"), py::arg("ok"), py::arg("gather"), py::arg("scatter"));
+      py::arg("rows"), py::arg("first_rows"), py::arg("group"), py::arg("ok"), py::arg("gather"),
+      py::arg("scatter"));
   // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.
   m.def("ns_dtype_choices", [] {
     py::list out;

@@ -47,15 +47,22 @@ class Bound {
   /// with this group's index in the messages.
   /// Options are checked first (their errors as the C++ raises them); what the constructor then
   /// rejects is a parameter (fewer than 2 dimensions, a CPU tensor with cuda_graph): ValueError,
-  /// as torch.optim.Muon raises for a parameter it cannot take.
-  void add_param_group(const std::vector<at::Tensor>& params, const py::dict& options) {
+  /// as torch.optim.Muon raises for a parameter it cannot take. `shapes`, when given (one per
+  /// parameter), are what the checks see instead of `params`: an owner-computed parameter's
+  /// stand-in is its local rows, but its shape checks (a fused weight's blocks) are the whole
+  /// parameter's (fogo/_cpp_optimizer.py, _shape_probes).
+  void add_param_group(const std::vector<at::Tensor>& params, const py::dict& options,
+                       const std::optional<std::vector<at::Tensor>>& shapes) {
     const Options o = options_from(options);
     o.validate();
+    if (shapes && shapes->size() != params.size())
+      throw py::value_error("add_param_group: " + std::to_string(shapes->size()) + " shapes for " +
+                            std::to_string(params.size()) + " parameters");
     try {
       std::vector<torch::optim::OptimizerParamGroup> probe;
       for (size_t g = 0; g < opt_.param_groups().size(); ++g)
         probe.emplace_back(std::vector<at::Tensor>{}, std::make_unique<Options>());
-      probe.emplace_back(params, std::make_unique<Options>(o));
+      probe.emplace_back(shapes ? *shapes : params, std::make_unique<Options>(o));
       typename Traits::Optim check(probe, o);
     } catch (const c10::Error& e) {
       throw py::value_error(e.what_without_backtrace());
@@ -260,7 +267,8 @@ py::class_<Bound<Traits>> bind_common(py::module_& m, const char* name) {
                   })
       .def_static("archive_option_keys",
                   [] { return archive_option_keys(typename Traits::Options()); })
-      .def("add_param_group", &B::add_param_group)
+      .def("add_param_group", &B::add_param_group, py::arg("params"), py::arg("options"),
+           py::arg("shapes") = py::none())
       .def("sync", &B::sync)
       .def("step", &B::step, py::arg("decided") = py::none())
       .def("maskable", [](const B& b, size_t g) { return b.get().maskable(g); })

@@ -157,50 +157,76 @@ def owner_bits(tmp, normuon=False):
 
 
 def stack_gather(tmp):
-    """A stack of experts [E, out, in] (batch_dims 1) and a fused weight in blocks, row-sharded
-    DTensors (experts split over the ranks): owner-computes steps the stack's experts where they
-    are, bit for bit as unsharded fogo.Muon (NorMuon on; parameters, momenta, second moments);
-    it refuses the blocks, naming the way that works, and the all-gather scheme steps both bit
-    for bit."""
+    """Stacks of experts [E, out, in] (batch_dims 1, in 2 heads; batch_dims 2) and fused weights
+    in blocks and heads, row-sharded DTensors (experts and blocks split over the ranks, blocks
+    across the ranks' boundaries): owner-computes steps the stack's experts where they are and each fused weight's
+    blocks on its owner, bit for bit as unsharded fogo.Muon (NorMuon on; parameters, momenta,
+    second moments; a state_dict round trip midway and a masked NaN step); the all-gather scheme
+    too."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    shapes = [(7, 8, 5), (2, 3, 6, 4), (12, 7)]  # 7 experts on 3 ranks: 3/3/1; batch_dims 2
+    # 7 experts on 3 ranks: 3/3/1; batch_dims 2; 12 rows on 3 ranks: 4/4/4 across the blocks
+    # 6/3/3 (rank 1 holds rows of two blocks, rank 2 of two; 2 columns: each block's own
+    # adjusted lr, 0.2 sqrt(6) or 0.2 sqrt(3), set by where its rows start); 10 rows in 2 heads:
+    # 4/4/2, an N-D fused weight whose heads meet on rank 1.
+    shapes = [(7, 8, 5), (2, 3, 6, 4), (12, 2), (10, 3, 2)]
     full = init(shapes)
 
     def make(params, **scheme):
-        groups = [{"params": params[:1], "batch_dims": 1}, {"params": params[1:2], "batch_dims": 2}]
-        if scheme:
-            groups.append({"params": params[2:], "blocks": [6, 3, 3]})
-        return fogo.Muon(groups, lr=0.02, normuon=True, ns_dtype=torch.float32, **scheme)
+        return fogo.Muon([{"params": params[:1], "batch_dims": 1, "heads": 2},
+                          {"params": params[1:2], "batch_dims": 2},
+                          {"params": params[2:3], "blocks": [6, 3, 3],
+                           "adjust_lr_fn": "match_rms_adamw"},
+                          {"params": params[3:], "heads": 2}],
+                         lr=0.02, normuon=True, ns_dtype=torch.float32, strict_2d=False,
+                         nonfinite="mask", **scheme)
 
     def sharded_of(ts):
         return [distribute_tensor(t.clone(), mesh, [Shard(0)]).requires_grad_(True) for t in ts]
 
-    try:
-        make(sharded_of(full), dtensor="owner")
-        raise AssertionError("owner-computes took a fused weight's blocks")
+    try:  # the layout is checked against the whole parameter, not this rank's rows
+        fogo.Muon([{"params": sharded_of(full[2:3]), "blocks": [6, 3, 2]}], lr=0.02)
+        raise AssertionError("blocks summing to 11 of 12 rows were taken")
     except ValueError as e:
-        assert "dtensor='gather'" in str(e) and "param group 2" in str(e), str(e)
-    ref, sharded = leaves(full[:2]), sharded_of(full[:2])
-    ref_opt, opt = make(ref), make(sharded)
-    assert len(opt._locals) == 2, "owner-computes is not in use"
-    for t in range(4):
-        if t == 2:  # a state_dict round trip into a fresh optimizer continues bit for bit
-            sd = opt.state_dict()
-            opt = make(sharded)
-            opt.load_state_dict(sd)
-        step_both(ref, ref_opt, sharded, opt, grads(t, shapes[:2]), mesh, t)
-        for k, (p, q) in enumerate(zip(ref, sharded)):
-            for key in ("momentum_buffer", "second_moment"):
-                mine = opt.state[q][key]
-                assert isinstance(mine, DTensor) and mine.shape == ref_opt.state[p][key].shape
-                assert torch.equal(mine.full_tensor(), ref_opt.state[p][key]), (t, k, key)
-    ref, sharded = leaves(full), sharded_of(full)
-    ref_opt, opt = make(ref, dtensor="gather"), make(sharded, dtensor="gather")
-    for t in range(3):
-        step_both(ref, ref_opt, sharded, opt, grads(t, shapes), mesh, t)
+        assert "'blocks' [6, 3, 2] sums to 11 rows" in str(e) and "[12, 2]" in str(e), str(e)
+    for scheme in ("owner", "gather"):
+        ref, sharded = leaves(full), sharded_of(full)
+        ref_opt, opt = make(ref), make(sharded, dtensor=scheme)
+        assert len(opt._locals) == (4 if scheme == "owner" else 0), "not the scheme asked for"
+        for t in range(5):
+            if t == 2:  # a state_dict round trip into a fresh optimizer continues bit for bit
+                sd = opt.state_dict()
+                opt = make(sharded, dtensor=scheme)
+                opt.load_state_dict(sd)
+            gs = grads(t, shapes)
+            if t == 3:  # a masked step: every bit kept, on both
+                gs[2][7, 1] = float("nan")
+            before = [p.detach().clone() for p in ref]
+            step_both(ref, ref_opt, sharded, opt, gs, mesh, t)
+            changed = [not torch.equal(b, p.detach()) for b, p in zip(before, ref)]
+            assert changed == [t != 3] * len(ref), f"step {t}: parameters changed {changed}"
+            for k, (p, q) in enumerate(zip(ref, sharded)):
+                for key in ("momentum_buffer", "second_moment"):
+                    mine = opt.state[q][key]
+                    assert mine.shape == ref_opt.state[p][key].shape, (t, k, key)
+                    assert not (scheme == "owner") or isinstance(mine, DTensor), (t, k, key)
+                    whole = mine.full_tensor() if isinstance(mine, DTensor) else mine
+                    assert torch.equal(whole, ref_opt.state[p][key]), (scheme, t, k, key)
+    # The blocks' own shapes set their steps (the comparison has teeth): the same weights
+    # stepped as one matrix differ.
+    one = leaves(full[2:3])
+    plain = fogo.Muon(one, lr=0.02, normuon=True, ns_dtype=torch.float32, nonfinite="mask",
+                      adjust_lr_fn="match_rms_adamw")
+    set_grads(one, grads(0, shapes)[2:3])
+    plain.step()
+    blocked = leaves(full[2:3])
+    opt = fogo.Muon(blocked, lr=0.02, normuon=True, ns_dtype=torch.float32, nonfinite="mask",
+                    adjust_lr_fn="match_rms_adamw", blocks=[6, 3, 3])
+    set_grads(blocked, grads(0, shapes)[2:3])
+    opt.step()
+    assert not torch.equal(one[0], blocked[0]), "the test cannot fail"
 
 
 class Chain(torch.nn.Module):
