@@ -93,3 +93,13 @@ def test_muon_tensor_lr_on_cuda_follows_torch(gen, lr_device):
         b.step()
     for p, q in zip(ours, theirs):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_muon_owner_computes_on_cuda(tmp_path):
+    # FSDP2's owner-computes (fogo::muon_step_rows) on CUDA tensors: three ranks on one GPU, gloo
+    # moving CUDA tensors (NCCL refuses two ranks on one device). NorMuon, and stacks, blocks and
+    # heads, against unsharded fogo.Muon on the GPU (dist_worker.py: owner_bits, stack_gather
+    # with device "cuda").
+    from test_distributed import torchrun
+
+    print(torchrun("owner_bits_normuon_cuda,stack_gather_cuda", tmp_path, nproc=3))
