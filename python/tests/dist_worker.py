@@ -264,7 +264,8 @@ def fsdp(tmp, kind):
     from torch.distributed.tensor import DTensor
 
     cls = {"fsdp_muon": fogo.Muon, "fsdp_muon_gather": fogo.Muon, "fsdp_fogo": fogo.FOGO,
-           "fsdp_hybrid": fogo.FOGO, "fsdp_hybrid_muon": fogo.Muon}[kind]
+           "fsdp_hybrid": fogo.FOGO, "fsdp_hybrid_muon": fogo.Muon,
+           "fsdp_muon_blocks": fogo.Muon}[kind]
     options = {"lr": 0.02, "ns_dtype": torch.float32}
     if kind == "fsdp_muon":  # owner-computes (the default); weight decay and Nesterov on
         options.update(weight_decay=0.1)
@@ -274,6 +275,16 @@ def fsdp(tmp, kind):
         options.update(codebook_size=6, proj_dim=8, reseed_every=3)
     if kind.startswith("fsdp_hybrid"):  # biases to AdamW, sharded too
         make = lambda model: fogo.Hybrid(model, cls, options, {"lr": 1e-2})  # noqa: E731
+    elif kind == "fsdp_muon_blocks":
+        # Fused weights under owner-computes: [33, 24] in blocks 20/13 (2 ranks: rows 17/16, so
+        # rank 1 holds rows of both; "spectral" scales each block by sqrt(rows / 24), its own)
+        # and [24, 33] in 4 heads; NorMuon on.
+        options.update(adjust_lr_fn="spectral", normuon=True)
+
+        def make(model):
+            ps = list(model.parameters())
+            return cls([{"params": ps[:1], "blocks": [20, 13]}, {"params": ps[1:2], "heads": 4},
+                        {"params": ps[2:]}], **options)
     else:
         make = lambda model: cls(model.parameters(), **options)  # noqa: E731
     torch.manual_seed(0)
