@@ -201,15 +201,15 @@ class Muon(_CppOptimizer):
             mine = [(p, owner) for g, p, owner in owned if g is group]
             if not mine:
                 continue
+            shards = [_RowShards(p, owner) for p, owner in mine]  # where each one's rows live
             _C.muon_step_rows(
                 [p.to_local() for p, _ in mine], [p.grad.to_local() for p, _ in mine],
                 [self.state[p]["momentum_buffer"].to_local() for p, _ in mine],
                 [self.state[p]["second_moment"].to_local() for p, _ in mine]
                 if group["normuon"] else [],
-                [p.shape[0] for p, _ in mine],
-                [_RowShards(*item).first_row for item in mine], group, ok,
-                lambda k, rows: _RowShards(*mine[k]).gather(rows),
-                lambda k, whole, out: _RowShards(*mine[k]).scatter(whole, out))
+                [s.rows for s in shards], [s.first_row for s in shards], group, ok,
+                lambda k, rows: shards[k].gather(rows),
+                lambda k, whole, out: shards[k].scatter(whole, out))
 
     def _local_experts_step(self, group: dict[str, Any], ok: Optional[torch.Tensor]) -> None:
         """A group of stacks (batch_dims) sharded along their experts: each rank holds whole
