@@ -11,6 +11,7 @@
 #include "fogo/fogo_optimizer.h"
 #include "fogo/matrix_optimizer.h"
 #include "fogo/muon.h"
+#include "fogo/param_groups.h"
 #include "fogo_private/detail/checks.h"
 #include "fogo_private/detail/integrity.h"
 #include "fogo_private/detail/nonfinite.h"
@@ -175,7 +176,16 @@ HybridOptimizer::HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix
                                                     : matrix_group_names[g]);
     }
   }
+  exact_groups_ = param_groups_.size();
   base_lrs();
+}
+
+void HybridOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& group) {
+  if (param_groups_.size() > exact_groups_) {
+    detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
+  }
+  fogo::add_param_group(*this, group);
+  exact_groups_ = param_groups_.size();
 }
 
 std::vector<torch::optim::Optimizer*> HybridOptimizer::sides() const {
@@ -187,7 +197,11 @@ std::vector<torch::optim::Optimizer*> HybridOptimizer::sides() const {
 
 void HybridOptimizer::sync_options() const {
   // Groups the user added to the hybrid (add_param_group is not virtual in LibTorch, so they
-  // land in param_groups_ only): route each to the side whose options type it carries.
+  // land in param_groups_ only): route each to the side whose options type it carries, unless
+  // LibTorch already replaced its options (one added around add_param_group above, param_groups.h).
+  if (param_groups_.size() > exact_groups_) {
+    detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
+  }
   for (size_t g = route_.size(); g < param_groups_.size(); ++g) {
     const auto& group = param_groups_[g];
     const auto& options = group.options();
@@ -207,7 +221,12 @@ void HybridOptimizer::sync_options() const {
     torch::optim::Optimizer* opt = side(s);
     TORCH_CHECK(opt, "HybridOptimizer: param group ", g,
                 " has AdamWOptions but this hybrid has no rest side");
-    opt->add_param_group(torch::optim::OptimizerParamGroup(group.params(), options.clone()));
+    const torch::optim::OptimizerParamGroup routed(group.params(), options.clone());
+    if (auto* fogo_side = dynamic_cast<MatrixOptimizer*>(opt)) {
+      fogo_side->add_param_group(routed);
+    } else {
+      fogo::add_param_group(*opt, routed);
+    }
     route_.emplace_back(s, opt->param_groups().size() - 1);
     names_.push_back((s == Side::Rest ? "rest." : "matrix.") +
                      std::to_string(opt->param_groups().size() - 1));

@@ -2,11 +2,29 @@
 #include "fogo/matrix_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <fogo/param_groups.h>
 
 #include "fogo_private/detail/checks.h"
 #include "fogo_private/detail/nonfinite.h"
 
 namespace fogo {
+
+MatrixOptimizer::MatrixOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                                 std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::move(defaults)) {
+  // Not through add_param_group: name() is not callable while the derived class is constructed.
+  for (const auto& group : param_groups) fogo::add_param_group(*this, group);
+  exact_groups_ = param_groups_.size();
+}
+
+void MatrixOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& group) {
+  // A group added around this one is refused before the new one is counted as exact.
+  if (param_groups_.size() > exact_groups_) {
+    detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
+  }
+  fogo::add_param_group(*this, group);
+  exact_groups_ = param_groups_.size();
+}
 
 torch::Tensor MatrixOptimizer::step(LossClosure closure) { return step_with({}, closure); }
 
@@ -22,7 +40,10 @@ torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  // 1. Validate everything before changing anything.
+  // 1. Validate everything before changing anything: first that every group has its own options.
+  if (param_groups_.size() > exact_groups_) {
+    detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
+  }
   const detail::GradItems items = detail::collect_grads(
       name(), param_groups_, [&](size_t g) { check_group(g); },
       [&](size_t g, size_t i, const at::Tensor& p) { check_param(g, i, p); },

@@ -83,11 +83,11 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
     // rule of muon and fogo.
     if (c.optimizer == "adam") {
       const auto options = torch::optim::AdamOptions(lr).weight_decay(wd);
-      single_ = std::make_unique<torch::optim::Adam>(
+      single_ = fogo::with_param_groups<torch::optim::Adam>(
           with_classifier_group(names, params, options, c), options);
     } else {
       const auto options = torch::optim::AdamWOptions(lr).weight_decay(wd);
-      single_ = std::make_unique<torch::optim::AdamW>(
+      single_ = fogo::with_param_groups<torch::optim::AdamW>(
           with_classifier_group(names, params, options, c), options);
     }
     for (const auto& g : single_->param_groups()) base_lrs_.push_back(g.options().get_lr());
@@ -145,7 +145,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   description_ = desc.str();
   std::unique_ptr<torch::optim::Optimizer> rest =
       split.rest.size()
-          ? std::make_unique<torch::optim::AdamW>(
+          ? fogo::with_param_groups<torch::optim::AdamW>(
                 with_classifier_group(split.rest.names, split.rest.params, adamw, c), adamw)
           : nullptr;
   hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest),

@@ -5,3 +5,4 @@
 #include <fogo/muon.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/ns_dtype.h>
+#include <fogo/param_groups.h>

@@ -84,6 +84,13 @@ class HybridOptimizer : public torch::optim::Optimizer {
   /// first step.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  /// Adds `group`, routed by its options' type (AdamWOptions to the rest side, the matrix side's
+  /// options type to it; none: the matrix side's defaults), with exactly its own options on every
+  /// LibTorch. It hides torch::optim::Optimizer::add_param_group, which since torch 2.15 replaces
+  /// them by the defaults: a group added through a torch::optim::Optimizer& there is refused at
+  /// the next step (param_groups.h).
+  void add_param_group(const torch::optim::OptimizerParamGroup& group);
+
   /// Sets every group's lr to (its base lr) * factor: how a schedule drives both sides, whose
   /// base learning rates usually differ (Muon 2e-2 vs AdamW 3e-4, say).
   void set_lr_factor(double factor);
@@ -158,6 +165,8 @@ class HybridOptimizer : public torch::optim::Optimizer {
   std::unique_ptr<torch::optim::Optimizer> matrix_, rest_;
   /// For each of the hybrid's param groups: its side and index there.
   mutable std::vector<std::pair<Side, size_t>> route_;
+  /// How many param groups came in through the constructor or add_param_group above.
+  size_t exact_groups_ = 0;
   mutable std::vector<std::string> names_;
   mutable std::vector<double> base_lrs_;
   double factor_ = 1.0;

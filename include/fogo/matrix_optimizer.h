@@ -23,6 +23,7 @@
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -40,7 +41,15 @@ struct StepContext {
 
 class MatrixOptimizer : public torch::optim::Optimizer {
  public:
-  using torch::optim::Optimizer::Optimizer;
+  /// Every group keeps exactly the options it is given (its own, or `defaults` when it has none),
+  /// on every LibTorch (param_groups.h).
+  MatrixOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                  std::unique_ptr<torch::optim::OptimizerOptions> defaults);
+
+  /// Adds `group` with exactly its own options (or the defaults when it has none). It hides
+  /// torch::optim::Optimizer::add_param_group, which since torch 2.15 replaces them by the
+  /// defaults: a group added through a torch::optim::Optimizer& there is refused at the next step.
+  void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
   /// One step of every param group with nothing decided by a caller: step_with({}, closure).
   torch::Tensor step(LossClosure closure = nullptr) override;
@@ -90,6 +99,11 @@ class MatrixOptimizer : public torch::optim::Optimizer {
   virtual void step_group(const GroupStep& group) = 0;
   /// After every group has stepped.
   virtual void finish_step(const std::vector<GroupStep>& groups) { (void)groups; }
+
+ private:
+  /// How many param groups came in through add_param_group above (the rest, if any, through
+  /// torch::optim::Optimizer's: refused where that dropped their options).
+  size_t exact_groups_ = 0;
 };
 
 }  // namespace fogo
