@@ -1684,6 +1684,36 @@ TEST(Distributed, BadMasterAddressOrPortIsAClearErrorWithinTheTimeout) {
   }
 }
 
+// torchrun's agent store serves its own MASTER_ADDR:MASTER_PORT only: with the endpoint moved by
+// the options, rank 0 hosts a store of its own (else every rank would wait for one nobody serves).
+TEST(Distributed, TheAgentStoreIsUsedOnlyAtTheAgentsEndpoint) {
+  const char* names[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+                         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
+  Env saved;
+  for (const char* n : names) {
+    if (const char* v = std::getenv(n)) saved[n] = v;
+  }
+  const Env launch{{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"LOCAL_RANK", "1"},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "29500"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  for (const auto& [k, v] : launch) setenv(k.c_str(), v.c_str(), 1);
+  EXPECT_TRUE(fogo::dist::Launch::from_env().agent_store);
+  EXPECT_FALSE(fogo::dist::Launch::from_env(fogo::dist::ProcessGroupOptions().master_port(29611))
+                   .agent_store);
+  EXPECT_FALSE(
+      fogo::dist::Launch::from_env(fogo::dist::ProcessGroupOptions().master_addr("127.0.0.2"))
+          .agent_store);
+  EXPECT_TRUE(fogo::dist::Launch::from_env(fogo::dist::ProcessGroupOptions().master_port(29500))
+                  .agent_store);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+  EXPECT_FALSE(fogo::dist::Launch::from_env().agent_store);
+  for (const char* n : names) unsetenv(n);
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+}
+
 TEST(Distributed, EnvironmentErrorsNameTheVariable) {
   const auto expect_env_error = [](const Env& env, const std::string& needle) {
     const char* names[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",

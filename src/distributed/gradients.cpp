@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "internal.h"
 
@@ -34,7 +35,11 @@ struct GradientAverager::State {
   size_t next_launch = 0;  // buckets go out in order: every rank issues the same collectives
   bool sync = true;
   std::mutex mutex;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  // The accumulator's owning pointer: std::shared_ptr<Node> in torch 2.11, c10::intrusive_ptr<Node>
+  // in 2.15 (Node became an intrusive-pointer target); held so the hook can be removed.
+  using AccumulatorPtr =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
+  std::vector<std::pair<AccumulatorPtr, uintptr_t>> hooks;
 
   State(ProcessGroup g, const NamedTensors& all, int64_t bucket_bytes);
   ~State() {

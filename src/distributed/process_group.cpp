@@ -134,7 +134,13 @@ Launch Launch::from_env(const ProcessGroupOptions& options) {
     l.master_addr = *addr;
   }
   l.master_port = options.master_port() ? *options.master_port() : env_int("MASTER_PORT");
-  l.agent_store = env("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  // torchrun's agent hosts its store at its own MASTER_ADDR:MASTER_PORT only: an endpoint the
+  // options move elsewhere has no store unless rank 0 hosts one (else every rank waits for a store
+  // nobody serves until the timeout; torch 2.15's rendezvous reads the variable the same way).
+  const auto env_addr = env("MASTER_ADDR");
+  const auto env_port = env("MASTER_PORT");
+  l.agent_store = env("TORCHELASTIC_USE_AGENT_STORE") == "True" && env_addr &&
+                  *env_addr == l.master_addr && env_port && env_int("MASTER_PORT") == l.master_port;
   check_launch(l);
   return l;
 }

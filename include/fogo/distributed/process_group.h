@@ -55,7 +55,8 @@ struct Launch {
   std::string master_addr;
   int64_t master_port = 0;
   /// torchrun's agent already hosts the store at MASTER_ADDR:MASTER_PORT
-  /// (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it; otherwise rank 0 hosts it.
+  /// (TORCHELASTIC_USE_AGENT_STORE=True, and the options do not move the endpoint): every rank
+  /// connects to it; otherwise rank 0 hosts it.
   bool agent_store = false;
 
   /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (optional), MASTER_ADDR, MASTER_PORT (the
