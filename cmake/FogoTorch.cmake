@@ -1,4 +1,5 @@
-# Finds LibTorch and makes it safe to link on machines without a GPU driver.
+# Finds LibTorch, makes it safe to link on machines without a GPU driver, and makes every binary
+# load the torch wheel's own CUDA libraries.
 #
 # Used by fogo's own build and by the installed fogoConfig.cmake, so a downstream project gets
 # the same treatment.
@@ -18,5 +19,34 @@ if(TARGET caffe2::cuda)
   if(_fogo_cuda_libs)
     list(REMOVE_ITEM _fogo_cuda_libs CUDA::cuda_driver)
     set_target_properties(caffe2::cuda PROPERTIES INTERFACE_LINK_LIBRARIES "${_fogo_cuda_libs}")
+  endif()
+endif()
+
+# The torch wheel's own NCCL and CUDA runtime (site-packages/nvidia/*/lib), ahead of a system CUDA
+# toolkit's, when linking and when loading.
+#
+# Why: libtorch_cuda.so needs libnccl.so.2 and libcudart.so.13 but has no RUNPATH (Python's torch
+# loads them from the wheel by path first). A C++ binary would find them through the toolkit's
+# directory that CUDA::cudart puts in its own RUNPATH, or through ld.so.cache: torch 2.15, built
+# against NCCL 2.30, then failed to link against the toolkit's NCCL 2.28.9, and would run on the
+# toolkit's cudart 13.0 under a torch built for 13.2. So the linker resolves libtorch_cuda's needs
+# in the wheel first (-rpath-link), and every binary names the wheel's libnccl and libcudart
+# itself (DT_NEEDED, whatever --as-needed says) with the wheel's directories first in its RUNPATH:
+# the loader maps them before libtorch_cuda asks for them by name.
+if(TARGET torch_cuda)
+  get_filename_component(_fogo_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+  file(GLOB _fogo_wheel_lib_dirs LIST_DIRECTORIES true "${_fogo_site}/nvidia/*/lib")
+  find_library(FOGO_WHEEL_NCCL NAMES libnccl.so.2 PATHS "${_fogo_site}/nvidia/nccl/lib"
+               NO_DEFAULT_PATH NO_CACHE)
+  find_library(FOGO_WHEEL_CUDART NAMES libcudart.so.13 libcudart.so.12 PATHS ${_fogo_wheel_lib_dirs}
+               NO_DEFAULT_PATH NO_CACHE)
+  if(_fogo_wheel_lib_dirs AND FOGO_WHEEL_NCCL AND FOGO_WHEEL_CUDART)
+    list(JOIN _fogo_wheel_lib_dirs ":" _fogo_wheel_path)
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_OPTIONS
+      "LINKER:-rpath-link,${_fogo_wheel_path}" "LINKER:-rpath,${_fogo_wheel_path}"
+      "SHELL:-Wl,--push-state,--no-as-needed ${FOGO_WHEEL_NCCL} ${FOGO_WHEEL_CUDART} -Wl,--pop-state")
+  else()
+    message(WARNING "fogo: no NCCL and CUDA runtime in the torch wheel's ${_fogo_site}/nvidia: "
+                    "binaries load whichever the system provides")
   endif()
 endif()

@@ -64,9 +64,14 @@ shipped_binaries=(tests/fogo_tests tests/fogo_dist_tests bench/fogo_bench exampl
                   examples/common/trainer_common_tests)
 
 pack() {
-  # Binaries of build/, and every library they load that is neither torch's (the GPU machine has
-  # its own, the same version) nor the system's.
-  local build=$root/build
+  # Binaries of the build against the GPU machines' torch (scripts/torch.sh: FOGO_TORCH_GPU,
+  # 2.11.0: build/), and every library they load that is neither torch's (the GPU machine has its
+  # own, the same version) nor the system's.
+  local build venv
+  build=$root/$(source "$root/scripts/torch.sh" && fogo_build_dir "$FOGO_TORCH_GPU")
+  venv=$root/$(source "$root/scripts/torch.sh" && fogo_venv "$FOGO_TORCH_GPU")
+  grep -q "^Torch_DIR:PATH=$venv/" "$build/CMakeCache.txt" 2>/dev/null ||
+    die "pack: $build is not built against $venv's torch (the GPU machines'; scripts/torch.sh)"
   command -v nvcc >/dev/null || die "pack: nvcc is missing here: fogo would build without its kernels"
   grep -q '^FOGO_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
     die "pack: build/ is not configured with FOGO_WITH_CUDA=ON (run scripts/build.sh)"
@@ -124,13 +129,13 @@ pack() {
     echo "pack: no Python module in $build/python/fogo: the GPU's test step will build it" >&2
   fi
   local site
-  site=$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for pkg in pytest _pytest pluggy iniconfig packaging py.py expecttest; do
     [ -e "$site/$pkg" ] && cp -r "$site/$pkg" "$carry/pylib/"
   done
   find "$carry/pylib" -name __pycache__ -prune -exec rm -rf {} +
   # A Fashion-MNIST subset in the same IDX format (throughput needs images, not all 60,000).
-  "$root/.venv/bin/python" - "$carry/data/fashion-mnist" <<'EOF'
+  "$venv/bin/python" - "$carry/data/fashion-mnist" <<'EOF'
 import gzip, struct, sys
 src, dst = "/usr/share/datasets/fashion-mnist", sys.argv[1]
 for stem, keep in (("train", 12000), ("t10k", 2000)):

@@ -42,7 +42,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # targets of tests, benches and the Python module, which scripts/test.sh builds.
 "$root/scripts/build.sh" resnet_train
 cd "$root"
-bin=build/examples/resnet/resnet_train
+bin=$(source scripts/torch.sh && fogo_build_dir "$FOGO_TORCH")/examples/resnet/resnet_train
 out=runs/main
 settings=(--scenario class-imbalanced --seeds 0,1,2 --width 8 --epochs 4 --batch-size 64
   --train-per-class 500 --test-per-class 0 --eval-every 21 --threads 1 --device cpu)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs everything fogo needs: Debian packages and a virtual environment (.venv) holding the
-# pinned PyPI torch wheel (LibTorch), plus the Python package's build and test tools
+# Installs everything fogo needs: Debian packages and a virtual environment holding the PyPI torch
+# wheel (LibTorch) of the version scripts/torch.sh chooses (FOGO_TORCH; .venv for the default,
+# .venv-torch<version> for another), plus the Python package's build and test tools
 # (python/requirements.txt: scikit-build-core, pytest, expecttest, Lightning). Idempotent; a
 # second run returns in about a second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source scripts/torch.sh
+venv=$(fogo_venv "$FOGO_TORCH")
 
 # libgloo-dev: gloo's headers, which c10d's ProcessGroupGloo.hpp includes (the torch wheel has
 # gloo compiled in but ships none of its headers); nothing links Debian's libgloo.
@@ -27,13 +30,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Each requirements file has its own stamp in .venv: installed again only when it changed.
-install() {  # requirements file, stamp
-  if [ -f "$2" ] && cmp -s "$1" "$2"; then return 0; fi
-  echo "setup: installing into .venv: $(grep -v '^#' "$1" | tr '\n' ' ')"
-  [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -r "$1"
-  cp "$1" "$2"
+# Each requirements list has its own stamp in the environment: installed again only when it
+# changed. torch comes from PyPI with its own CUDA libraries (nvidia-* wheels), which the build
+# links and loads ahead of any system CUDA toolkit's (cmake/FogoTorch.cmake).
+install() {  # stamp, requirements file, extra requirement...
+  local stamp=$venv/$1 file=$2 want
+  shift 2
+  want=$(cat "$file"; printf '%s\n' "$@")
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  echo "setup: installing into $venv: $(grep -v '^#' <<<"$want" | tr '\n' ' ')"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$file" "$@"
+  printf '%s' "$want" >"$stamp"
 }
-install requirements.txt .venv/.fogo-requirements
-install python/requirements.txt .venv/.fogo-python-requirements
+install .fogo-requirements requirements.txt "torch==$FOGO_TORCH"
+install .fogo-python-requirements python/requirements.txt

@@ -9,6 +9,7 @@
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
 
+#include <array>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -52,6 +53,20 @@ struct EnumNames<MuonAdjustLR> {
       {"spectral", MuonAdjustLR::Spectral}};
 };
 
+/// EnumAliases<E>::values: other names a value of E is known by (another library's spelling of
+/// the same thing), accepted wherever a name is read; what fogo writes is EnumNames' own.
+template <class E>
+struct EnumAliases {
+  static constexpr std::array<std::pair<const char*, E>, 0> values{};
+};
+
+template <>
+struct EnumAliases<MuonAdjustLR> {
+  /// torch.optim.Muon's name (torch 2.15) for the same rule, lr * sqrt(A / B) unclamped.
+  static constexpr std::pair<const char*, MuonAdjustLR> values[] = {
+      {"spectral_unclamped", MuonAdjustLR::Spectral}};
+};
+
 /// What a step decided (Python's NonFiniteDecision.kind).
 template <>
 struct EnumNames<NonFiniteDecision::Kind> {
@@ -70,10 +85,12 @@ const char* enum_name(E value) {
   return nullptr;
 }
 
-/// The value named `name`; nullopt for none.
+/// The value named `name` (by its name or an alias); nullopt for none.
 template <class E>
 std::optional<E> enum_from_name(std::string_view name) {
   for (const auto& [n, e] : EnumNames<E>::values)
+    if (name == n) return e;
+  for (const auto& [n, e] : EnumAliases<E>::values)
     if (name == n) return e;
   return std::nullopt;
 }
@@ -87,6 +104,10 @@ std::string enum_names_text(std::string_view quote, std::string_view sep, std::s
   for (size_t k = 0; k < count; ++k) {
     if (k > 0) out += k + 1 == count ? last : sep;
     out.append(quote).append(EnumNames<E>::values[k].first).append(quote);
+  }
+  for (const auto& [alias, e] : EnumAliases<E>::values) {
+    out.append(" (").append(quote).append(alias).append(quote).append(" for ");
+    out.append(quote).append(enum_name(e)).append(quote).append(")");
   }
   return out;
 }

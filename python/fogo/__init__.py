@@ -9,7 +9,26 @@ docs/python.md has the details.
 
 import torch  # noqa: F401  (loads LibTorch before the extension module)
 
-from . import _C, presets
+from ._build import SOURCE_DIR as _SOURCE_DIR, TORCH_VERSION as _BUILT_TORCH
+
+
+def _check_torch(installed: str, built: str) -> None:
+    """fogo._C is compiled against one LibTorch's C++ ABI: under another torch minor version it
+    fails to load or, worse, misreads torch's classes. Refused here, before it is loaded."""
+    def minor(version: str) -> tuple:
+        return tuple(version.split("+")[0].split(".")[:2])
+
+    if minor(installed) != minor(built):
+        raise ImportError(
+            f"fogo's extension module was compiled against torch {built}, but torch {installed} "
+            f"is installed; rebuild it against this torch: pip install --no-build-isolation "
+            f"--no-deps --force-reinstall {_SOURCE_DIR} (or, in that checkout, "
+            f"FOGO_TORCH=<version> scripts/build.sh fogo_python)")
+
+
+_check_torch(torch.__version__, _BUILT_TORCH)
+
+from . import _C, presets  # noqa: E402
 from .hybrid import (Hybrid, hybrid_param_groups, route_parameters, routing_table,
                      split_parameters)
 from .optim import FOGO, Muon

@@ -23,7 +23,7 @@ def test_muon_matches_torch(gen, options, dtype):
     # bf16 parameters too: fogo's decay used to be one _foreach_mul_, which on the CPU rounds a
     # bf16 product differently from torch's per-parameter mul_.
     shapes = [(32, 16), (16, 48), (32, 16), (7, 5)]
-    if dtype == torch.bfloat16 and options.get("nesterov") is False:
+    if dtype == torch.bfloat16 and options.get("nesterov") is False and TORCH_BF16_BUFFER_BUG:
         torch_bf16_momentum_bug(gen, options)
         return
     init = [randn(gen, *s).to(dtype) for s in shapes]
@@ -79,6 +79,12 @@ def test_tensor_lr_matches_torch(gen, lr_dtype, dtype, adjust_lr_fn):
         for k, (p, q) in enumerate(zip(ours, theirs)):
             assert torch.equal(p, q), f"step {step}, parameter {k}"
     assert a.param_groups[0]["lr"].dtype == lr_dtype  # the group keeps the user's tensor
+
+
+# torch.optim.Muon's bf16 momentum bug (below): in torch 2.11; fixed in 2.15, whose Newton-Schulz
+# rounds a copy (`grad.to(dtype=torch.bfloat16, copy=True)`), where fogo matches it bit for bit.
+# The versions between were not tested.
+TORCH_BF16_BUFFER_BUG = tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) < (2, 15)
 
 
 def torch_bf16_momentum_bug(gen, options):

@@ -67,6 +67,10 @@ def optim_inputs(cls, skip=("differentiable",)):
     """The OptimizerInfo's inputs with every supported global flag (Muon has none), for `cls`;
     fresh each call (a Tensor lr is mutated by schedulers)."""
     inputs = _get_optim_inputs_including_global_cliquey_kwargs(DEVICE, DTYPE, INFO, skip=skip)
+    if cls is fogo.FOGO:
+        # FOGO has no adjust_lr_fn: its update's size is its own RMS rule (docs/algorithm.md).
+        # torch 2.15's inputs try "match_rms_adamw" and "spectral_unclamped"; 2.11's none.
+        inputs = [i for i in inputs if "adjust_lr_fn" not in i.kwargs]
     for i in inputs:
         i.kwargs = kwargs_for(cls, i.kwargs)
     return inputs
@@ -81,6 +85,17 @@ def closure_then_step(optimizer, closure):
 
 
 # -- construction and errors -----------------------------------------------------------------
+
+def test_fogo_leaves_out_only_the_adjust_lr_fn_inputs(cls):
+    """The inputs FOGO leaves out (above) are exactly those with an adjust_lr_fn: torch 2.15's
+    optim_db has two, 2.11's none; the rest run for FOGO as for torch.optim.Muon."""
+    every = _get_optim_inputs_including_global_cliquey_kwargs(DEVICE, DTYPE, INFO, skip=())
+    with_fn = [i.desc for i in every if "adjust_lr_fn" in i.kwargs]
+    if tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 15):
+        assert len(with_fn) >= 2, with_fn
+    left = len(optim_inputs(cls, skip=()))
+    assert left == len(every) - (len(with_fn) if cls is fogo.FOGO else 0)
+
 
 def test_optim_infos_do_not_specify_global_cliquey_kwargs(cls):
     flags = ["foreach", "fused", "differentiable"]
@@ -98,7 +113,9 @@ def test_optim_infos_do_not_specify_global_cliquey_kwargs(cls):
 #   the adjust_lr_fn value: fogo.Muon's ValueError names the option and its values; FOGO has no
 #     such option (TypeError, an unknown keyword).
 NOT_2D = "only support 2D parameters"
-ADJUST = "only support `original` and `match_rms_adamw`"
+# The bad adjust_lr_fn's description: torch 2.11's and torch 2.15's (renamed when 2.15 added
+# "spectral_unclamped").
+ADJUST = {"only support `original` and `match_rms_adamw`", "unsupported adjust_lr_fn"}
 
 
 def test_errors(cls):
@@ -112,11 +129,11 @@ def test_errors(cls):
                 if cls is fogo.FOGO:
                     continue
                 kwargs["strict_2d"] = True  # torch.optim.Muon's rule, and its message
-            elif optim_input.desc == ADJUST:
+            elif optim_input.desc in ADJUST:
                 if cls is fogo.FOGO:
                     error_type, regex = TypeError, "unexpected keyword argument.*'adjust_lr_fn'"
                 else:
-                    regex = "option 'adjust_lr_fn' must be one of 'original' 'match_rms_adamw'"
+                    regex = "option 'adjust_lr_fn' must be one of 'original' 'match_rms_adamw' 'spectral'"
             elif "complex" in optim_input.desc and cls is fogo.FOGO:
                 regex = "FOGO does not support complex parameters"  # torch's message, FOGO's name
         if error_input.error_on == OptimizerErrorEnum.CONSTRUCTION_ERROR:

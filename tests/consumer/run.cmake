@@ -24,3 +24,30 @@ foreach(binary IN LISTS CHECK_BINARIES ITEMS "${WORK_DIR}/build/consumer")
     message(FATAL_ERROR "${binary} needs libcuda.so at load time:\n${dynamic}")
   endif()
 endforeach()
+
+# A consumer that finds another Torch (major.minor) than fogo was built against is refused at
+# configure time, naming both: a fake Torch 2.99.0 package stands in for it.
+set(fake "${WORK_DIR}/fake-torch")
+file(WRITE "${fake}/TorchConfigVersion.cmake"
+     "set(PACKAGE_VERSION 2.99.0)\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n")
+file(WRITE "${fake}/TorchConfig.cmake"
+     "set(TORCH_FOUND TRUE)\nset(TORCH_LIBRARIES \"\")\nset(TORCH_INSTALL_PREFIX \"${fake}\")\n")
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${FOGO_SOURCE_DIR}/tests/consumer"
+                        -B "${WORK_DIR}/build-other-torch" -G Ninja "-DTorch_DIR=${fake}"
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -Wno-dev
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+string(REGEX REPLACE "[ \n]+" " " flat "${out}")
+if(rc EQUAL 0 OR NOT flat MATCHES "fogo was built against Torch [0-9.]+, but this project found Torch 2\\.99\\.0")
+  message(FATAL_ERROR "a consumer of another Torch was not refused by name (${rc}):\n${out}")
+endif()
+
+# The consumer loads the torch wheel's NCCL and CUDA runtime, not a system toolkit's.
+execute_process(COMMAND ldd "${WORK_DIR}/build/consumer" OUTPUT_VARIABLE deps RESULT_VARIABLE rc)
+if(deps MATCHES "libtorch_cuda\\.so => ([^ ]*)/torch/lib/")
+  set(site "${CMAKE_MATCH_1}")
+  foreach(lib nccl cudart)
+    if(NOT deps MATCHES "lib${lib}\\.so[.0-9]* => ${site}/nvidia/")
+      message(FATAL_ERROR "the consumer's lib${lib} is not the torch wheel's (${site}/nvidia):\n${deps}")
+    endif()
+  endforeach()
+endif()
