@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import fogo
+import fogo.distributed
 
 torch.set_num_threads(1)
 # Divisible by 2 and 3: FSDP2 averages the ranks' mean losses, the mean over the batch only when
@@ -118,11 +119,10 @@ def owner_bits(tmp, normuon=False, device="cpu"):
     compared too. ``device`` "cuda": every rank on the one GPU, gloo moving CUDA tensors (the
     shapes are distinct, so the unsharded step runs one Newton-Schulz per matrix there too: bit
     for bit)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     world = dist.get_world_size()
-    mesh = init_device_mesh(device, (world,))
+    mesh = fogo.distributed.device_mesh(device, (world,))  # every rank on a GPU it sees
     shapes = [(16, 24), (33, 16), (8, 3, 2, 2), (1, 7)]  # 33 rows: uneven; 1 row: empty shards
     options = [{"lr": 0.02, "weight_decay": 0.1, "ns_dtype": torch.float32},
                {"lr": torch.tensor(0.03), "momentum": 0.9, "nesterov": False,
@@ -177,10 +177,9 @@ def stack_gather(tmp, device="cpu"):
     unsharded step batches a stack's same-shape experts in one Newton-Schulz chain, which
     owner-computes runs one by one, so the stacks agree to fp32 rounding (agree), the rest bit
     for bit."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    mesh = fogo.distributed.device_mesh(device, (dist.get_world_size(),))
     # 7 experts on 3 ranks: 3/3/1; batch_dims 2; 12 rows on 3 ranks: 4/4/4 across the blocks
     # 6/3/3 (rank 1 holds rows of two blocks, rank 2 of two; 2 columns: each block's own
     # adjusted lr, 0.2 sqrt(6) or 0.2 sqrt(3), set by where its rows start); 10 rows in 2 heads:
