@@ -193,7 +193,10 @@ cuda = types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda: 
 backends = types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=lambda: "AVX512"))
 '''
 
+# The Python tests there: test_cuda*.py only (what needs a GPU); REHEARSE_PY_FAIL fails one,
+# REHEARSE_PY_HANG makes the last one outlive the step's budget.
 PYTESTS = '''import os
+import time
 
 import fogo
 
@@ -203,7 +206,18 @@ def test_imports_the_module_the_script_chose():
 
 
 def test_another():
-    pass
+    assert not os.environ.get("REHEARSE_PY_FAIL"), "failed as asked"
+
+
+def test_last():
+    if os.environ.get("REHEARSE_PY_HANG"):
+        with open(os.environ["REHEARSE_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(300)
+'''
+# A CPU test beside them: CI runs it here, never the GPU machine.
+PYTESTS_CPU = '''def test_never_run_on_the_gpu_machine():
+    raise AssertionError("a CPU-only Python test ran in the GPU check")
 '''
 
 
@@ -242,7 +256,8 @@ class Sandbox:
         write(self.carry / "pymodule" / "definitions", "FOGO_WITH_CUDA=1;FOGO_WITH_DISTRIBUTED=1\n")
         write(self.carry / "data" / "fashion-mnist" / "train-images-idx3-ubyte.gz", "")
         write(self.carry / "data" / "kjv.txt", "In the beginning\n")
-        write(tmp / "pytests" / "test_fake.py", PYTESTS)
+        write(tmp / "pytests" / "test_cuda_fake.py", PYTESTS)
+        write(tmp / "pytests" / "test_api.py", PYTESTS_CPU)
         self.pids = tmp / "pids"
         self.pids.write_text("")
         self.env = dict(os.environ)
@@ -252,7 +267,7 @@ class Sandbox:
         self.env.update(
             PATH=f"{fake}:{os.environ['PATH']}", FOGO_PYTHON=str(fake / "python3"),
             FOGO_GPU_CARRY=str(self.carry), FOGO_GPU_WORK=str(tmp / "work"), OUT=str(self.out),
-            FOGO_GPU_PYTHON_TESTS=str(tmp / "pytests"), REHEARSE_PIDS=str(self.pids),
+            FOGO_GPU_PYTHON_DIR=str(tmp / "pytests"), REHEARSE_PIDS=str(self.pids),
             REHEARSE_DIR=str(tmp), FOGO_GPU_DEADLINE_S="120", FOGO_GPU_RESERVE_S="5",
             # Seconds, not minutes: the least a step or one command is started with.
             FOGO_GPU_MIN_TEST="2", FOGO_GPU_MIN_SANITIZE="2", FOGO_GPU_MIN_BENCH="1",
@@ -323,8 +338,9 @@ def test_a_passing_run_builds_the_module_for_another_cpython_and_reports_in_8_fi
     assert (f"python: ABI mismatch: the carried fogo._C is for cpython-399, {box.env['FOGO_PYTHON']} "
             f"is {tag}; building it here") in report["summary.txt"]
     assert f"python: fogo._C and fogo._testing built here for {tag}" in report["summary.txt"]
-    # 9 gtest tests per binary set (3 over 4 shards, 3 in each of 4 others) + the 2 Python tests.
-    assert "**17 passed, 0 failed, 0 skipped, 0 listed but never run.**" in report["tests.md"]
+    # 15 gtest tests (3 over fogo_tests' 4 shards, 3 in each of 4 others) + the 3 Python tests
+    # of test_cuda_fake.py (test_api.py, a CPU test, not run there).
+    assert "**18 passed, 0 failed, 0 skipped, 0 listed but never run.**" in report["tests.md"]
     assert "| python_tests | 0 |" in report["tests.md"]
     assert "ABI MISMATCH: carried _C.cpython-399" in report["environment.txt"]
     # The sanitizer: ATen's hazard named apart, not a failure; racecheck on fogo's kernels only.
@@ -457,3 +473,29 @@ def test_a_matching_module_is_used_as_carried_and_the_deadline_cuts_budgets(box)
     report = box.report()
     assert "python: the carried fogo._C matches" in report["summary.txt"]
     assert "| python_tests | 0 |" in report["tests.md"]
+
+
+def test_the_python_tests_there_are_the_cuda_ones_and_a_budget_kill_is_not_a_failure(box):
+    """Issue 44: only test_cuda*.py runs there (a CPU test beside it would fail if it ran); pytest
+    killed at the step's end reports the test it was running as "not run: out of budget", and the
+    step stays ok; a test that failed before the kill still fails it."""
+    box.module(EXT)
+    rc, output = box.run("check", "test", REHEARSE_EXPECT_FOGO="carried", REHEARSE_PY_HANG="1",
+                         FOGO_GPU_BUDGET_TEST="12")
+    assert rc == 0, output
+    report = box.report()
+    log = (box.tmp / "work" / "logs" / "python_tests.log").read_text()
+    assert "test_cuda_fake.py::test_another PASSED" in log and "test_api.py" not in log
+    line = box.step_line(report, "test")
+    assert line.startswith("ok (") and "Python tests: out of budget after" in line, line
+    tests = report["tests.md"]
+    assert "not run: out of budget while running " in tests and "test_cuda_fake.py::test_last" in tests
+    assert "**17 passed, 0 failed, 0 skipped" in tests, tests
+    assert not box.leftovers()
+    rc, output = box.run("check", "test", REHEARSE_EXPECT_FOGO="carried", REHEARSE_PY_HANG="1",
+                         REHEARSE_PY_FAIL="1", FOGO_GPU_BUDGET_TEST="12")
+    assert rc == 1, output
+    report = box.report()
+    assert box.step_line(report, "test").startswith("FAILED (")
+    assert "test_cuda_fake.py::test_another" in report["tests.md"].split("## Failed (1)")[1]
+    assert not box.leftovers()
