@@ -499,3 +499,57 @@ def test_the_python_tests_there_are_the_cuda_ones_and_a_budget_kill_is_not_a_fai
     assert box.step_line(report, "test").startswith("FAILED (")
     assert "test_cuda_fake.py::test_another" in report["tests.md"].split("## Failed (1)")[1]
     assert not box.leftovers()
+
+
+def gtest_filter_matches(pattern, name):
+    """Whether gtest's --gtest_filter PATTERN (positives ':'-separated, then '-' and negatives)
+    selects the test NAME (Suite.Name)."""
+    import fnmatch
+    positive, _, negative = pattern.partition("-")
+    selected = any(fnmatch.fnmatchcase(name, p) for p in (positive or "*").split(":") if p)
+    return selected and not any(fnmatch.fnmatchcase(name, n) for n in negative.split(":") if n)
+
+
+def graph_tests():
+    """{Suite.Name: captures a CUDA graph} for every TEST in tests/*.cpp: a body that sets
+    cuda_graph to anything but false, or passes /*cuda_graph=*/true to a helper."""
+    import re
+    found = {}
+    for source in sorted((ROOT / "tests").glob("*.cpp")):
+        text = source.read_text()
+        for head in re.finditer(r"^TEST\((\w+), (\w+)\) \{$", text, re.M):
+            depth, end = 1, head.end()  # to the brace that closes the test's body
+            while depth:
+                end += 1
+                depth += {"{": 1, "}": -1}.get(text[end - 1], 0)
+            body = text[head.end():end]
+            found[f"{head[1]}.{head[2]}"] = bool(
+                re.search(r"cuda_graph\((?!false\))|/\*cuda_graph=\*/true", body))
+    return found
+
+
+def test_graph_tests_run_in_the_cached_memcheck_pass_never_the_uncached_one(box):
+    """A capture cannot allocate without PyTorch's caching allocator, so a graph test in the
+    uncached memcheck pass checks nothing of its graph (issue 44: the graph arm of
+    MuonStacksAndBlocksOnCudaMatchCpu did): the filters gpu_check.sh passes, read from the
+    stand-in sanitizer's logs, against the tests' sources."""
+    box.module(EXT)
+    rc, output = box.run("check", "sanitize")
+    assert rc == 0, output
+    logs = box.tmp / "work" / "logs"
+
+    def filter_of(log):
+        return (logs / log).read_text().split("--gtest_filter=", 1)[1].split()[0]
+
+    uncached, cached = filter_of("sanitize-memcheck-uncached-0.log"), filter_of(
+        "sanitize-memcheck-cached-0.log")
+    tests = graph_tests()
+    graphs = [t for t, g in tests.items() if g]
+    assert "CudaGraph.MuonStacksAndBlocksReplayedMatchCpu" in graphs and len(graphs) >= 5, graphs
+    assert not tests["CudaParity.MuonStacksAndBlocksOnCudaMatchCpu"]
+    assert gtest_filter_matches(uncached, "CudaParity.MuonStacksAndBlocksOnCudaMatchCpu")
+    in_uncached = [t for t in graphs if gtest_filter_matches(uncached, t)]
+    assert not in_uncached, f"graph tests in the uncached memcheck pass: {in_uncached}"
+    cuda_graphs = [t for t in graphs if t.startswith(("Cuda", "NewtonSchulzProjected.OnCuda"))]
+    missed = [t for t in cuda_graphs if not gtest_filter_matches(cached, t)]
+    assert not missed, f"CUDA graph tests in no memcheck pass: {missed}"
