@@ -761,7 +761,8 @@ step_bench() {
   # Only the rows bench/targets.py reads (issue 26's targets), one repetition each: FOGO and
   # fogo::Muon in every form on both sets (bf16 NS), FOGO's NS stage; then torch.optim.Muon.
   local rc=0 set r
-  local rows='^BM_(Step_(FOGO|Muon)(Graph|Auto|Gram)?/[01]/1/0|Stage_FOGO/0/1/0/1)(/|$)'
+  # (Mask and GraphRaise: every graph/eager ratio compares one non-finite policy; issue 44.)
+  local rows='^BM_(Step_(FOGO|Muon)(Graph|GraphRaise|Mask|Auto|Gram)?/[01]/1/0|Stage_FOGO/0/1/0/1)(/|$)'
   bounded 75 "$least_run" "$bin/fogo_bench" --benchmark_filter="$rows" --benchmark_min_time=0.5 \
     --benchmark_repetitions=1 --benchmark_out="$logs/bench.json" --benchmark_out_format=json \
     >"$logs/bench.log" 2>&1 || rc=$?
@@ -806,6 +807,15 @@ step_train() {
     --fogo ns_form=auto --no-deterministic --steps 20 --out "$runs/gpt2-fogo-auto" || rc=1
   train_run gpt2-fogo-deterministic 60 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
     --steps 8 --out "$runs/gpt2-fogo-deterministic" || rc=1
+  # NorMuon on both optimizers, and FOGO's matrices cut into 4 row blocks (heads=4: the rows of
+  # every GPT-2 matrix FOGO takes, 768, 2304 and 3072, divide by 4; the embedding is AdamW's;
+  # `blocks=` would have to fit every matrix at once) through the trainer on CUDA (issue 44).
+  train_run gpt2-fogo-normuon 45 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
+    --fogo normuon=true --no-deterministic --steps 8 --out "$runs/gpt2-fogo-normuon" || rc=1
+  train_run gpt2-muon-normuon 45 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer muon \
+    --muon-normuon --no-deterministic --steps 8 --out "$runs/gpt2-muon-normuon" || rc=1
+  train_run gpt2-fogo-heads 45 "$least_run" "$bin/gpt2" train "${common[@]}" --optimizer fogo \
+    --fogo heads=4 --no-deterministic --steps 8 --out "$runs/gpt2-fogo-heads" || rc=1
   for opt in adam muon fogo; do
     train_run "resnet-$opt" 60 "$least_run" "$bin/resnet_train" --data-dir "$carry/data/fashion-mnist" \
       --device cuda --width 64 --optimizers "$opt" --seeds 0 --epochs 1 --no-plots \

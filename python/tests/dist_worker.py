@@ -336,6 +336,69 @@ def fsdp(tmp, kind):
         assert all(torch.equal(m, mem) for m in everyone), "codebooks differ across ranks"
 
 
+class Experts(torch.nn.Module):
+    """A layer, a stack of 3 experts [3, 24, 24] (batch_dims 1; fully_shard splits its experts
+    over the ranks) averaged, and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(24, 24, bias=False)
+        self.experts = torch.nn.Parameter(torch.randn(3, 24, 24) * 0.2)
+        self.out = torch.nn.Linear(24, 16, bias=False)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        return self.out(sum(torch.tanh(h @ e.T) for e in self.experts) / len(self.experts))
+
+
+def fsdp_stack(tmp, device="cpu"):
+    """fully_shard with a stack of experts (issue 44; ``device`` "cuda": every rank on the one
+    GPU through fogo.distributed's mesh, gloo moving CUDA tensors): owner-computes with NorMuon, weight decay and a stack of experts
+    follows unsharded fogo.Muon on the GPU to fp32 rounding (the unsharded step batches the
+    stack's experts in one Newton-Schulz chain, owner-computes runs each where it lies), the
+    second moments sharded as their parameters."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    mesh = fogo.distributed.device_mesh(device, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    reference = Experts().to(device)
+    start = [p.detach().clone() for p in reference.parameters()]
+    sharded = copy.deepcopy(reference)
+    fully_shard(sharded, mesh=mesh)
+    assert all(isinstance(p, DTensor) and p.device.type == device for p in sharded.parameters())
+
+    def make(model):
+        return fogo.Muon([{"params": [model.inp.weight, model.out.weight]},
+                          {"params": [model.experts], "batch_dims": 1}],
+                         lr=0.02, weight_decay=0.1, normuon=True, ns_dtype=torch.float32)
+
+    ref_opt, opt = make(reference), make(sharded)
+    assert len(opt._locals) == 3, "owner-computes is not in use"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for t in range(5):
+        gen = torch.Generator().manual_seed(400 + t)
+        x = torch.randn(BATCH, 24, generator=gen).to(device)
+        y = torch.randn(BATCH, 16, generator=gen).to(device)
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's share
+        torch.nn.functional.mse_loss(sharded(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+        for k, (p, q) in enumerate(zip(reference.parameters(), sharded.parameters())):
+            torch.testing.assert_close(q.full_tensor(), p.detach(), rtol=2e-5, atol=2e-6,
+                                       msg=lambda m: f"step {t}, parameter {k}: {m}")
+            v = opt.state[q]["second_moment"]
+            assert isinstance(v, DTensor) and v.placements == q.placements, type(v)
+            torch.testing.assert_close(v.full_tensor(), ref_opt.state[p]["second_moment"],
+                                       rtol=2e-5, atol=1e-8,
+                                       msg=lambda m: f"step {t}, second moment {k}: {m}")
+    assert all(not torch.equal(a, p.detach()) for a, p in zip(start, reference.parameters())), \
+        "the test cannot fail"
+
+
 class CommCounter:
     """Counts the bytes this rank sends and receives in the collectives an optimizer step calls
     (torch.distributed.gather / scatter / all_reduce, wrapped while inside ``with``)."""
@@ -630,6 +693,10 @@ def main():
                     owner_bits(tmp, normuon=True, device="cuda")
                 elif case == "stack_gather_cuda":
                     stack_gather(tmp, device="cuda")
+                elif case == "fsdp_stack":
+                    fsdp_stack(tmp)
+                elif case == "fsdp_cuda":
+                    fsdp_stack(tmp, device="cuda")
                 else:
                     fsdp(tmp, case)
             except Exception as e:
