@@ -193,6 +193,13 @@ void BM_Step_FOGOGraph(benchmark::State& state) {
         p, fogo_preset(set, dt).nonfinite(fogo::NonFinitePolicy::Mask).cuda_graph(true));
   });
 }
+// Graph steps under the default Raise (the flag read back before each replay): with
+// BM_Step_FOGOMask, every graph/eager ratio compares one policy (issue 44).
+void BM_Step_FOGOGraphRaise(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).cuda_graph(true));
+  });
+}
 // Both streams through the Gram form with restarts where the cost model says it is cheaper
 // (ns_form Auto; the fast stream as P_f = O_f Pi): the data for choosing the default form.
 void BM_Step_FOGOAuto(benchmark::State& state) {
@@ -227,6 +234,42 @@ void BM_Step_MuonGraph(benchmark::State& state) {
                                                .ns_dtype(dt)
                                                .nonfinite(fogo::NonFinitePolicy::Mask)
                                                .cuda_graph(true));
+  });
+}
+// Eager Mask and graph Raise (issue 44): BM_Step_MuonGraph / BM_Step_MuonMask and
+// BM_Step_MuonGraphRaise / BM_Step_Muon each compare one non-finite policy.
+void BM_Step_MuonMask(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(
+        p, fogo::MuonOptions(0.02).ns_dtype(dt).nonfinite(fogo::NonFinitePolicy::Mask));
+  });
+}
+void BM_Step_MuonGraphRaise(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).cuda_graph(true));
+  });
+}
+// NorMuon on (issue 44: a CPU row per new path, so a regression shows without a GPU).
+void BM_Step_MuonNorMuon(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).normuon(true));
+  });
+}
+void BM_Step_FOGONorMuon(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).normuon(true));
+  });
+}
+// Every matrix cut into 2 row blocks (heads 2: each block its own matrix, as a fused qkv's
+// heads; every row count of both sets, ResNet's fc's 10 included, divides by 2).
+void BM_Step_MuonHeads(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).heads(2));
+  });
+}
+void BM_Step_FOGOHeads(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).heads(2));
   });
 }
 void BM_Step_MuonAuto(benchmark::State& state) {  // as BM_Step_FOGOAuto
@@ -488,6 +531,9 @@ void stage_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOGraphRaise)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGONorMuon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOHeads)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOFusionOnly)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -495,6 +541,10 @@ BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonGraphRaise)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonNorMuon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonHeads)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
