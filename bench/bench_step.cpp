@@ -101,9 +101,10 @@ void set_traffic(benchmark::State& state, double bytes, double flops) {
 
 double element_bytes(torch::ScalarType type) { return static_cast<double>(c10::elementSize(type)); }
 
-// The wide orientation [m, n] (m <= n) of a parameter's matrix view.
-std::pair<int64_t, int64_t> wide(const Shape& shape) {
-  const int64_t rows = shape[0], cols = c10::multiply_integers(shape) / rows;
+// The wide orientation [m, n] (m <= n) of each of a parameter's `heads` matrices (its rows cut
+// into that many equal blocks).
+std::pair<int64_t, int64_t> wide(const Shape& shape, int64_t heads = 1) {
+  const int64_t cols = c10::multiply_integers(shape) / shape[0], rows = shape[0] / heads;
   return {std::min(rows, cols), std::max(rows, cols)};
 }
 
@@ -113,12 +114,12 @@ std::pair<int64_t, int64_t> wide(const Shape& shape) {
 double muon_ns_flops(int64_t set, const fogo::MuonOptions& o) {
   double macs = 0;
   for (const Shape& shape : model_shapes(set)) {
-    const auto [m, n] = wide(shape);
+    const auto [m, n] = wide(shape, o.heads());
     const bool gram =
         o.ns_form() == fogo::NSForm::Gram ||
         (o.ns_form() == fogo::NSForm::Auto &&
          fogo::newton_schulz_gram_is_cheaper(m, n, o.ns_steps(), o.ns_gram_restart()));
-    macs += fogo::newton_schulz_macs(m, n, o.ns_steps(), gram, o.ns_gram_restart());
+    macs += o.heads() * fogo::newton_schulz_macs(m, n, o.ns_steps(), gram, o.ns_gram_restart());
   }
   return 2 * macs;
 }
@@ -132,15 +133,15 @@ double fogo_ns_flops(int64_t set, const fogo::FOGOOptions& o) {
   };
   double macs = 0;
   for (const Shape& shape : model_shapes(set)) {
-    const auto [m, n] = wide(shape);
+    const auto [m, n] = wide(shape, o.heads());
     const int64_t d = o.proj_dim(), ks = o.ns_steps_slow(), kf = o.ns_steps_fast();
-    macs += fogo::newton_schulz_macs(m, n, ks, gram_of(m, n, ks), o.ns_gram_restart());
+    double per = fogo::newton_schulz_macs(m, n, ks, gram_of(m, n, ks), o.ns_gram_restart());
     if (allowed && fogo::newton_schulz_projected_is_cheaper(m, n, d, kf, o.ns_gram_restart())) {
-      macs +=
-          fogo::newton_schulz_projected_macs(m, n, d, kf, true, o.ns_gram_restart()) - m * n * d;
+      per += fogo::newton_schulz_projected_macs(m, n, d, kf, true, o.ns_gram_restart()) - m * n * d;
     } else {
-      macs += fogo::newton_schulz_macs(m, n, kf, gram_of(m, n, kf), o.ns_gram_restart());
+      per += fogo::newton_schulz_macs(m, n, kf, gram_of(m, n, kf), o.ns_gram_restart());
     }
+    macs += o.heads() * per;
   }
   return 2 * macs;
 }
