@@ -101,9 +101,10 @@ void set_traffic(benchmark::State& state, double bytes, double flops) {
 
 double element_bytes(torch::ScalarType type) { return static_cast<double>(c10::elementSize(type)); }
 
-// The wide orientation [m, n] (m <= n) of a parameter's matrix view.
-std::pair<int64_t, int64_t> wide(const Shape& shape) {
-  const int64_t rows = shape[0], cols = c10::multiply_integers(shape) / rows;
+// The wide orientation [m, n] (m <= n) of each of a parameter's `heads` matrices (its rows cut
+// into that many equal blocks).
+std::pair<int64_t, int64_t> wide(const Shape& shape, int64_t heads = 1) {
+  const int64_t cols = c10::multiply_integers(shape) / shape[0], rows = shape[0] / heads;
   return {std::min(rows, cols), std::max(rows, cols)};
 }
 
@@ -113,12 +114,12 @@ std::pair<int64_t, int64_t> wide(const Shape& shape) {
 double muon_ns_flops(int64_t set, const fogo::MuonOptions& o) {
   double macs = 0;
   for (const Shape& shape : model_shapes(set)) {
-    const auto [m, n] = wide(shape);
+    const auto [m, n] = wide(shape, o.heads());
     const bool gram =
         o.ns_form() == fogo::NSForm::Gram ||
         (o.ns_form() == fogo::NSForm::Auto &&
          fogo::newton_schulz_gram_is_cheaper(m, n, o.ns_steps(), o.ns_gram_restart()));
-    macs += fogo::newton_schulz_macs(m, n, o.ns_steps(), gram, o.ns_gram_restart());
+    macs += o.heads() * fogo::newton_schulz_macs(m, n, o.ns_steps(), gram, o.ns_gram_restart());
   }
   return 2 * macs;
 }
@@ -132,15 +133,15 @@ double fogo_ns_flops(int64_t set, const fogo::FOGOOptions& o) {
   };
   double macs = 0;
   for (const Shape& shape : model_shapes(set)) {
-    const auto [m, n] = wide(shape);
+    const auto [m, n] = wide(shape, o.heads());
     const int64_t d = o.proj_dim(), ks = o.ns_steps_slow(), kf = o.ns_steps_fast();
-    macs += fogo::newton_schulz_macs(m, n, ks, gram_of(m, n, ks), o.ns_gram_restart());
+    double per = fogo::newton_schulz_macs(m, n, ks, gram_of(m, n, ks), o.ns_gram_restart());
     if (allowed && fogo::newton_schulz_projected_is_cheaper(m, n, d, kf, o.ns_gram_restart())) {
-      macs +=
-          fogo::newton_schulz_projected_macs(m, n, d, kf, true, o.ns_gram_restart()) - m * n * d;
+      per += fogo::newton_schulz_projected_macs(m, n, d, kf, true, o.ns_gram_restart()) - m * n * d;
     } else {
-      macs += fogo::newton_schulz_macs(m, n, kf, gram_of(m, n, kf), o.ns_gram_restart());
+      per += fogo::newton_schulz_macs(m, n, kf, gram_of(m, n, kf), o.ns_gram_restart());
     }
+    macs += o.heads() * per;
   }
   return 2 * macs;
 }
@@ -193,6 +194,13 @@ void BM_Step_FOGOGraph(benchmark::State& state) {
         p, fogo_preset(set, dt).nonfinite(fogo::NonFinitePolicy::Mask).cuda_graph(true));
   });
 }
+// Graph steps under the default Raise (the flag read back before each replay): with
+// BM_Step_FOGOMask, every graph/eager ratio compares one policy (issue 44).
+void BM_Step_FOGOGraphRaise(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).cuda_graph(true));
+  });
+}
 // Both streams through the Gram form with restarts where the cost model says it is cheaper
 // (ns_form Auto; the fast stream as P_f = O_f Pi): the data for choosing the default form.
 void BM_Step_FOGOAuto(benchmark::State& state) {
@@ -227,6 +235,42 @@ void BM_Step_MuonGraph(benchmark::State& state) {
                                                .ns_dtype(dt)
                                                .nonfinite(fogo::NonFinitePolicy::Mask)
                                                .cuda_graph(true));
+  });
+}
+// Eager Mask and graph Raise (issue 44): BM_Step_MuonGraph / BM_Step_MuonMask and
+// BM_Step_MuonGraphRaise / BM_Step_Muon each compare one non-finite policy.
+void BM_Step_MuonMask(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(
+        p, fogo::MuonOptions(0.02).ns_dtype(dt).nonfinite(fogo::NonFinitePolicy::Mask));
+  });
+}
+void BM_Step_MuonGraphRaise(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).cuda_graph(true));
+  });
+}
+// NorMuon on (issue 44: a CPU row per new path, so a regression shows without a GPU).
+void BM_Step_MuonNorMuon(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).normuon(true));
+  });
+}
+void BM_Step_FOGONorMuon(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).normuon(true));
+  });
+}
+// Every matrix cut into 2 row blocks (heads 2: each block its own matrix, as a fused qkv's
+// heads; every row count of both sets, ResNet's fc's 10 included, divides by 2).
+void BM_Step_MuonHeads(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t, torch::ScalarType dt) {
+    return std::make_unique<fogo::Muon>(p, fogo::MuonOptions(0.02).ns_dtype(dt).heads(2));
+  });
+}
+void BM_Step_FOGOHeads(benchmark::State& state) {
+  optimizer_step(state, [](std::vector<torch::Tensor> p, int64_t set, torch::ScalarType dt) {
+    return std::make_unique<fogo::FOGO>(p, fogo_preset(set, dt).heads(2));
   });
 }
 void BM_Step_MuonAuto(benchmark::State& state) {  // as BM_Step_FOGOAuto
@@ -488,6 +532,9 @@ void stage_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Step_FOGO)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOGraphRaise)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGONorMuon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_FOGOHeads)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_FOGOFusionOnly)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -495,6 +542,10 @@ BENCHMARK(BM_Step_Muon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRea
 BENCHMARK(BM_Step_MuonAuto)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGram)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_MuonGraph)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonMask)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonGraphRaise)->Apply(graph_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonNorMuon)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Step_MuonHeads)->Apply(step_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step_AdamW)->Apply(adamw_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Stage_FOGO)->Apply(stage_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -11,6 +11,8 @@ measured", and the script still exits 0):
                 GPT-2 small and 1 ResNet-18; aggregates or single runs; the median is taken)
   --torch-muon  the text bench/torch_muon_step.py prints, one line per set
   --gpt2        OPT=PATH, the GPT-2 trainer's log per optimizer (its "steady state" line)
+  --gpt2-accum  OPT=PATH, the same with gradient accumulation to the targets' 0.5M tokens per
+                step (issue 44): the training-step ratios come from these when given
   --gpt2-eager  bench/gpt2_eager.py's output (its "gpt2_eager ... tokens_per_s=" line)
 
 Columns: the figure, its value on the first GPU run (H100 80GB HBM3, 2026-11-24, commit da0f8fb,
@@ -135,7 +137,7 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def rows(bench, torch_muon, gpt2, eager):
+def rows(bench, torch_muon, gpt2, eager, gpt2_accum=None):
     t = bench.get
 
     def step(kind, set_):
@@ -145,25 +147,31 @@ def rows(bench, torch_muon, gpt2, eager):
     # fogo::Muon's step on GPT-2 small in its best form (eager Plain, Auto, cuda_graph).
     forms = [step(k, 0) for k in ("Muon", "MuonAuto", "MuonGram", "MuonGraph")]
     best = min((v for v in forms if v is not None), default=None)
+    # Issue 44's re-based targets (each a ratio or figure in one run on one GPU).
     out.append(("fogo::Muon step, GPT-2 small, best form", "6.68 ms", fmt(best, "ms"),
-                "<= 4.5 ms (NS >= 50% of bf16 peak)",
-                verdict(None if best is None else best <= 4.5)))
+                "<= 5.5 ms (then toward 4.5)",
+                verdict(None if best is None else best <= 5.5)))
     r = ratio(step("FOGO", 0), step("Muon", 0))
     out.append(("FOGO / fogo::Muon, GPT-2 small", "1.47", fmt(r), "<= 1.3",
                 verdict(None if r is None else r <= 1.3)))
     fogo, ns = step("FOGO", 0), t(bench_name("Stage_FOGO", 0, STAGE_NS))
     outside = None if fogo is None or ns is None else (fogo - ns) / fogo
-    out.append(("FOGO work outside NS", "28%", fmt(outside, "%"), "<= 15%",
-                verdict(None if outside is None else outside <= 0.15)))
+    out.append(("FOGO work outside NS", "28%", fmt(outside, "%"), "<= 25%",
+                verdict(None if outside is None else outside <= 0.25)))
     # cuda_graph / eager per optimizer and set.
     graph = {(k, s): ratio(step(k + "Graph", s), step(k, s)) for k in ("FOGO", "Muon")
              for s in SETS}
     values = list(graph.values())
-    ok = None
-    if all(v is not None for v in values):
-        ok = all(v <= 1.0 for v in values) and all(graph[(k, 1)] <= 0.6 for k in ("FOGO", "Muon"))
+    ok = None if any(v is None for v in values) else all(v <= 1.0 for v in values)
     out.append(("cuda_graph / eager, every optimizer and set", "0.53-1.34", span(values),
-                "<= 1.0 everywhere, <= 0.6 on ResNet-18", verdict(ok)))
+                "<= 1.0 everywhere", verdict(ok)))
+    # The same with one non-finite policy on both sides (issue 44; the row above compares a Mask
+    # graph with a Raise eager step): graph / eager Mask, and graph Raise / eager Raise.
+    like = [ratio(step(k + graph_kind, s), step(k + eager_kind, s)) for k in ("FOGO", "Muon")
+            for s in SETS for graph_kind, eager_kind in (("Graph", "Mask"), ("GraphRaise", ""))]
+    ok = None if any(v is None for v in like) else max(like) <= 1.0
+    out.append(("cuda_graph / eager, one policy (Mask, Raise), every optimizer and set",
+                "not kept", span(like), "<= 1.0", verdict(ok)))
     # Auto against the better of the two forms it chooses between.
     autos = []
     for k in ("FOGO", "Muon"):
@@ -174,12 +182,14 @@ def rows(bench, torch_muon, gpt2, eager):
     out.append(("Auto / min(Plain, Gram), every optimizer and set", "up to 2.4",
                 span(autos), "<= 1.05", verdict(ok)))
     vs_torch = [ratio(step("Muon", s), torch_muon.get(s)) for s in SETS]
-    ok = None if any(v is None for v in vs_torch) else max(vs_torch) <= 0.35
+    ok = None if any(v is None for v in vs_torch) else max(vs_torch) <= 0.3
     out.append(("fogo::Muon / torch.optim.Muon, both sets", "0.35-0.56", span(vs_torch),
-                "<= 0.35", verdict(ok)))
-    # Training steps of the GPT-2 trainer per optimizer, and eager PyTorch's throughput.
-    step_ms = {k: (v[0] if v else None) for k, v in gpt2.items()}
-    tokens = sorted({v[2] for v in gpt2.values() if v and v[2]})
+                "<= 0.3", verdict(ok)))
+    # Training steps of the GPT-2 trainer per optimizer (at 0.5M tokens per step when given, as
+    # the targets are defined), and eager PyTorch's throughput.
+    steps = gpt2_accum if gpt2_accum else gpt2
+    step_ms = {k: (v[0] if v else None) for k, v in steps.items()}
+    tokens = sorted({v[2] for v in steps.values() if v and v[2]})
     at = f" ({', '.join(f'{n:,}' for n in tokens)} tokens/step)" if tokens else ""
     r = ratio(step_ms.get("fogo"), step_ms.get("adamw"))
     out.append(("GPT-2 124M training step, FOGO / AdamW" + at, "not kept", fmt(r), "<= 1.05",
@@ -210,15 +220,19 @@ def main(argv=None):
     parser.add_argument("--gpt2", action="append", default=[], metavar="OPT=PATH",
                         help="GPT-2 trainer log per optimizer (adamw, muon, fogo)")
     parser.add_argument("--gpt2-eager", help="output of bench/gpt2_eager.py")
+    parser.add_argument("--gpt2-accum", action="append", default=[], metavar="OPT=PATH",
+                        help="GPT-2 trainer log per optimizer at 0.5M tokens per step")
     args = parser.parse_args(argv)
-    gpt2 = {}
-    for spec in args.gpt2:
-        name, sep, path = spec.partition("=")
-        if not sep:
-            parser.error(f"--gpt2 takes OPT=PATH, got {spec!r}")
-        gpt2[name.lower()] = load_gpt2(path)
-    print(table(rows(load_bench(args.bench), load_torch_muon(args.torch_muon), gpt2,
-                     load_eager(args.gpt2_eager))))
+    logs = {}
+    for flag, specs in (("--gpt2", args.gpt2), ("--gpt2-accum", args.gpt2_accum)):
+        logs[flag] = {}
+        for spec in specs:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                parser.error(f"{flag} takes OPT=PATH, got {spec!r}")
+            logs[flag][name.lower()] = load_gpt2(path)
+    print(table(rows(load_bench(args.bench), load_torch_muon(args.torch_muon), logs["--gpt2"],
+                     load_eager(args.gpt2_eager), logs["--gpt2-accum"])))
     return 0
 
 

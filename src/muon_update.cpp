@@ -53,6 +53,16 @@ double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype) {
 
 void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
   if (items.empty()) return;
+  if (p.ok.defined()) {  // Mask: the update unmasked, then each parameter selected back
+    std::vector<at::Tensor> before;
+    for (const MuonUpdateItem& item : items) before.push_back(item.param.clone());
+    MuonUpdateParams unmasked = p;
+    unmasked.ok = at::Tensor();
+    ref::muon_update(items, unmasked);
+    for (size_t k = 0; k < items.size(); ++k)
+      items[k].param.copy_(at::where(p.ok, items[k].param, before[k]));
+    return;
+  }
   if (!p.device_lr.defined()) {
     // torch.optim.Muon's ops, per tensor, as Python dispatches them: `param.mul_(float)` is
     // mul_.Tensor with a wrapped 0-d double on the CPU, whatever the parameter's device. C++'s

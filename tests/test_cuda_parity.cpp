@@ -947,14 +947,78 @@ TEST(CudaParity, MuonOnCudaMatchesCpu) {
   }
 }
 
+// Issue 44: on a GPU a tall matrix joins the wide ones of its (min, max) shape in one
+// Newton–Schulz run, copied in transposed (GPT-2's c_fc and c_proj: one run of 24). Bit for bit:
+// a tall parameter T beside a wide W steps as T^T would as a wide parameter beside W (the same
+// run, the same batch; match_rms_adamw's lr is symmetric in the shape), and with NorMuon (rows
+// of their own, per orientation) as the CPU to MuonOnCudaMatchesCpu's bounds.
+TEST(CudaParity, MuonBatchesBothOrientationsOfAShapeInOneRun) {
+  FOGO_REQUIRE_GPU();
+  for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(61);
+    const torch::Tensor W = torch::randn({24, 96}), T = torch::randn({96, 24}),
+                        W2 = torch::randn({24, 96});
+    const auto o = fogo::MuonOptions(0.02).ns_dtype(ns_dtype).weight_decay(0.1).adjust_lr(
+        fogo::MuonAdjustLR::MatchRmsAdamW);
+    const auto leaf = [](const torch::Tensor& t) { return t.cuda().requires_grad_(true); };
+    // The same batch order in both: W, W2, then T (the wide ones first) or T^T.
+    std::vector<torch::Tensor> mixed{leaf(W), leaf(W2), leaf(T)},
+        wide{leaf(W), leaf(W2), leaf(T.t().contiguous())};
+    fogo::Muon a(mixed, o), b(wide, o);
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(610 + step);
+      const torch::Tensor gW = torch::randn({24, 96}), gT = torch::randn({96, 24}),
+                          gW2 = torch::randn({24, 96});
+      mixed[0].mutable_grad() = gW.cuda();
+      mixed[1].mutable_grad() = gW2.cuda();
+      mixed[2].mutable_grad() = gT.cuda();
+      wide[0].mutable_grad() = gW.cuda();
+      wide[1].mutable_grad() = gW2.cuda();
+      wide[2].mutable_grad() = gT.t().contiguous().cuda();
+      a.step();
+      b.step();
+      EXPECT_TRUE(torch::equal(mixed[2].detach().t().cpu(), wide[2].detach().cpu()))
+          << c10::toString(ns_dtype) << " step " << step << ": differs by "
+          << (mixed[2].detach().t() - wide[2].detach()).abs().max().item<double>();
+      EXPECT_TRUE(torch::equal(mixed[0].detach().cpu(), wide[0].detach().cpu()));
+      EXPECT_TRUE(torch::equal(mixed[1].detach().cpu(), wide[1].detach().cpu()));
+    }
+  }
+  // NorMuon over a mixed run, against the CPU (one run per matrix there).
+  for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(62);
+    std::vector<torch::Tensor> start{torch::randn({24, 96}), torch::randn({96, 24}),
+                                     torch::randn({24, 96}), torch::randn({96, 24})};
+    std::vector<torch::Tensor> cpu, gpu;
+    for (const auto& t : start) {
+      cpu.push_back(t.clone().requires_grad_(true));
+      gpu.push_back(t.cuda().requires_grad_(true));
+    }
+    const auto o = fogo::MuonOptions(0.02).ns_dtype(ns_dtype).normuon(true);
+    fogo::Muon on_cpu(cpu, o), on_gpu(gpu, o);
+    for (int step = 0; step < 4; ++step) {
+      set_gradients(cpu, step);
+      set_gradients(gpu, step);
+      on_cpu.step();
+      on_gpu.step();
+      EXPECT_LT(max_relative_change_error(gpu, cpu, start), ns_dtype == torch::kFloat ? 1e-4 : 8e-2)
+          << c10::toString(ns_dtype) << " step " << step;
+    }
+  }
+}
+
 // Stacks (batch_dims) and fused weights in blocks (heads, blocks) on CUDA: their matrices go
 // through the batched chains with the other matrices of their shape, and the update kernel takes
 // each matrix's rows as a parameter of its own. Against the CPU to MuonOnCudaMatchesCpu's
 // tolerances, and against the same matrices as separate parameters of one group on the GPU (the
 // same runs, so the same batched calls) bit for bit; eagerly and from a CUDA graph, NorMuon on and
-// off.
-TEST(CudaParity, MuonStacksAndBlocksOnCudaMatchCpu) {
-  FOGO_REQUIRE_GPU();
+// off. The eager and the graph arms are two tests: a capture cannot allocate under
+// PYTORCH_NO_CUDA_MEMORY_CACHING, so gpu_check's uncached memcheck pass (CudaParity.*) runs the
+// eager one and the cached pass (CudaGraph.*) the graph one (issue 44). bf16 and fp16
+// parameters (issue 44): against the matrices as parameters bit for bit only (the CPU run would
+// round its own way at every step).
+void muon_stacks_and_blocks_match_cpu(bool graph, torch::ScalarType param_dtype = torch::kFloat) {
+  const bool against_cpu = param_dtype == torch::kFloat;
   struct Layout {
     std::vector<int64_t> shape;
     int64_t batch_dims, heads;
@@ -964,67 +1028,96 @@ TEST(CudaParity, MuonStacksAndBlocksOnCudaMatchCpu) {
       {{4, 48, 96}, 1, 1, {}}, {{96, 40}, 0, 1, {48, 24, 24}}, {{2, 64, 32}, 1, 4, {}}};
   for (const auto ns_dtype : {torch::kFloat, torch::kBFloat16}) {
     for (const bool normuon : {false, true}) {
-      for (const bool graph : {false, true}) {
-        for (const Layout& l : layouts) {
-          const auto o = fogo::MuonOptions(0.02)
-                             .ns_dtype(ns_dtype)
-                             .normuon(normuon)
-                             .batch_dims(l.batch_dims)
-                             .heads(l.heads)
-                             .blocks(l.blocks);
-          const std::string what = std::string(c10::toString(ns_dtype)) + " normuon " +
-                                   std::to_string(normuon) + " graph " + std::to_string(graph) +
-                                   " shape " + c10::str(at::IntArrayRef(l.shape));
-          torch::manual_seed(41);
-          const torch::Tensor start = torch::randn(l.shape);
-          const auto view = fogo::matrix_view(start.sizes(), fogo::matrix_layout(o), "Muon", "p");
-          std::vector<torch::Tensor> cpu{start.clone().requires_grad_(true)},
-              gpu{start.cuda().requires_grad_(true)}, parts;
+      for (const Layout& l : layouts) {
+        const auto o = fogo::MuonOptions(0.02)
+                           .ns_dtype(ns_dtype)
+                           .normuon(normuon)
+                           .batch_dims(l.batch_dims)
+                           .heads(l.heads)
+                           .blocks(l.blocks);
+        const std::string what = std::string(c10::toString(ns_dtype)) + " normuon " +
+                                 std::to_string(normuon) + " graph " + std::to_string(graph) +
+                                 " parameters " + c10::toString(param_dtype) + " shape " +
+                                 c10::str(at::IntArrayRef(l.shape));
+        torch::manual_seed(41);
+        const torch::Tensor start = torch::randn(l.shape).to(param_dtype);
+        const auto view = fogo::matrix_view(start.sizes(), fogo::matrix_layout(o), "Muon", "p");
+        std::vector<torch::Tensor> cpu{start.clone().requires_grad_(true)},
+            gpu{start.cuda().requires_grad_(true)}, parts;
+        for (int64_t k = 0; k < view.count(); ++k)
+          parts.push_back(fogo::matrix_of(gpu[0].detach(), view, k).clone().requires_grad_(true));
+        fogo::Muon on_cpu(cpu, o), on_gpu(gpu, fogo::MuonOptions(o).cuda_graph(graph)),
+            apart(parts, fogo::MuonOptions(o).cuda_graph(graph).batch_dims(0).heads(1).blocks({}));
+        for (int step = 0; step < 4; ++step) {
+          torch::manual_seed(200 + step);
+          const torch::Tensor g = torch::randn(l.shape).to(param_dtype);
+          cpu[0].mutable_grad() = g.clone();
+          gpu[0].mutable_grad() = g.cuda();
           for (int64_t k = 0; k < view.count(); ++k)
-            parts.push_back(fogo::matrix_of(gpu[0].detach(), view, k).clone().requires_grad_(true));
-          fogo::Muon on_cpu(cpu, o), on_gpu(gpu, fogo::MuonOptions(o).cuda_graph(graph)),
-              apart(parts,
-                    fogo::MuonOptions(o).cuda_graph(graph).batch_dims(0).heads(1).blocks({}));
-          for (int step = 0; step < 4; ++step) {
-            torch::manual_seed(200 + step);
-            const torch::Tensor g = torch::randn(l.shape);
-            cpu[0].mutable_grad() = g.clone();
-            gpu[0].mutable_grad() = g.cuda();
-            for (int64_t k = 0; k < view.count(); ++k)
-              parts[static_cast<size_t>(k)].mutable_grad() = fogo::matrix_of(g, view, k).cuda();
-            on_cpu.step();
-            on_gpu.step();
-            apart.step();
+            parts[static_cast<size_t>(k)].mutable_grad() = fogo::matrix_of(g, view, k).cuda();
+          if (against_cpu) on_cpu.step();
+          on_gpu.step();
+          apart.step();
+          if (against_cpu) {
             EXPECT_LT(max_relative_change_error(gpu, cpu, {start}),
                       ns_dtype == torch::kFloat ? 1e-4 : 8e-2)
                 << what << " step " << step;
-            for (int64_t k = 0; k < view.count(); ++k) {
-              const auto mine = fogo::matrix_of(gpu[0].detach(), view, k).cpu();
-              const auto alone = parts[static_cast<size_t>(k)].detach().cpu();
-              EXPECT_TRUE(torch::equal(mine, alone))
-                  << what << " step " << step << " matrix " << k << ": differs by "
-                  << (mine - alone).abs().max().item<double>();
-            }
           }
+          EXPECT_FALSE(torch::equal(gpu[0].detach().cpu(), start)) << what << " step " << step;
+          for (int64_t k = 0; k < view.count(); ++k) {
+            const auto mine = fogo::matrix_of(gpu[0].detach(), view, k).cpu();
+            const auto alone = parts[static_cast<size_t>(k)].detach().cpu();
+            EXPECT_TRUE(torch::equal(mine, alone))
+                << what << " step " << step << " matrix " << k << ": differs by "
+                << (mine - alone).abs().max().item<double>();
+          }
+        }
+        if (graph) {  // replayed from the graph, not fallen back to eager steps
+          EXPECT_EQ(on_gpu.graph_stats(0).captures, 1) << what;
+          EXPECT_EQ(on_gpu.graph_stats(0).replays, 4) << what;
         }
       }
     }
   }
 }
 
+TEST(CudaParity, MuonStacksAndBlocksOnCudaMatchCpu) {
+  FOGO_REQUIRE_GPU();
+  muon_stacks_and_blocks_match_cpu(/*cuda_graph=*/false);
+}
+
+TEST(CudaGraph, MuonStacksAndBlocksReplayedMatchCpu) {
+  FOGO_REQUIRE_GPU();
+  muon_stacks_and_blocks_match_cpu(/*cuda_graph=*/true);
+}
+
+// Issue 44: bf16 and fp16 parameters in stacks, blocks and heads (the update kernel writes each
+// matrix's rows of a half-precision parameter).
+TEST(CudaParity, MuonStacksAndBlocksOfHalfParametersStepAsTheirMatrices) {
+  FOGO_REQUIRE_GPU();
+  muon_stacks_and_blocks_match_cpu(/*cuda_graph=*/false, torch::kBFloat16);
+  muon_stacks_and_blocks_match_cpu(/*cuda_graph=*/false, torch::kHalf);
+}
+
 // FOGO's stacks and blocks on CUDA (momenta kernel on the matrices' row views, batched chains
 // with the other matrices of their shape, each matrix its own rows in the projected space and its
 // own RMS update): against the same matrices as separate parameters of one group on the GPU, to
 // the run-to-run noise of the codebook's s_j atomics (expect_round_trip_on_cuda's bound).
-TEST(CudaParity, FogoStacksAndBlocksOnCudaMatchTheirMatricesAsParameters) {
-  FOGO_REQUIRE_KERNELS();
+// bf16 and fp16 parameters too (issue 44): to the same noise, which may then flip a rounding to
+// the parameter's precision: one unit in its last place (at most 2^-7 of the value for bf16,
+// 2^-10 for fp16).
+void fogo_stacks_and_blocks_match_their_matrices(torch::ScalarType param_dtype) {
+  const double ulp = param_dtype == torch::kBFloat16 ? 0x1p-7
+                     : param_dtype == torch::kHalf   ? 0x1p-10
+                                                     : 0;
   const auto base = fogo::FOGOOptions(0.01).proj_dim(32).codebook_size(16).reseed_every(0);
   for (const auto& o : {fogo::FOGOOptions(base).batch_dims(1), fogo::FOGOOptions(base).heads(4),
                         fogo::FOGOOptions(base).blocks({48, 24, 24})}) {
     const std::vector<int64_t> shape =
         o.batch_dims() == 1 ? std::vector<int64_t>{4, 48, 96} : std::vector<int64_t>{96, 40};
     torch::manual_seed(43);
-    torch::Tensor whole = torch::randn(shape).cuda().requires_grad_(true);
+    torch::Tensor whole = torch::randn(shape).cuda().to(param_dtype).requires_grad_(true);
+    const torch::Tensor start = whole.detach().cpu();
     const auto view = fogo::matrix_view(whole.sizes(), fogo::matrix_layout(o), "FOGO", "p");
     std::vector<torch::Tensor> parts;
     for (int64_t k = 0; k < view.count(); ++k)
@@ -1033,21 +1126,28 @@ TEST(CudaParity, FogoStacksAndBlocksOnCudaMatchTheirMatricesAsParameters) {
         apart(parts, fogo::FOGOOptions(o).batch_dims(0).heads(1).blocks({}));
     for (int step = 0; step < 4; ++step) {
       torch::manual_seed(300 + step);
-      const torch::Tensor g = torch::randn(shape).cuda();
+      const torch::Tensor g = torch::randn(shape).cuda().to(param_dtype);
       whole.mutable_grad() = g.clone();
       for (int64_t k = 0; k < view.count(); ++k)
         parts[static_cast<size_t>(k)].mutable_grad() = fogo::matrix_of(g, view, k).clone();
       together.step();
       apart.step();
       for (int64_t k = 0; k < view.count(); ++k) {
-        const auto x = fogo::matrix_of(whole.detach(), view, k).cpu(),
-                   y = parts[static_cast<size_t>(k)].detach().cpu();
-        EXPECT_TRUE(torch::allclose(x, y, 1e-4, 1e-5))
-            << c10::str(at::IntArrayRef(shape)) << " step " << step << " matrix " << k
-            << ": max difference " << (x - y).abs().max().item<float>();
+        const auto x = fogo::matrix_of(whole.detach(), view, k).cpu().to(torch::kFloat),
+                   y = parts[static_cast<size_t>(k)].detach().cpu().to(torch::kFloat);
+        EXPECT_TRUE(((x - y).abs() <= y.abs() * (1e-4 + ulp) + 1e-5).all().item<bool>())
+            << c10::str(at::IntArrayRef(shape)) << " " << c10::toString(param_dtype) << " step "
+            << step << " matrix " << k << ": max difference " << (x - y).abs().max().item<float>();
       }
     }
+    EXPECT_FALSE(torch::equal(whole.detach().cpu(), start)) << c10::toString(param_dtype);
   }
+}
+
+TEST(CudaParity, FogoStacksAndBlocksOnCudaMatchTheirMatricesAsParameters) {
+  FOGO_REQUIRE_KERNELS();
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    fogo_stacks_and_blocks_match_their_matrices(dtype);
 }
 
 // A checkpoint of an optimizer on the GPU (state and FOGO's memory on the device, its generator
@@ -1096,6 +1196,9 @@ TEST(CudaCheckpoint, OptimizersOnTheGpuRoundTripAndContinueBitIdentically) {
       fogo::FOGOOptions(0.01).codebook_size(16).proj_dim(32).reseed_every(0), "FOGO", false);
   expect_round_trip_on_cuda<fogo::Muon>(fogo::MuonOptions(0.02), "Muon", true);
   expect_round_trip_on_cuda<fogo::Muon>(fogo::MuonOptions(0.02).normuon(true), "NorMuon", true);
+  expect_round_trip_on_cuda<fogo::FOGO>(  // issue 44: FOGO's second moments on the device too
+      fogo::FOGOOptions(0.01).codebook_size(16).proj_dim(32).reseed_every(0).normuon(true),
+      "FOGO NorMuon", false);
 }
 
 // A steady-state step reads nothing back to the host: under CUDA's sync debug mode set to error,
@@ -1193,6 +1296,104 @@ TEST(CudaSync, SteadyStateStepsDoNotSynchronise) {
   }
 }
 
+// Issue 44: a stack of experts (batch_dims 1), a fused weight in blocks and one in heads, each
+// in a param group of its own cut from `base`.
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> layered_groups(const std::vector<torch::Tensor>& p,
+                                                              const Options& base) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p[0]},
+                      std::make_unique<Options>(Options(base).batch_dims(1)));
+  groups.emplace_back(std::vector<torch::Tensor>{p[1]},
+                      std::make_unique<Options>(Options(base).blocks({48, 24, 24})));
+  groups.emplace_back(std::vector<torch::Tensor>{p[2]},
+                      std::make_unique<Options>(Options(base).heads(4)));
+  return groups;
+}
+
+std::vector<torch::Tensor> layered_params() {
+  torch::manual_seed(52);
+  std::vector<torch::Tensor> params;
+  for (const auto& shape : {std::vector<int64_t>{4, 48, 96}, {96, 40}, {64, 32}})
+    params.push_back(torch::randn(shape).cuda().requires_grad_(true));
+  return params;
+}
+
+// Issue 44: NorMuon (its second moments, their row normalisation) with stacks, blocks and heads
+// reads nothing back in steady state either: Muon and FOGO, Unchecked, Mask (a NaN in one step)
+// and Mask from a CUDA graph, 5 steps under SyncDebugMode::L_ERROR after 3 warm-up steps.
+TEST(CudaSync, NorMuonStacksAndBlocksStepsDoNotSynchronise) {
+  FOGO_REQUIRE_GPU();
+  using fogo::NonFinitePolicy;
+  struct Case {
+    bool use_fogo;
+    NonFinitePolicy policy;
+    bool graph;
+  };
+  for (const auto [use_fogo, policy, graph] :
+       {Case{false, NonFinitePolicy::Unchecked, false}, Case{false, NonFinitePolicy::Mask, false},
+        Case{false, NonFinitePolicy::Mask, true}, Case{true, NonFinitePolicy::Unchecked, false},
+        Case{true, NonFinitePolicy::Mask, false}, Case{true, NonFinitePolicy::Mask, true}}) {
+    const std::string what = std::string(use_fogo ? "FOGO" : "Muon") + " policy " +
+                             std::to_string(static_cast<int>(policy)) + " graph " +
+                             std::to_string(graph);
+    const bool masked = policy == NonFinitePolicy::Mask;
+    auto params = layered_params();
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (use_fogo) {
+      opt = std::make_unique<fogo::FOGO>(layered_groups(params, fogo::FOGOOptions(0.01)
+                                                                    .codebook_size(16)
+                                                                    .proj_dim(32)
+                                                                    .reseed_every(0)
+                                                                    .normuon(true)
+                                                                    .nonfinite(policy)
+                                                                    .cuda_graph(graph)));
+    } else {
+      opt = std::make_unique<fogo::Muon>(layered_groups(
+          params, fogo::MuonOptions(0.02).normuon(true).nonfinite(policy).cuda_graph(graph)));
+    }
+    std::vector<std::vector<torch::Tensor>> grads;
+    for (int step = 0; step < 8; ++step) {
+      torch::manual_seed(500 + step);
+      std::vector<torch::Tensor> g;
+      for (const auto& p : params) g.push_back(torch::randn(p.sizes()).cuda());
+      if (masked && step == 5) g[1].view(-1)[7] = NAN;  // skipped on the device
+      grads.push_back(g);
+    }
+    const auto take = [&](int step) {
+      for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[step][k];
+    };
+    for (int step = 0; step < 3; ++step) {  // warm-up: initialisation, projections, allocations
+      take(step);
+      opt->step();
+    }
+    torch::cuda::synchronize();
+    {
+      SyncDebugError mode;
+      for (int step = 3; step < 8; ++step) {
+        take(step);
+        EXPECT_NO_THROW(opt->step()) << what << " step " << step;
+      }
+    }
+    torch::cuda::synchronize();
+    for (const auto& p : params) EXPECT_TRUE(torch::isfinite(p).all().item<bool>()) << what;
+    for (size_t g = 0; g < params.size(); ++g) {
+      if (use_fogo) {
+        const auto tel = static_cast<fogo::FOGO&>(*opt).telemetry()[g];
+        if (masked) EXPECT_EQ(tel.skipped_steps, 1) << what << " group " << g;
+        if (graph) {  // the first step eager (the codebook), captured at the second
+          EXPECT_EQ(tel.graph_captures, 1) << what << " group " << g;
+          EXPECT_EQ(tel.graph_replays, 7) << what << " group " << g;
+        }
+      } else if (graph) {  // captured at the first step
+        const auto stats = static_cast<fogo::Muon&>(*opt).graph_stats(g);
+        EXPECT_EQ(stats.captures, 1) << what << " group " << g;
+        EXPECT_EQ(stats.replays, 8) << what << " group " << g;
+      }
+    }
+  }
+}
+
 // Issue 33: Muon's parameters that its update kernel does not take (non-contiguous, fp64; all of
 // them in a build without the kernels) go through the ATen reference, whose decay is the wrapped
 // CPU double on every device: no host-to-device copy (a synchronisation) per parameter, and each
@@ -1259,9 +1460,9 @@ TEST(CudaSync, MuonParametersOffTheKernelDecayByTheWrappedDoubleWithoutSynchroni
 // read accumulates with float atomics (cuda/projected.cu), so two eager runs may differ in the last
 // bits: the graph is held to 4x that run-to-run difference plus 1e-6 of the parameter's size, far
 // below what a stale input would cause (a learning rate 5% off moves a parameter by ~1e-4 of its
-// size in one step).
-TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
-  FOGO_REQUIRE_KERNELS();
+// size in one step). With NorMuon on FOGO's final update too (issue 44: its second moments are
+// state the graph updates in place, masked with the rest).
+void expect_fogo_replays_follow_eager_steps(bool normuon) {
   constexpr int kSteps = 18;
   struct Run {
     std::vector<std::vector<torch::Tensor>> params;  // after each step
@@ -1278,6 +1479,7 @@ TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
                                .lt_candidates(3)
                                .eps_lt(0.01)
                                .nonfinite(fogo::NonFinitePolicy::Mask)
+                               .normuon(normuon)
                                .cuda_graph(graph));
     Run out;
     std::vector<torch::Tensor> held;  // gradient tensors kept from step to step
@@ -1317,11 +1519,17 @@ TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
       const double noise = max_abs(again.params[step][k] - e);
       const double scale = max_abs(e);
       EXPECT_LE(max_abs(graphed.params[step][k] - e), 4 * noise + 1e-6 * scale)
-          << "step " << step << " parameter " << k << " (eager runs differ by " << noise << ")";
+          << "normuon " << normuon << " step " << step << " parameter " << k
+          << " (eager runs differ by " << noise << ")";
     }
   }
   const double noise = max_abs(again.memory.centroids - eager.memory.centroids);
   EXPECT_LE(max_abs(graphed.memory.centroids - eager.memory.centroids), 4 * noise + 1e-6);
+}
+
+TEST(CudaGraph, ReplayedStepsMatchEagerStepsAcrossTasksAndLearningRates) {
+  FOGO_REQUIRE_KERNELS();
+  for (const bool normuon : {false, true}) expect_fogo_replays_follow_eager_steps(normuon);
 }
 
 // MuonOptions::cuda_graph: captured on the first step (the state is made on the host before it),

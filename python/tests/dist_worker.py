@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import fogo
+import fogo.distributed
 
 torch.set_num_threads(1)
 # Divisible by 2 and 3: FSDP2 averages the ranks' mean losses, the mean over the batch only when
@@ -118,11 +119,10 @@ def owner_bits(tmp, normuon=False, device="cpu"):
     compared too. ``device`` "cuda": every rank on the one GPU, gloo moving CUDA tensors (the
     shapes are distinct, so the unsharded step runs one Newton-Schulz per matrix there too: bit
     for bit)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     world = dist.get_world_size()
-    mesh = init_device_mesh(device, (world,))
+    mesh = fogo.distributed.device_mesh(device, (world,))  # every rank on a GPU it sees
     shapes = [(16, 24), (33, 16), (8, 3, 2, 2), (1, 7)]  # 33 rows: uneven; 1 row: empty shards
     options = [{"lr": 0.02, "weight_decay": 0.1, "ns_dtype": torch.float32},
                {"lr": torch.tensor(0.03), "momentum": 0.9, "nesterov": False,
@@ -177,10 +177,9 @@ def stack_gather(tmp, device="cpu"):
     unsharded step batches a stack's same-shape experts in one Newton-Schulz chain, which
     owner-computes runs one by one, so the stacks agree to fp32 rounding (agree), the rest bit
     for bit."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    mesh = fogo.distributed.device_mesh(device, (dist.get_world_size(),))
     # 7 experts on 3 ranks: 3/3/1; batch_dims 2; 12 rows on 3 ranks: 4/4/4 across the blocks
     # 6/3/3 (rank 1 holds rows of two blocks, rank 2 of two; 2 columns: each block's own
     # adjusted lr, 0.2 sqrt(6) or 0.2 sqrt(3), set by where its rows start); 10 rows in 2 heads:
@@ -335,6 +334,69 @@ def fsdp(tmp, kind):
         everyone = [torch.empty_like(mem) for _ in range(world)]
         dist.all_gather(everyone, mem)
         assert all(torch.equal(m, mem) for m in everyone), "codebooks differ across ranks"
+
+
+class Experts(torch.nn.Module):
+    """A layer, a stack of 3 experts [3, 24, 24] (batch_dims 1; fully_shard splits its experts
+    over the ranks) averaged, and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(24, 24, bias=False)
+        self.experts = torch.nn.Parameter(torch.randn(3, 24, 24) * 0.2)
+        self.out = torch.nn.Linear(24, 16, bias=False)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        return self.out(sum(torch.tanh(h @ e.T) for e in self.experts) / len(self.experts))
+
+
+def fsdp_stack(tmp, device="cpu"):
+    """fully_shard with a stack of experts (issue 44; ``device`` "cuda": every rank on the one
+    GPU through fogo.distributed's mesh, gloo moving CUDA tensors): owner-computes with NorMuon, weight decay and a stack of experts
+    follows unsharded fogo.Muon on the GPU to fp32 rounding (the unsharded step batches the
+    stack's experts in one Newton-Schulz chain, owner-computes runs each where it lies), the
+    second moments sharded as their parameters."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    mesh = fogo.distributed.device_mesh(device, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    reference = Experts().to(device)
+    start = [p.detach().clone() for p in reference.parameters()]
+    sharded = copy.deepcopy(reference)
+    fully_shard(sharded, mesh=mesh)
+    assert all(isinstance(p, DTensor) and p.device.type == device for p in sharded.parameters())
+
+    def make(model):
+        return fogo.Muon([{"params": [model.inp.weight, model.out.weight]},
+                          {"params": [model.experts], "batch_dims": 1}],
+                         lr=0.02, weight_decay=0.1, normuon=True, ns_dtype=torch.float32)
+
+    ref_opt, opt = make(reference), make(sharded)
+    assert len(opt._locals) == 3, "owner-computes is not in use"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for t in range(5):
+        gen = torch.Generator().manual_seed(400 + t)
+        x = torch.randn(BATCH, 24, generator=gen).to(device)
+        y = torch.randn(BATCH, 16, generator=gen).to(device)
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's share
+        torch.nn.functional.mse_loss(sharded(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+        for k, (p, q) in enumerate(zip(reference.parameters(), sharded.parameters())):
+            torch.testing.assert_close(q.full_tensor(), p.detach(), rtol=2e-5, atol=2e-6,
+                                       msg=lambda m: f"step {t}, parameter {k}: {m}")
+            v = opt.state[q]["second_moment"]
+            assert isinstance(v, DTensor) and v.placements == q.placements, type(v)
+            torch.testing.assert_close(v.full_tensor(), ref_opt.state[p]["second_moment"],
+                                       rtol=2e-5, atol=1e-8,
+                                       msg=lambda m: f"step {t}, second moment {k}: {m}")
+    assert all(not torch.equal(a, p.detach()) for a, p in zip(start, reference.parameters())), \
+        "the test cannot fail"
 
 
 class CommCounter:
@@ -631,6 +693,10 @@ def main():
                     owner_bits(tmp, normuon=True, device="cuda")
                 elif case == "stack_gather_cuda":
                     stack_gather(tmp, device="cuda")
+                elif case == "fsdp_stack":
+                    fsdp_stack(tmp)
+                elif case == "fsdp_cuda":
+                    fsdp_stack(tmp, device="cuda")
                 else:
                     fsdp(tmp, case)
             except Exception as e:

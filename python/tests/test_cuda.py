@@ -97,9 +97,10 @@ def test_muon_tensor_lr_on_cuda_follows_torch(gen, lr_device):
 
 def test_muon_owner_computes_on_cuda(tmp_path):
     # FSDP2's owner-computes (fogo::muon_step_rows) on CUDA tensors: three ranks on one GPU, gloo
-    # moving CUDA tensors (NCCL refuses two ranks on one device). NorMuon, and stacks, blocks and
-    # heads, against unsharded fogo.Muon on the GPU (dist_worker.py: owner_bits, stack_gather
-    # with device "cuda").
+    # moving CUDA tensors (NCCL refuses two ranks on one device; each rank settles on the GPU
+    # before its mesh: fogo.distributed). NorMuon, and stacks, blocks and heads, against
+    # unsharded fogo.Muon on the GPU (dist_worker.py: owner_bits, stack_gather with device
+    # "cuda"), and fully_shard itself on CUDA with a stack of experts (fsdp_cuda).
     from test_distributed import torchrun
 
-    print(torchrun("owner_bits_normuon_cuda,stack_gather_cuda", tmp_path, nproc=3))
+    print(torchrun("owner_bits_normuon_cuda,stack_gather_cuda,fsdp_cuda", tmp_path, nproc=3))

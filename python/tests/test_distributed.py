@@ -32,12 +32,13 @@ def test_zero_resumes_and_fsdp2_equals_the_unsharded_run(tmp_path):
     # (owner-computes bit for bit against the unsharded step; _normuon: with NorMuon),
     # fsdp_muon_gather, fsdp_fogo, fsdp_hybrid, fsdp_hybrid_muon, fsdp_muon_blocks (fused
     # weights' blocks and heads under owner-computes), fsdp_muon_dcp,
-    # fsdp_normuon_dcp, fsdp_muon_nonfinite), and fsdp_dcp's, fsdp_muon_dcp's and
+    # fsdp_normuon_dcp, fsdp_muon_nonfinite, fsdp_stack: fully_shard with a stack of experts
+    # and NorMuon, test_cuda.py's fsdp_cuda on the CPU), and fsdp_dcp's, fsdp_muon_dcp's and
     # fsdp_normuon_dcp's checkpoints, loaded here on one process, unsharded: bit for bit what the
     # two ranks held (the state does not depend on the sharding).
     out = torchrun("zero,fsdp_muon,owner_bits,owner_bits_normuon,fsdp_muon_gather,fsdp_fogo,"
                    "fsdp_hybrid,fsdp_hybrid_muon,fsdp_muon_blocks,fsdp_dcp,fsdp_muon_dcp,"
-                   "fsdp_normuon_dcp,fsdp_muon_nonfinite", tmp_path)
+                   "fsdp_normuon_dcp,fsdp_muon_nonfinite,fsdp_stack", tmp_path)
     print(out)
     load_muon_checkpoint_unsharded(tmp_path)
     load_muon_checkpoint_unsharded(tmp_path, "NORMUON_DCP_OPTIONS", "normuon")

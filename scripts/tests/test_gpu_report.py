@@ -234,12 +234,23 @@ python/tests/test_api.py::test_slow """
 
 
 def test_pytest_run_killed_before_its_xml_keeps_its_outcomes(tmp_path):
+    """Killed at the test step's end (124): what ended keeps its outcome, the test it was
+    running is out of budget, never a failure (issue 44); a crash (139) is the test's failure."""
     (tmp_path / "python_tests.log").write_text(PYTEST_KILLED)
     (tmp_path / "runs.tsv").write_text("python_tests\t124\t60\n")
     md = gpu_report.report_tests(str(tmp_path))
-    assert "**1 passed, 1 failed, 1 skipped, 0 listed but never run.**" in md
-    assert "no XML: killed at its time budget while running python/tests/test_api.py::test_slow" in md
+    assert "**1 passed, 0 failed, 1 skipped, 0 listed but never run.**" in md
+    assert "not run: out of budget while running python/tests/test_api.py::test_slow" in md
+    assert ("**Python tests: python/tests/test_api.py::test_slow and the tests after it: not run: "
+            "out of budget (pytest killed at the test step's end)** (not counted above, not a "
+            "failure)") in md
+    assert "with no failed test" not in md and "## Failed (0)" in md
     assert "CUDA tests skipped: 1 " in md
+    (tmp_path / "runs.tsv").write_text("python_tests\t139\t60\n")
+    md = gpu_report.report_tests(str(tmp_path))
+    assert "**1 passed, 1 failed, 1 skipped, 0 listed but never run.**" in md
+    assert "no XML: segmentation fault while running python/tests/test_api.py::test_slow" in md
+    assert "out of budget" not in md
 
 
 def test_all_writes_the_four_parts_and_a_failing_part_says_so(tmp_path, monkeypatch):

@@ -200,6 +200,7 @@ struct MuonChunk {
 struct MuonArgs {
   double lr, weight_decay;
   const double* device_lr;  ///< when not null, the learning rate (read by the kernel) instead of lr
+  const bool* ok;           ///< Mask: when not null and false, every parameter keeps every bit
 };
 
 /// For every parameter of the chunk (all of `param_type`, all O of `o_type`), as the ATen route

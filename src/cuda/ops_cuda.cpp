@@ -284,10 +284,16 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
                     p.device_lr.device() == device,
                 "fogo CUDA muon_update: device_lr must be a 0-d float64 tensor on ", device);
   }
+  if (p.ok.defined()) {
+    TORCH_CHECK(p.ok.is_cuda() && p.ok.device() == device && p.ok.scalar_type() == at::kBool &&
+                    p.ok.numel() == 1,
+                "fogo CUDA muon_update: ok must be one bool on ", device);
+  }
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const MuonArgs args{p.lr, p.weight_decay,
-                      p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr};
+                      p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr,
+                      p.ok.defined() ? p.ok.data_ptr<bool>() : nullptr};
   std::vector<at::Tensor> inputs;  // O made contiguous, alive until the launches are queued
   for_each_launch(types, kMuonChunk, [&](size_t begin, size_t end) {
     MuonChunk chunk{};

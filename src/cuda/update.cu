@@ -161,7 +161,8 @@ template <typename T, typename TO>
 __global__ void __launch_bounds__(kThreads)
     muon_update_kernel(const __grid_constant__ MuonChunk chunk,
                        const __grid_constant__ TileLayout<kMuonChunk> layout, MuonArgs args) {
-  __shared__ float tile[kTile][kTile + 1];  // +1: conflict-free column reads
+  __shared__ float tile[kTile][kTile + 1];      // +1: conflict-free column reads
+  if (args.ok != nullptr && !*args.ok) return;  // Mask: the parameters keep every bit
   const double lr = args.device_lr != nullptr ? *args.device_lr : args.lr;
   // The host's double arithmetic, uncontracted, then one rounding to fp32 as ATen's scalars.
   const float decay = static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, args.weight_decay)));

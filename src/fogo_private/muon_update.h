@@ -35,6 +35,10 @@ struct MuonUpdateParams {
   at::Tensor device_lr = {};
   /// The precision of 1 - lr wd and the adjusted lr without `device_lr` (muon_decay).
   at::ScalarType lr_dtype = at::kDouble;
+  /// NonFinitePolicy::Mask: when defined (a 0-d bool on the parameters' device), where it is
+  /// false every parameter keeps every bit. The CUDA kernel reads it and writes nothing (no copy
+  /// of the parameters before the step: issue 44); the reference selects its result back.
+  at::Tensor ok = {};
 };
 
 /// Muon's update of every item, the ATen reference (ops::muon_update dispatches to a CUDA
@@ -43,7 +47,7 @@ struct MuonUpdateParams {
 ///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
 /// both scalars computed in `lr_dtype` (muon_decay, muon_adjusted_lr).
 /// With `device_lr` the same products in double, rounded once, in the parameter's precision
-/// (fp32 for bf16/fp16 parameters).
+/// (fp32 for bf16/fp16 parameters). With `ok` false, nothing changes.
 namespace ref {
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
 }  // namespace ref
