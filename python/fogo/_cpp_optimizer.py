@@ -64,6 +64,14 @@ def check_tensor_lr(lr: Any) -> None:
         raise ValueError(f"Tensor lr must be 1-element, got shape {list(lr.shape)}")
 
 
+def listed_once(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``groups`` with each group once: a group listed again (the same dict, as
+    ``param_groups.extend(param_groups)`` lists it; PyTorch's test_state_dict_deterministic does)
+    is the C++ optimizer's one group, and torch's state_dict represents it as its first listing."""
+    seen: set[int] = set()
+    return [g for g in groups if not (id(g) in seen or seen.add(id(g)))]
+
+
 def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
     for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
         post_hook(opt)
@@ -269,11 +277,13 @@ class _CppOptimizer(torch.optim.Optimizer):
         return distribute_tensor(value.to(p.device), p.device_mesh, p.placements,
                                  src_data_rank=None).to_local()
 
-    def _cpp_groups(self) -> list[dict[str, Any]]:
+    def _cpp_groups(self, groups: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
+        """``groups`` (param_groups by default) as the C++ optimizer holds them (shadows and local
+        shards for DTensor parameters)."""
+        groups = self.param_groups if groups is None else groups
         if not self._shadows and not self._locals:
-            return self.param_groups
-        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]}
-                for g in self.param_groups]
+            return groups
+        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]} for g in groups]
 
     def _sharded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # In group order: every rank issues the collectives in the same order.
@@ -310,14 +320,26 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def _sync(self) -> None:
         """The param groups' options and opt.state into the C++ optimizer."""
+        self._check_listed_once()
         self._cpp.sync(self._cpp_groups())
         self._adopt()
+
+    def _check_listed_once(self) -> None:
+        """A step refuses a group listed twice: torch.optim would step its parameters twice in one
+        step(), never what a training loop means; the C++ optimizer holds the group once (and
+        FOGO's codebook memory is one per group). state_dict() and copies take such a list."""
+        for j, group in enumerate(self.param_groups):
+            i = next(i for i, g in enumerate(self.param_groups) if g is group)
+            if i != j:
+                raise RuntimeError(
+                    f"fogo.{self._Cpp.__name__}: param_groups[{j}] is param_groups[{i}] listed "
+                    f"again; a step would step its parameters twice: list each group once")
 
     def _adopt(self) -> None:
         # A parameter whose state was removed (or never made) starts afresh, as torch's
         # optimizers create missing state at the step.
         rows = []
-        for group in self.param_groups:
+        for group in listed_once(self.param_groups):
             row = []
             for p in group["params"]:
                 st = self.state.get(p)
@@ -330,7 +352,7 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _expose(self) -> None:
         """opt.state from the C++ optimizer's state (after a load made new tensors)."""
         self.state = defaultdict(dict)
-        for group, row in zip(self.param_groups, self._cpp.param_states()):
+        for group, row in zip(listed_once(self.param_groups), self._cpp.param_states()):
             for p, st in zip(group["params"], row):
                 if st is not None:
                     self.state[p] = self._from_cpp_state(p, st)
@@ -452,13 +474,13 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def _restore(self) -> None:
         """The C++ optimizer from the Python side's groups, opt.state and memory."""
-        state = {}
-        for g, group in enumerate(self.param_groups):
+        state, groups = {}, listed_once(self.param_groups)
+        for g, group in enumerate(groups):
             for i, p in enumerate(group["params"]):
                 if self.state.get(p):
                     state[(g, i)] = self._cpp_state(p, self.state[p])
-        memory = self._group_memory(self.param_groups, {})
-        self._cpp.load_state_dict(self.param_groups, state, memory)
+        memory = self._group_memory(groups, {})
+        self._cpp.load_state_dict(groups, state, memory)
         self._expose()
 
     # -- copies -------------------------------------------------------------------------------
@@ -473,7 +495,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         self._cpp = self._Cpp(self.defaults)
         self._shadows, self._written, self._locals = {}, {}, {}
-        for group in self.param_groups:
+        for group in listed_once(self.param_groups):  # a group listed twice is one C++ group
             self._cpp.add_param_group(self._bind(group["params"]), group,
                                       self._shape_probes(group["params"]))
         self._restore()

@@ -11,8 +11,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _memory
-from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment, normuon_dtype,
-                             repr_without_memory)
+from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment, listed_once,
+                             normuon_dtype, repr_without_memory)
 from ._row_shards import _RowShards
 
 __all__ = ["FOGO", "Muon"]
@@ -78,10 +78,12 @@ class FOGO(_CppOptimizer):
 
     def _snapshot_memory(self) -> None:
         # The memory is the C++ groups': param_groups must still be them (a group appended by
-        # hand, or listed twice, has none; step() refuses such groups, and so does this).
-        self._cpp.sync(self._cpp_groups())
+        # hand has none; step() refuses it, and so does this). A group listed again is the same
+        # dict: its memory is its first listing's, as torch's state_dict represents it.
+        groups = listed_once(self.param_groups)
+        self._cpp.sync(self._cpp_groups(groups))
         extra = self._cpp.extra_state()
-        for g, group in enumerate(self.param_groups):
+        for g, group in enumerate(groups):
             group["memory"] = _memory.from_archive(extra.get(f"fogo/group/{g}"), group)
 
     def _group_memory(self, groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict:
@@ -267,3 +269,4 @@ _sig = Muon.__init__.__signature__  # type: ignore[attr-defined]
 Muon.__init__.__signature__ = _sig.replace(parameters=[  # type: ignore[attr-defined]
     *_sig.parameters.values(),
     inspect.Parameter("dtensor", inspect.Parameter.KEYWORD_ONLY, default="owner")])
+
