@@ -360,9 +360,11 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     # -- stepping -----------------------------------------------------------------------------
 
+    @torch.compiler.disable  # the C++ step: Dynamo would only break the graph at each call into it
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
+        """One step of every param group; ``closure`` (re-evaluating the loss) runs first. Never
+        traced by torch.compile (a graph break, the eager step: docs/python.md)."""
         loss = evaluate_closure(closure)
         self._prepare()
         decision = None  # the C++ step decides over its own gradients
