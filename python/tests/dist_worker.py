@@ -46,8 +46,10 @@ def set_grads(params, gs):
 
 
 def zero(tmp):
-    """ZeroRedundancyOptimizer(optimizer_class=fogo.Muon) resumes exactly: the state each rank
-    owns comes back through ZeRO's load_state_dict (which writes opt.state directly)."""
+    """ZeroRedundancyOptimizer(optimizer_class=fogo.Muon) steps as fogo.Muon alone, bit for bit
+    (Newton-Schulz runs under the wrapper: no other update takes its place, as DeepSpeed's ZeRO
+    stage 0 once took plain SGD's), and resumes exactly: the state each rank owns comes back
+    through ZeRO's load_state_dict (which writes opt.state directly)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     def make(params):
@@ -55,9 +57,17 @@ def zero(tmp):
 
     full = leaves(init())
     opt = make(full)
+    alone = leaves(init())
+    unwrapped = fogo.Muon(alone, lr=0.02)
+    sgd = leaves(init())
+    plain = torch.optim.SGD(sgd, lr=0.02)
     for t in range(8):
-        set_grads(full, grads(t))
-        opt.step()
+        for params, o in ((full, opt), (alone, unwrapped), (sgd, plain)):
+            set_grads(params, grads(t))
+            o.step()
+    for k, (p, q) in enumerate(zip(full, alone)):
+        assert torch.equal(p, q), f"parameter {k}: ZeRO's fogo.Muon differs from fogo.Muon alone"
+    assert not any(torch.allclose(p, q) for p, q in zip(full, sgd)), "the test cannot fail"
 
     first = leaves(init())
     opt1 = make(first)
