@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 
@@ -62,9 +63,67 @@ std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps) {
               id);
 }
 
+const std::vector<NamedNSSchedule>& ns_named_schedules() {
+  // Each as published (docs/muon.md cites them), with the range fogo's tests check: the scalar
+  // map of `steps` iterations takes [l, 1] into [lo, hi], and so do the SVD's singular values.
+  static const std::vector<NamedNSSchedule> named = [] {
+    const std::array<double, 3> quintic = coefficient_array(kQuintic);
+    NSSchedule deepseek(8, quintic);
+    deepseek.insert(deepseek.end(), 2, {2.0, -1.5, 0.5});
+    return std::vector<NamedNSSchedule>{
+        {"keller_jordan",
+         {quintic},
+         "Keller Jordan, Muon (kellerjordan.github.io/posts/muon)",
+         5,
+         1e-2,
+         0.68,
+         1.14},
+        {"polar_express", ns_schedule(kPolarExpress, 8), "arXiv 2505.16932, Algorithm 1", 8, 1e-3,
+         1 - 1e-6, 1 + 1e-6},
+        {"tuned5", ns_schedule(kTuned5, 5), "You Jiacheng; modded-nanogpt, Dion", 5, 1e-2, 0.977,
+         1.032},
+        {"deepseek_v4", deepseek, "DeepSeek-V4 report (DeepSeek_V4.pdf)", 10, 1e-3, 1.0 - 1e-3,
+         1.0 + 1e-3},
+        {"cans",
+         {{8.4703, -25.1081, 18.6293},
+          {4.1828, -3.1087, 0.5806},
+          {3.9619, -2.9541, 0.5630},
+          {3.2866, -2.4647, 0.5074},
+          {2.2737, -1.6447, 0.4162}},
+         "arXiv 2506.10935 (CANS), as NVIDIA Emerging-Optimizers lists it",
+         5,
+         1e-3,
+         0.88,
+         1.12},
+        {"cubic5",
+         {{3.3656576, -3.3420992, 0.0},
+          {2.5744352, -1.4957376, 0.0},
+          {2.5368962, -1.4312570, 0.0},
+          {2.4418906, -1.2764040, 0.0},
+          {2.2230472, -0.9630650, 0.0}},
+         "arXiv 2606.00371 (relaxed cubic), as NVIDIA Emerging-Optimizers lists it",
+         5,
+         7e-3,
+         0.77,
+         1.30},
+    };
+  }();
+  return named;
+}
+
+NSSchedule ns_named_schedule(const std::string& name) {
+  std::string known;
+  for (const NamedNSSchedule& s : ns_named_schedules()) {
+    if (name == s.name) return s.rows;
+    known += std::string(known.empty() ? "" : ", ") + s.name;
+  }
+  TORCH_CHECK(false, "no Newton–Schulz coefficient list named '", name,
+              "'; the named ones: ", known);
+}
+
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
-                   NSForm form, int64_t gram_restart, int64_t schedule) {
+                   NSForm form, int64_t gram_restart, int64_t schedule, const NSSchedule& list) {
   NSConfig ns;
   ns.coefficients = {std::get<0>(coefficients), std::get<1>(coefficients),
                      std::get<2>(coefficients)};
@@ -74,7 +133,7 @@ NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64
   ns.compute_dtype = compute_dtype;
   ns.form = form;
   ns.gram_restart = gram_restart;
-  ns.schedule = ns_schedule(schedule, steps);
+  ns.schedule = list.empty() ? ns_schedule(schedule, steps) : list;
   return ns;
 }
 
@@ -273,10 +332,19 @@ NSFormChoice key_of(const at::Tensor& B, int64_t d, const NSConfig& config, int6
   return key;
 }
 
-// The schedule in a key: its coefficients differ per named schedule, and the iteration count is
-// in the key already, so its size tells the named ones apart (0: constant coefficients).
+// The schedule in a key (0: constant coefficients): a hash of its rows, as any list may be given
+// (ns_coefficient_schedule), and a row with c = 0 skips a product, which moves the timing.
 int64_t schedule_key(const NSConfig& config) {
-  return static_cast<int64_t>(config.schedule.size());
+  if (config.schedule.empty()) return 0;
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the numbers' bits
+  for (const auto& row : config.schedule) {
+    for (const double x : row) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 1099511628211ULL;
+    }
+  }
+  return static_cast<int64_t>(h >> 1) | 1;  // positive, never 0
 }
 
 NSConfig with_form(NSConfig config, NSForm form) {

@@ -15,7 +15,7 @@ from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment,
                              normuon_dtype, repr_without_memory)
 from ._row_shards import _RowShards
 
-__all__ = ["FOGO", "Muon"]
+__all__ = ["FOGO", "Muon", "ns_schedules"]
 
 
 def _signature(cpp: Any) -> inspect.Signature:
@@ -270,3 +270,12 @@ Muon.__init__.__signature__ = _sig.replace(parameters=[  # type: ignore[attr-def
     *_sig.parameters.values(),
     inspect.Parameter("dtensor", inspect.Parameter.KEYWORD_ONLY, default="owner")])
 
+
+def ns_schedules() -> dict[str, dict[str, Any]]:
+    """The published Newton-Schulz coefficient lists (fogo::ns_named_schedules), by name:
+    ``rows`` (one (a, b, c) per iteration, the value of the option ``ns_coefficient_schedule``:
+    iteration k runs row min(k, len - 1)), ``source``, and the range its tests check (``steps``
+    iterations take normalised singular values in [``l``, 1] into [``lo``, ``hi``]); docs/muon.md
+    cites them. ``fogo.Muon(params, ns_steps=10,
+    ns_coefficient_schedule=fogo.optim.ns_schedules()["deepseek_v4"]["rows"])``."""
+    return {s["name"]: s for s in _C.ns_named_schedules()}

@@ -35,6 +35,8 @@ struct MuonUpdateParams {
   at::Tensor device_lr = {};
   /// The precision of 1 - lr wd and the adjusted lr without `device_lr` (muon_decay).
   at::ScalarType lr_dtype = at::kDouble;
+  /// MuonOptions::extra_scale_factor: the adjusted lr's second factor (muon_adjusted_lr_factors).
+  double extra_scale = 1.0;
 };
 
 /// Muon's update of every item, the ATen reference (ops::muon_update dispatches to a CUDA
