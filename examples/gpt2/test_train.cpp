@@ -604,6 +604,42 @@ TEST(Flags, MuonSpectralAndNorMuonReachMuon) {
   EXPECT_EQ(o.adjust_lr(), fogo::MuonAdjustLR::Spectral);
 }
 
+// --muon-ns-steps, --muon-ns-schedule and --muon-extra-scale (issue 46) reach Muon's param group;
+// a list longer than the steps, an unknown name and a negative scale are refused naming the flag.
+TEST(Flags, MuonNewtonSchulzListAndExtraScaleReachMuon) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  const auto options = [&](const TrainConfig& c) {
+    Optimizer opt = make_optimizer(c.optimizer, *model);
+    return static_cast<const fogo::MuonOptions&>(
+        opt.hybrid.matrix()->param_groups().front().options());
+  };
+  const auto plain = options(parse_train_flags({"--optimizer", "muon"}));
+  EXPECT_TRUE(plain.ns_coefficient_schedule().empty());
+  EXPECT_EQ(plain.extra_scale_factor(), 1.0);
+  const auto o = options(
+      parse_train_flags({"--optimizer", "muon", "--muon-ns-steps", "10", "--muon-ns-schedule",
+                         "deepseek_v4", "--muon-extra-scale", "0.2"}));
+  EXPECT_EQ(o.ns_steps(), 10);
+  EXPECT_EQ(o.ns_coefficient_schedule(), fogo::ns_named_schedule("deepseek_v4"));
+  EXPECT_EQ(o.extra_scale_factor(), 0.2);
+  EXPECT_EQ(options(parse_train_flags(
+                        {"--optimizer", "muon", "--muon-ns-schedule", "2,-1.5,0.5;1.5,-0.5,0"}))
+                .ns_coefficient_schedule(),
+            (fogo::NSSchedule{{2.0, -1.5, 0.5}, {1.5, -0.5, 0.0}}));
+  OptimizerConfig bad;
+  bad.name = "muon";
+  bad.muon_ns_schedule = "deepseek_v4";  // 10 rows, 5 steps
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-ns-schedule: Muon: option 'ns_coefficient_schedule' lists 10"});
+  bad.muon_ns_schedule = "polar";
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-ns-schedule: expected one of keller_jordan"});
+  bad.muon_ns_schedule = "";
+  bad.muon_extra_scale = -1.0;
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-extra-scale: Muon: option 'extra_scale_factor'"});
+}
+
 // The binary's command line: a refused one exits with status 2 and one error line naming the
 // flag, a failed run with status 1; the same statuses and style as resnet_train.
 TEST(Binary, ExitStatusAndErrorLine) {
