@@ -67,6 +67,34 @@ TEST_F(Training, SmokeRunLossFalls) {
   }
 }
 
+// --qk-clip (issue 46): Muon at ten times its usual lr lets the logits grow; with the clip the
+// recorded largest logit (each step's, before its clip) stays far below the unclipped run's, and
+// with a threshold above every logit (1e30) the run records without clipping.
+TEST_F(Training, QkClipHoldsTheLogitsTheUnclippedRunLetsGrow) {
+  const auto max_logits = [&](double tau, const std::string& out) {
+    TrainConfig c = config("muon", out);
+    c.optimizer.muon_adjust = "original";
+    c.optimizer.matrix_lr = 0.2;
+    c.log_every = 1;
+    c.qk_clip = tau;
+    train(c, log_);
+    std::vector<double> out_values;
+    std::ifstream jsonl(dir_ / out / "metrics.jsonl");
+    for (std::string line; std::getline(jsonl, line);) {
+      const size_t at = line.find("\"max_logit\":");
+      EXPECT_NE(at, std::string::npos) << line;
+      if (at != std::string::npos) out_values.push_back(std::stod(line.substr(at + 12)));
+    }
+    return out_values;
+  };
+  const auto free = max_logits(1e30, "qk-free"), clipped = max_logits(3.0, "qk-clipped");
+  ASSERT_EQ(free.size(), 30u);
+  ASSERT_EQ(clipped.size(), 30u);
+  EXPECT_GT(*std::max_element(free.begin(), free.end()), 4 * 3.0) << "the logits did not grow";
+  // After the first step each forward starts from weights clipped at 3: one update's growth.
+  for (size_t k = 1; k < clipped.size(); ++k) EXPECT_LT(clipped[k], 2 * 3.0) << "step " << k + 1;
+}
+
 TEST_F(Training, Bf16AutocastPathTrains) {
   // The CUDA default, exercised here through CPU autocast: the forward pass (SDPA, RoPE,
   // linears) in bf16, the loss in fp32.
