@@ -10,7 +10,8 @@ namespace fogo {
 
 NSConfig ns_config(const FOGOOptions& o, int64_t steps) {
   return fogo::ns_config(o.ns_coefficients(), steps, o.eps(), NSNormalization::AddEps, o.ns_dtype(),
-                         o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
+                         o.ns_form(), o.ns_gram_restart(), o.ns_schedule(),
+                         o.ns_coefficient_schedule());
 }
 
 FOGOOptions::FOGOOptions(double lr) : lr_(lr) {}

@@ -352,7 +352,8 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops. Each matrix takes the
   // adjusted learning rate of its own shape.
   const at::ScalarType lr_dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
-  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype, ok});
+  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype, ok,
+                             o.extra_scale_factor()});
   keep.restore();
 }
 
@@ -468,7 +469,8 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                          view.rows_of(b), view.cols});
     }
   }
-  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype});
+  ops::muon_update(
+      updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype, {}, o.extra_scale_factor()});
   keep.restore();
 }
 

@@ -12,7 +12,8 @@ using option_table::MuonTable;
 
 NSConfig ns_config(const MuonOptions& o) {
   return fogo::ns_config(o.ns_coefficients(), o.ns_steps(), o.eps(), NSNormalization::ClampMin,
-                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule());
+                         o.ns_dtype(), o.ns_form(), o.ns_gram_restart(), o.ns_schedule(),
+                         o.ns_coefficient_schedule());
 }
 
 MatrixLayout matrix_layout(const MuonOptions& o) { return {o.batch_dims(), o.heads(), o.blocks()}; }

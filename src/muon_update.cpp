@@ -12,17 +12,19 @@
 
 namespace fogo {
 
-std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B) {
+std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B,
+                                                   double extra_scale_factor) {
   switch (rule) {
     case MuonAdjustLR::Original:
-      return {std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B))), 1.0};
+      return {std::sqrt(std::max(1.0, static_cast<double>(A) / static_cast<double>(B))),
+              extra_scale_factor};
     case MuonAdjustLR::MatchRmsAdamW:
       // torch.optim.Muon's order, lr * (0.2 * sqrt(max(A, B))): lr * 0.2 * sqrt(...) rounds
       // differently, which float64 parameters show.
-      return {0.2 * std::sqrt(static_cast<double>(std::max(A, B))), 1.0};
+      return {0.2 * std::sqrt(static_cast<double>(std::max(A, B))), extra_scale_factor};
     case MuonAdjustLR::Spectral:
       // sqrt(fan_out / fan_in) of the matrix view, below 1 for a wide matrix (no clamp).
-      return {std::sqrt(static_cast<double>(A) / static_cast<double>(B)), 1.0};
+      return {std::sqrt(static_cast<double>(A) / static_cast<double>(B)), extra_scale_factor};
   }
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
@@ -37,10 +39,11 @@ at::Tensor lr_tensor(double lr, at::ScalarType dtype) {
 
 }  // namespace
 
-double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
-                        at::ScalarType lr_dtype) {
-  // lr f1 f2, left to right: lr * ratio (times 1, exact), as torch.optim.Muon's _adjust_lr.
-  const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B);
+double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B, at::ScalarType lr_dtype,
+                        double extra_scale_factor) {
+  // lr f1 f2, left to right: lr * ratio * extra_scale_factor (times 1 by default, exact), as
+  // torch.optim.Muon's _adjust_lr.
+  const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B, extra_scale_factor);
   if (lr_dtype == at::kDouble) return lr * f1 * f2;
   return (lr_tensor(lr, lr_dtype) * f1 * f2).item<double>();
 }
@@ -76,7 +79,7 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
       item.param.mul_(decay);
       const auto [rows, cols] = adjusted_lr_shape(item);
       item.param.add_(item.O.reshape(item.param.sizes()),
-                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols, p.lr_dtype));
+                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols, p.lr_dtype, p.extra_scale));
     }
     return;
   }
@@ -86,7 +89,7 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
   for (const MuonUpdateItem& item : items) {
     const at::Tensor& param = item.param;
     const auto [rows, cols] = adjusted_lr_shape(item);
-    const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols);
+    const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols, p.extra_scale);
     const at::Tensor step = p.device_lr * f1 * f2;
     const auto type = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const at::Tensor o = item.O.reshape(param.sizes()).to(type);

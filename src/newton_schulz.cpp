@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 
@@ -19,52 +20,9 @@
 
 namespace fogo {
 
-std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps) {
-  switch (id) {
-    case kNSConstant:
-      return {};
-    case kPolarExpress: {
-      // arXiv 2505.16932, Algorithm 1 (degree 5, l = 1e-3), as published; the safety factor
-      // applied here as the paper's code applies it.
-      constexpr std::array<std::array<double, 3>, 8> published = {{
-          {8.28721201814563, -23.595886519098837, 17.300387312530933},
-          {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
-          {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
-          {3.3184196573706015, -2.488488024314874, 0.51004894012372},
-          {2.300652019954817, -1.6689039845747493, 0.4188073119525673},
-          {1.891301407787398, -1.2679958271945868, 0.37680408948524835},
-          {1.8750014808534479, -1.2500016453999487, 0.3750001645474248},
-          {1.875, -1.25, 0.375},
-      }};
-      constexpr double safety = 1.01;
-      std::vector<std::array<double, 3>> out;
-      for (size_t k = 0; k < published.size(); ++k) {
-        const auto [a, b, c] = published[k];
-        const bool last = k + 1 == published.size();
-        out.push_back(last ? published[k]
-                           : std::array<double, 3>{a / safety, b / std::pow(safety, 3),
-                                                   c / std::pow(safety, 5)});
-      }
-      return out;
-    }
-    case kTuned5:
-      TORCH_CHECK(steps == 5,
-                  "ns_schedule 2 (kTuned5) is a 5-iteration set: the Newton–Schulz "
-                  "step count (ns_steps) must be 5, got ",
-                  steps);
-      return {{4.0848, -6.8946, 2.9270},
-              {3.9505, -6.3029, 2.6377},
-              {3.7418, -5.5913, 2.3037},
-              {2.8769, -3.1427, 1.2046},
-              {2.8366, -3.0525, 1.2012}};
-  }
-  TORCH_CHECK(false, "ns_schedule must be 0 (kNSConstant), 1 (kPolarExpress) or 2 (kTuned5), got ",
-              id);
-}
-
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
-                   NSForm form, int64_t gram_restart, int64_t schedule) {
+                   NSForm form, int64_t gram_restart, int64_t schedule, const NSSchedule& list) {
   NSConfig ns;
   ns.coefficients = {std::get<0>(coefficients), std::get<1>(coefficients),
                      std::get<2>(coefficients)};
@@ -74,7 +32,7 @@ NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64
   ns.compute_dtype = compute_dtype;
   ns.form = form;
   ns.gram_restart = gram_restart;
-  ns.schedule = ns_schedule(schedule, steps);
+  ns.schedule = list.empty() ? ns_schedule(schedule, steps) : list;
   return ns;
 }
 
@@ -273,10 +231,19 @@ NSFormChoice key_of(const at::Tensor& B, int64_t d, const NSConfig& config, int6
   return key;
 }
 
-// The schedule in a key: its coefficients differ per named schedule, and the iteration count is
-// in the key already, so its size tells the named ones apart (0: constant coefficients).
+// The schedule in a key (0: constant coefficients): a hash of its rows, as any list may be given
+// (ns_coefficient_schedule), and a row with c = 0 skips a product, which moves the timing.
 int64_t schedule_key(const NSConfig& config) {
-  return static_cast<int64_t>(config.schedule.size());
+  if (config.schedule.empty()) return 0;
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the numbers' bits
+  for (const auto& row : config.schedule) {
+    for (const double x : row) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 1099511628211ULL;
+    }
+  }
+  return static_cast<int64_t>(h >> 1) | 1;  // positive, never 0
 }
 
 NSConfig with_form(NSConfig config, NSForm form) {

@@ -184,7 +184,8 @@ UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
     // Each matrix by its own shape (a block of a fused weight by the block's): one text per shape.
     const auto shapes = shapes_of(view_of(sizes, layout_of(options)));
     for (const auto& [rows, cols] : shapes) {
-      const auto [f1, f2] = muon_adjusted_lr_factors(muon->adjust_lr(), rows, cols);
+      const auto [f1, f2] =
+          muon_adjusted_lr_factors(muon->adjust_lr(), rows, cols, muon->extra_scale_factor());
       const double factor = f1 * f2;
       // An orthogonal [rows, cols] update has RMS 1 / sqrt(max(rows, cols)) per entry.
       const double rms = factor / std::sqrt(static_cast<double>(std::max(rows, cols)));

@@ -805,6 +805,11 @@ std::string preset_text(const std::string& preset, const fogo::FOGOOptions& o) {
       std::string list;  // comma-separated, empty for none
       for (const int64_t x : v) list += (list.empty() ? "" : ",") + std::to_string(x);
       return list;
+    } else if constexpr (std::is_same_v<T, fogo::NSSchedule>) {
+      std::string rows;  // a,b,c;a,b,c, empty for none
+      for (const auto& [a, b, c] : v)
+        rows += (rows.empty() ? "" : ";") + exact(a) + "," + exact(b) + "," + exact(c);
+      return rows;
     } else if constexpr (std::is_enum_v<T>) {
       if constexpr (std::is_same_v<T, c10::ScalarType>) {
         return std::to_string(fogo::ns_dtype_code(v));  // auto: -1
@@ -829,7 +834,7 @@ TEST(FOGOPresets, EveryOptionAsRecorded) {
   // changed on purpose is re-recorded with it; any other change fails here. (Re-recorded with
   // ns_dtype auto, -1, and ns_form Default, 3, when they became the defaults: issue 37; with
   // the normuon rows, off, and batch_dims 0, heads 1 and blocks empty, the defaults, when they
-  // were added: issue 36.)
+  // were added: issue 36; with ns_coefficient_schedule, empty, its default: issue 46.)
   std::ifstream in(FOGO_TEST_DATA_DIR "/presets.txt");
   ASSERT_TRUE(in.good());
   const std::string recorded((std::istreambuf_iterator<char>(in)),

@@ -1,15 +1,20 @@
 // Newton–Schulz against the SVD: NS acts on each singular value independently, through the
 // scalar map x -> a x + b x^3 + c x^5, and leaves the singular vectors alone.
 #include <fogo/fogo_options.h>
+#include <fogo/muon_options.h>
 #include <fogo/newton_schulz.h>
+#include <fogo_private/detail/options_table.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
+
+#include "test_util.h"
 
 namespace {
 
@@ -511,14 +516,59 @@ TEST(NewtonSchulzSchedule, PolarExpressIsThePublishedOptimalComposition) {
   EXPECT_EQ(safe.back(), (std::array<double, 3>{15.0 / 8, -10.0 / 8, 3.0 / 8}));
 }
 
-// Each schedule against the SVD on matrices whose normalised singular values span the range it
+// A schedule against the SVD on matrices whose normalised singular values span the range it
 // promises (newton_schulz.h): in float64 every output singular value is the scalar map of its
 // input (the chain is a polynomial in X X^T), in the Gram form too, and lies in the promised
 // image. In bf16 (what the optimizers run) the input's entries are rounded to 2^-9 of their size,
 // which moves singular values below ~1e-2 of the largest by their own order (a 1e-3 one becomes
 // noise, and Polar Express's steep first polynomial maps it anywhere in [0.7, 1.1]): there the
 // promise is checked for inputs from 2e-2 up, within 0.03 (measured with PyTorch's bf16 ops, six
-// draws: at most 0.006 outside).
+// draws: at most 0.006 outside). `schedule` empty: Muon's quintic every iteration.
+void expect_promise_kept(const fogo::NSSchedule& schedule, int64_t steps, double l, double lo,
+                         double hi, const std::string& name) {
+  const auto coefficients = fogo::NSConfig::quintic();
+  const auto map = [&](double x) {
+    return schedule.empty() ? scalar_map(x, coefficients, steps)
+                            : scheduled_map(x, schedule, steps);
+  };
+  // The scalar image of [l, 1] lies in the promise (a fine grid, geometric and linear).
+  for (int64_t k = 0; k <= 4000; ++k) {
+    const double x =
+        k <= 2000 ? l * std::pow(1.0 / l, k / 2000.0) : l + (1 - l) * (k - 2000) / 2000.0;
+    ASSERT_GE(map(x), lo) << name << " x " << x;
+    ASSERT_LE(map(x), hi) << name << " x " << x;
+  }
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{12, 40}, {12, 12}}) {
+    const auto rest = torch::logspace(std::log10(l), std::log10(0.25), m - 1, 10, torch::kDouble);
+    auto [G, s] = with_normalised_spectrum(m, n, rest, 41);
+    fogo::NSConfig config =
+        fogo::ns_config(fogo::kQuintic, steps, 1e-12, fogo::NSNormalization::AddEps, torch::kDouble,
+                        fogo::NSForm::Plain, 0, fogo::kNSConstant, schedule);
+    const std::string where = name + " " + std::to_string(m) + "x" + std::to_string(n);
+    for (const auto form : {fogo::NSForm::Plain, fogo::NSForm::Gram}) {
+      config.form = form;
+      const auto sv = torch::linalg_svdvals(fogo::newton_schulz(G, config));  // descending
+      // The map is not monotone: compare the sorted images with the sorted singular values.
+      std::vector<double> want;
+      for (int64_t i = 0; i < m; ++i) want.push_back(map(s[i].item<double>()));
+      std::sort(want.rbegin(), want.rend());
+      for (int64_t i = 0; i < m; ++i)
+        EXPECT_NEAR(sv[i].item<double>(), want[i], 1e-9)
+            << where << " form " << static_cast<int>(form);
+      EXPECT_GE(sv.min().item<double>(), lo - 1e-9) << where;
+      EXPECT_LE(sv.max().item<double>(), hi + 1e-9) << where;
+    }
+    config.form = fogo::NSForm::Plain;
+    config.compute_dtype = torch::kBFloat16;
+    const auto rest16 =
+        torch::logspace(std::log10(std::max(l, 2e-2)), std::log10(0.25), m - 1, 10, torch::kDouble);
+    const auto G16 = with_normalised_spectrum(m, n, rest16, 42).first;
+    const auto sv16 = torch::linalg_svdvals(fogo::newton_schulz(G16, config).to(torch::kDouble));
+    EXPECT_GE(sv16.min().item<double>(), lo - 0.03) << where << " bf16";
+    EXPECT_LE(sv16.max().item<double>(), hi + 0.03) << where << " bf16";
+  }
+}
+
 TEST(NewtonSchulzSchedule, SchedulesMapTheirRangeIntoTheImageTheyPromise) {
   struct Case {
     int64_t schedule, steps;
@@ -532,52 +582,38 @@ TEST(NewtonSchulzSchedule, SchedulesMapTheirRangeIntoTheImageTheyPromise) {
       {fogo::kPolarExpress, 10, 1e-3, 1 - 1e-6, 1 + 1e-6, "Polar Express, 10"},
       {fogo::kTuned5, 5, 1e-2, 0.977, 1.032, "tuned 5-step"},
   };
-  for (const auto& c : cases) {
-    const auto schedule = fogo::ns_schedule(c.schedule, c.steps);
-    const auto coefficients = fogo::NSConfig::quintic();
-    const auto map = [&](double x) {
-      return schedule.empty() ? scalar_map(x, coefficients, c.steps)
-                              : scheduled_map(x, schedule, c.steps);
-    };
-    // The scalar image of [l, 1] lies in the promise (a fine grid, geometric and linear).
-    for (int64_t k = 0; k <= 4000; ++k) {
-      const double x =
-          k <= 2000 ? c.l * std::pow(1.0 / c.l, k / 2000.0) : c.l + (1 - c.l) * (k - 2000) / 2000.0;
-      ASSERT_GE(map(x), c.lo) << c.name << " x " << x;
-      ASSERT_LE(map(x), c.hi) << c.name << " x " << x;
-    }
-    for (auto [m, n] : {std::pair<int64_t, int64_t>{12, 40}, {12, 12}}) {
-      const auto rest =
-          torch::logspace(std::log10(c.l), std::log10(0.25), m - 1, 10, torch::kDouble);
-      auto [G, s] = with_normalised_spectrum(m, n, rest, 41);
-      fogo::NSConfig config =
-          fogo::ns_config(fogo::kQuintic, c.steps, 1e-12, fogo::NSNormalization::AddEps,
-                          torch::kDouble, fogo::NSForm::Plain, 0, c.schedule);
-      const std::string where =
-          std::string(c.name) + " " + std::to_string(m) + "x" + std::to_string(n);
-      for (const auto form : {fogo::NSForm::Plain, fogo::NSForm::Gram}) {
-        config.form = form;
-        const auto sv = torch::linalg_svdvals(fogo::newton_schulz(G, config));  // descending
-        // The map is not monotone: compare the sorted images with the sorted singular values.
-        std::vector<double> want;
-        for (int64_t i = 0; i < m; ++i) want.push_back(map(s[i].item<double>()));
-        std::sort(want.rbegin(), want.rend());
-        for (int64_t i = 0; i < m; ++i)
-          EXPECT_NEAR(sv[i].item<double>(), want[i], 1e-9)
-              << where << " form " << static_cast<int>(form);
-        EXPECT_GE(sv.min().item<double>(), c.lo - 1e-9) << where;
-        EXPECT_LE(sv.max().item<double>(), c.hi + 1e-9) << where;
-      }
-      config.form = fogo::NSForm::Plain;
-      config.compute_dtype = torch::kBFloat16;
-      const auto rest16 = torch::logspace(std::log10(std::max(c.l, 2e-2)), std::log10(0.25), m - 1,
-                                          10, torch::kDouble);
-      const auto G16 = with_normalised_spectrum(m, n, rest16, 42).first;
-      const auto sv16 = torch::linalg_svdvals(fogo::newton_schulz(G16, config).to(torch::kDouble));
-      EXPECT_GE(sv16.min().item<double>(), c.lo - 0.03) << where << " bf16";
-      EXPECT_LE(sv16.max().item<double>(), c.hi + 0.03) << where << " bf16";
-    }
+  for (const auto& c : cases)
+    expect_promise_kept(fogo::ns_schedule(c.schedule, c.steps), c.steps, c.l, c.lo, c.hi, c.name);
+}
+
+// The published lists by name (ns_named_schedules: Keller Jordan's quintic, Polar Express, the
+// tuned 5-step set, DeepSeek-V4's two phases, CANS, the relaxed cubic): each keeps the range it
+// states, against the SVD as above. The numbers are the sources' (docs/muon.md cites them); the
+// named ids' lists are the option ns_schedule's, so both ways of asking run the same chain.
+TEST(NewtonSchulzSchedule, NamedListsKeepTheRangeTheyState) {
+  std::vector<std::string> names;
+  for (const fogo::NamedNSSchedule& s : fogo::ns_named_schedules()) {
+    names.push_back(s.name);
+    ASSERT_FALSE(s.rows.empty()) << s.name;
+    ASSERT_LE(static_cast<int64_t>(s.rows.size()), s.steps) << s.name;
+    expect_promise_kept(s.rows, s.steps, s.l, s.lo, s.hi, s.name);
+    EXPECT_EQ(fogo::ns_named_schedule(s.name), s.rows);
   }
+  EXPECT_EQ(names, (std::vector<std::string>{"keller_jordan", "polar_express", "tuned5",
+                                             "deepseek_v4", "cans", "cubic5"}));
+  EXPECT_EQ(fogo::ns_named_schedule("polar_express"), fogo::ns_schedule(fogo::kPolarExpress, 8));
+  EXPECT_EQ(fogo::ns_named_schedule("tuned5"), fogo::ns_schedule(fogo::kTuned5, 5));
+  EXPECT_EQ(fogo::ns_named_schedule("keller_jordan"),
+            (fogo::NSSchedule{fogo::NSConfig::quintic()}));
+  // DeepSeek-V4: eight of Muon's quintic, then two of (2, -1.5, 0.5), whose map 2x - 1.5x^3 +
+  // 0.5x^5 fixes 1 with slope 0 there (2 - 4.5 + 2.5), so it pulls the quintic's band to 1.
+  const auto ds = fogo::ns_named_schedule("deepseek_v4");
+  ASSERT_EQ(ds.size(), 10u);
+  for (size_t k = 0; k < 10; ++k)
+    EXPECT_EQ(ds[k], (k < 8 ? fogo::NSConfig::quintic() : std::array<double, 3>{2.0, -1.5, 0.5}));
+  // AOL's published set is made for an AOL-rescaled input (its first map is negative at 1), which
+  // fogo does not do: not named here (docs/muon.md).
+  fogo::test::expect_error([] { fogo::ns_named_schedule("aol"); }, "the named ones: keller_jordan");
 }
 
 // The option on both optimizers: checked, the tuned set only for 5 iterations, the default
@@ -620,4 +656,49 @@ TEST(NewtonSchulzSchedule, FogoOptionReachesBothStreamsAndIsChecked) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("ns_steps"), std::string::npos) << e.what();
   }
+}
+
+// ns_coefficient_schedule, the list as data, on both optimizers: at most as many rows as the
+// steps run (a longer list would be cut short silently: DeepSeek-V4's ten rows under the default
+// five steps are Muon's quintic alone), finite, not with a named ns_schedule; refused by
+// validate() naming the option. It reaches the chains of both streams.
+TEST(NewtonSchulzSchedule, CoefficientListOptionIsCheckedAndReachesTheChain) {
+  const auto ds = fogo::ns_named_schedule("deepseek_v4");
+  fogo::test::expect_error([&] { fogo::MuonOptions().ns_coefficient_schedule(ds).validate(); },
+                           "Muon: option 'ns_coefficient_schedule' lists 10 iterations, more "
+                           "than the 5 Newton–Schulz steps run");
+  const auto muon = fogo::MuonOptions().ns_steps(10).ns_coefficient_schedule(ds);
+  EXPECT_NO_THROW(muon.validate());
+  EXPECT_EQ(fogo::ns_config(muon).schedule, ds);
+  fogo::test::expect_error(
+      [&] { fogo::MuonOptions(muon).ns_schedule(fogo::kPolarExpress).validate(); },
+      "Muon: option 'ns_coefficient_schedule' replaces ns_schedule");
+  fogo::test::expect_error(
+      [] {
+        fogo::MuonOptions().ns_coefficient_schedule({{2.0, -1.5, NAN}}).validate();
+      },
+      "Muon: option 'ns_coefficient_schedule' must hold finite numbers");
+  const auto five = fogo::ns_named_schedule("cans");
+  const auto fogo_o = fogo::FOGOOptions().ns_coefficient_schedule(five);
+  EXPECT_NO_THROW(fogo_o.validate());
+  EXPECT_EQ(fogo::ns_config(fogo_o, 5).schedule, five);  // the slow stream's and the fast one's
+  fogo::test::expect_error(
+      [&] { fogo::FOGOOptions(fogo_o).ns_steps_fast(3).validate(); },
+      "FOGO: option 'ns_coefficient_schedule' lists 5 iterations, more than the 3");
+  // Fewer rows than steps: the last repeats, as a constant list is the constant coefficients.
+  torch::manual_seed(35);
+  const auto G = torch::randn({6, 20}, torch::kDouble);
+  const auto constant = fogo::MuonOptions().ns_dtype(torch::kFloat).ns_coefficients(fogo::kCubic);
+  const auto listed = fogo::MuonOptions(constant)
+                          .ns_coefficients(fogo::kQuintic)
+                          .ns_coefficient_schedule({fogo::NSConfig::cubic()});
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(G, fogo::ns_config(constant)),
+                           fogo::newton_schulz(G, fogo::ns_config(listed))));
+  // A checkpoint's list that is not rows of three is refused naming the option.
+  fogo::test::expect_error(
+      [] {
+        fogo::option_table::from_archive<fogo::NSSchedule>(
+            c10::IValue(std::vector<double>{1, 2, 3, 4}), "Muon", "ns_coefficient_schedule");
+      },
+      "Muon options: the archive's 'ns_coefficient_schedule' is not a list of (a, b, c) rows");
 }

@@ -104,6 +104,10 @@ struct FOGOCase {
         {"batch_dims", [](FOGOOptions& o) { o.batch_dims(65); }},
         {"heads", [](FOGOOptions& o) { o.heads(-2); }},
         {"blocks", [](FOGOOptions& o) { o.blocks({-1}); }},
+        {"ns_coefficient_schedule",
+         [](FOGOOptions& o) {
+           o.ns_coefficient_schedule({{1, NAN, 0}});
+         }},
     };
   }
 };
@@ -147,6 +151,11 @@ struct MuonCase {
          [](MuonOptions& o) {
            o.blocks({3, 0});
          }},
+        {"ns_coefficient_schedule",
+         [](MuonOptions& o) {
+           o.ns_coefficient_schedule({{2, -1.5, 0.5}, {INFINITY, 0, 0}});
+         }},
+        {"extra_scale_factor", [](MuonOptions& o) { o.extra_scale_factor(-0.2); }},
     };
   }
 };
@@ -174,6 +183,9 @@ std::vector<int64_t> other(const std::vector<int64_t>& v) {           // Muon's 
   return v.empty() ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{};
 }
 bool other(bool v) { return !v; }
+fogo::NSSchedule other(const fogo::NSSchedule& v) {  // a coefficient list
+  return v.empty() ? fogo::NSSchedule{{2.0, -1.5, 0.5}} : fogo::NSSchedule{};
+}
 std::tuple<double, double, double> other(const std::tuple<double, double, double>& v) {
   return v == fogo::kQuintic ? fogo::kCubic : fogo::kQuintic;
 }

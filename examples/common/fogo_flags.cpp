@@ -17,6 +17,7 @@ namespace {
 
 using coefficients_t = FOGOOptions::coefficients_t;
 using sizes_t = FOGOOptions::sizes_t;
+using schedule_t = FOGOOptions::schedule_t;
 
 // One value of each option type from its text; throws std::invalid_argument with what was
 // expected (the caller adds the flag and the key).
@@ -76,6 +77,10 @@ sizes_t parse(const std::string& text, sizes_t*) {
   return out;
 }
 
+NSSchedule parse(const std::string& text, NSSchedule*) {
+  return parse_ns_coefficient_schedule(text);
+}
+
 c10::ScalarType parse(const std::string& text, c10::ScalarType*) {
   if (text == "auto") return kNSDtypeAuto;
   if (text == "bf16" || text == "bfloat16") return c10::kBFloat16;
@@ -93,6 +98,28 @@ E parse(const std::string& text, E*) {
 }
 
 }  // namespace
+
+NSSchedule parse_ns_coefficient_schedule(const std::string& text) {
+  for (const NamedNSSchedule& s : ns_named_schedules())
+    if (text == s.name) return s.rows;
+  NSSchedule out;
+  for (size_t start = 0; !text.empty();) {
+    const size_t semicolon = text.find(';', start);
+    const std::string row = text.substr(start, semicolon - start);
+    try {
+      const auto [a, b, c] = parse(row, static_cast<coefficients_t*>(nullptr));
+      out.push_back({a, b, c});
+    } catch (const std::invalid_argument&) {
+      std::string names;
+      for (const NamedNSSchedule& s : ns_named_schedules()) names += std::string(s.name) + ", ";
+      throw std::invalid_argument("expected one of " + names + "or rows a,b,c;a,b,c;..., got '" +
+                                  text + "'");
+    }
+    if (semicolon == std::string::npos) break;
+    start = semicolon + 1;
+  }
+  return out;
+}
 
 const std::vector<std::string>& ablation_names() {
   static const std::vector<std::string> names{"full", "no-slerp", "short-term-only",

@@ -6,8 +6,10 @@
 // The parser is generated from the option table of fogo/fogo_options.h (FOGO_OPTIONS), so a new
 // option is settable without a change here.
 // Values: numbers as strtod/strtoll read them (whole text), booleans true/false/1/0/on/off,
-// ns_coefficients quintic | cubic | a,b,c, ns_dtype auto | bf16 | fp32 | fp64, and the
-// enumerations (ns_form, projection_scale, nonfinite) by their names in fogo/enum_names.h.
+// ns_coefficients quintic | cubic | a,b,c, ns_coefficient_schedule a name of
+// fogo::ns_named_schedules (deepseek_v4, ...) | a,b,c;a,b,c;... (one row per iteration; "" none),
+// ns_dtype auto | bf16 | fp32 | fp64, and the enumerations (ns_form, projection_scale, nonfinite)
+// by their names in fogo/enum_names.h.
 
 #include <fogo/fogo_options.h>
 
@@ -30,6 +32,10 @@ const std::vector<std::string>& ablation_names();
 
 /// Applies the ablation `name` to `options`; a CliError naming --ablation for an unknown name.
 void apply_ablation(FOGOOptions& options, const std::string& name);
+
+/// A Newton–Schulz coefficient list from its text: a name of fogo::ns_named_schedules, or rows
+/// "a,b,c;a,b,c;..." ("" for none). Throws std::invalid_argument saying what it expects.
+NSSchedule parse_ns_coefficient_schedule(const std::string& text);
 
 /// The FOGOOptions field names, in table order.
 std::vector<std::string> fogo_option_names();

@@ -583,6 +583,18 @@ TEST(FogoFlags, EveryOptionOfTheTablesIsSettableByItsName) {
   EXPECT_TRUE(o.normuon());
   EXPECT_EQ(fogo_error([&] { apply_fogo_assignment(o, "blocks=8,x"); }),
             "--fogo: blocks: expected an integer, got 'x'");
+  // Newton–Schulz coefficient lists (issue 46): by name, or rows; "" none.
+  apply_fogo_assignment(o, "ns_coefficient_schedule=cans");
+  EXPECT_EQ(o.ns_coefficient_schedule(), fogo::ns_named_schedule("cans"));
+  apply_fogo_assignment(o, "ns_coefficient_schedule=quintic;2,-1.5,0.5");
+  EXPECT_EQ(o.ns_coefficient_schedule(),
+            (fogo::NSSchedule{fogo::NSConfig::quintic(), {2.0, -1.5, 0.5}}));
+  apply_fogo_assignment(o, "ns_coefficient_schedule=");
+  EXPECT_TRUE(o.ns_coefficient_schedule().empty());
+  EXPECT_EQ(fogo_error([&] {
+              apply_fogo_assignment(o, "ns_coefficient_schedule=2,-1.5");
+            }).rfind("--fogo: ns_coefficient_schedule: expected one of keller_jordan, ", 0),
+            0u);
   // Every other option keeps its default.
   EXPECT_EQ(o.mu_s(), fogo::FOGOOptions().mu_s());
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace gpt2 {
@@ -111,11 +112,30 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
     q = apply_rope(q, c, s);
     k = apply_rope(k, c, s);
   }
-  // Fused causal attention: flash / memory-efficient kernels on CUDA, a fused CPU kernel otherwise.
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
-                                            is_training() ? dropout_ : 0.0, /*is_causal=*/true);
+  torch::Tensor y;
+  if (record_max_logits && is_training()) {
+    // The scores, their per-head maximum over the batch and the causal positions, then the
+    // softmax of the same scores (the fused kernel's math, its rounding aside).
+    auto att = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
+    const auto future = torch::ones({T, T}, att.options().dtype(torch::kBool)).triu(1);
+    att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+    const auto mine = att.detach().amax({0, 2, 3}).to(torch::kFloat);
+    max_logits_ = max_logits_.defined() ? torch::maximum(max_logits_, mine) : mine;
+    y = torch::dropout(torch::softmax(att, -1), dropout_, is_training()).matmul(v);
+  } else {
+    // Fused causal attention: flash / memory-efficient kernels on CUDA, a fused CPU kernel
+    // otherwise.
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
+                                         /*is_causal=*/true);
+  }
   y = y.transpose(1, 2).contiguous().view({B, T, n_embd_});
   return torch::dropout(c_proj->forward(y), dropout_, is_training());
+}
+
+torch::Tensor CausalSelfAttentionImpl::take_max_logits() {
+  torch::Tensor out = max_logits_;
+  max_logits_ = torch::Tensor();
+  return out;
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) : dropout_(c.dropout) {

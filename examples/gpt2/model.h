@@ -77,9 +77,19 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
 
+  /// QK-Clip (--qk-clip): while on, training forwards compute the attention from its scores
+  /// (instead of the fused kernel, which never forms them) and keep each head's largest logit
+  /// (softmax input, 1/sqrt(d) included; causal positions only), the running max since the
+  /// last take_max_logits(): one reduction over the scores they form anyway.
+  bool record_max_logits = false;
+  /// The heads' largest logits since the last call ([n_head], float32; undefined before any
+  /// recorded forward), and forgets them.
+  torch::Tensor take_max_logits();
+
  private:
   int64_t n_head_, n_embd_;
   double dropout_;
+  torch::Tensor max_logits_;
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <regex>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #include "common/cli.h"
 #include "common/fogo_flags.h"
@@ -33,6 +35,40 @@ void validate(const OptimizerConfig& c) {
       "muon-adjust", "expected one of match_rms,original,spectral, got '" + c.muon_adjust + "'");
   tr::parse_ns_dtype(c.ns_dtype);
   fogo_options(c);  // a bad --fogo or --ablation fails before the run, for every optimizer
+  muon_options(c);  // ... and so does a bad --muon-ns-schedule or --muon-extra-scale
+}
+
+fogo::MuonOptions muon_options(const OptimizerConfig& c) {
+  namespace tr = fogo::trainer;
+  const auto adjust = c.muon_adjust == "match_rms"  ? fogo::MuonAdjustLR::MatchRmsAdamW
+                      : c.muon_adjust == "spectral" ? fogo::MuonAdjustLR::Spectral
+                                                    : fogo::MuonAdjustLR::Original;
+  fogo::NSSchedule schedule;
+  try {
+    schedule = tr::parse_ns_coefficient_schedule(c.muon_ns_schedule);
+  } catch (const std::invalid_argument& e) {
+    throw tr::Cli::error("muon-ns-schedule", e.what());
+  }
+  auto options = fogo::MuonOptions(c.matrix_lr.value_or(c.lr))
+                     .weight_decay(c.weight_decay)
+                     .momentum(c.muon_momentum)
+                     .adjust_lr(adjust)
+                     .ns_dtype(tr::parse_ns_dtype(c.ns_dtype))
+                     .normuon(c.muon_normuon)
+                     .ns_steps(c.muon_ns_steps)
+                     .ns_coefficient_schedule(schedule)
+                     .extra_scale_factor(c.muon_extra_scale);
+  try {
+    options.validate();
+  } catch (const std::exception& e) {  // the option's message, under the flag that set it
+    std::string what = e.what();
+    if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    const char* flag = what.find("extra_scale_factor") != std::string::npos ? "muon-extra-scale"
+                       : what.find("ns_steps'") != std::string::npos        ? "muon-ns-steps"
+                                                                            : "muon-ns-schedule";
+    throw tr::Cli::error(flag, what);
+  }
+  return options;
 }
 
 fogo::FOGOOptions fogo_options(const OptimizerConfig& c) {
@@ -82,8 +118,6 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
 
   // The head is tied to wte (an Embedding), so the default rules already send it to AdamW.
   const fogo::ParamSplit split = fogo::split_parameters(model);
-  const double matrix_lr = c.matrix_lr.value_or(c.lr);
-  const c10::ScalarType ns_dtype = fogo::trainer::parse_ns_dtype(c.ns_dtype);
   // One codebook per parameter shape (group_by's shape key), named by the module types it holds:
   // "attn.c_attn", or "a+b" when two share a shape.
   fogo::NamedGroups groups = fogo::group_by(split.matrix, fogo::shape_key);
@@ -102,16 +136,7 @@ Optimizer make_optimizer(const OptimizerConfig& c, const torch::nn::Module& mode
 
   std::unique_ptr<torch::optim::Optimizer> matrix;
   if (c.name == "muon") {
-    const auto adjust = c.muon_adjust == "match_rms"  ? fogo::MuonAdjustLR::MatchRmsAdamW
-                        : c.muon_adjust == "spectral" ? fogo::MuonAdjustLR::Spectral
-                                                      : fogo::MuonAdjustLR::Original;
-    auto options = fogo::MuonOptions(matrix_lr)
-                       .weight_decay(c.weight_decay)
-                       .momentum(c.muon_momentum)
-                       .adjust_lr(adjust)
-                       .ns_dtype(ns_dtype)
-                       .normuon(c.muon_normuon);
-    matrix = std::make_unique<fogo::Muon>(split.matrix.params, options);
+    matrix = std::make_unique<fogo::Muon>(split.matrix.params, muon_options(c));
     names = {"matrices"};
   } else {
     matrix = std::make_unique<fogo::FOGO>(groups.groups, fogo_options(c));

@@ -11,6 +11,7 @@
 
 #include <fogo/fogo_options.h>
 #include <fogo/hybrid.h>
+#include <fogo/muon_options.h>
 
 #include <optional>
 #include <string>
@@ -30,6 +31,11 @@ struct OptimizerConfig {
   /// (sqrt(A / B); docs/muon.md).
   std::string muon_adjust = "match_rms";
   bool muon_normuon = false;  ///< --muon-normuon: NorMuon's row normalization (MuonOptions)
+  int64_t muon_ns_steps = 5;  ///< --muon-ns-steps: Newton–Schulz iterations
+  /// --muon-ns-schedule: a published coefficient list by name (deepseek_v4, ...) or rows
+  /// "a,b,c;a,b,c;..." (MuonOptions::ns_coefficient_schedule); "" the constant quintic
+  std::string muon_ns_schedule;
+  double muon_extra_scale = 1.0;  ///< --muon-extra-scale: MuonOptions::extra_scale_factor
   /// Newton–Schulz compute dtype of Muon and FOGO: "bf16" (the library default) or "fp32".
   std::string ns_dtype = "auto";
   /// fogo: --fogo key=value (any FOGOOptions field) and --ablation (common/fogo_flags.h),
@@ -41,6 +47,10 @@ struct OptimizerConfig {
 /// The FOGOOptions of a fogo run: presets::gpt2() with the matrix lr, weight decay and
 /// --ns-dtype, then --ablation and --fogo. Throws a CliError naming --fogo or --ablation.
 fogo::FOGOOptions fogo_options(const OptimizerConfig& config);
+
+/// The MuonOptions of a muon run: the matrix lr, weight decay, --ns-dtype and the --muon-* flags.
+/// Throws a CliError naming the --muon-* flag whose value MuonOptions refuses.
+fogo::MuonOptions muon_options(const OptimizerConfig& config);
 
 /// Throws a fogo::trainer::CliError naming the offending flag.
 void validate(const OptimizerConfig& config);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +135,42 @@ TEST(GPTModel, FutureTokensCannotChangeEarlierLogits) {
           << to_string(arch) << ": position " << t << " ignores its own token";
     }
   }
+}
+
+// --qk-clip's recording (issue 46): the attention computed from its scores gives the fused
+// kernel's output (to rounding), and the recorded maximum of each head is its largest causal
+// score of the batch, recomputed here from block 0's input (Classic: learned positions, biases);
+// a take forgets it; an eval forward records nothing.
+TEST(GPTModel, RecordedMaxLogitsAreTheHeadsLargestCausalScores) {
+  torch::manual_seed(3);
+  GPT model(GPTConfig::preset("tiny", Arch::Classic, 256));
+  model->train();
+  torch::NoGradGuard no_grad;
+  const auto idx = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const auto fused = model->forward(idx);
+  auto* block = model->h[0]->as<Block>();
+  block->attn->record_max_logits = true;
+  EXPECT_TRUE(torch::allclose(model->forward(idx), fused, 1e-5, 1e-5));
+  const auto recorded = block->attn->take_max_logits();
+  EXPECT_FALSE(block->attn->take_max_logits().defined());
+  const auto& c = model->config();
+  const int64_t H = c.n_head, D = c.n_embd / c.n_head, T = 16;
+  const auto x = model->wte->forward(idx) + model->wpe->forward(torch::arange(T));
+  const auto qkv = block->attn->c_attn->forward(block->ln_1->forward(x)).split(c.n_embd, 2);
+  const auto q = qkv[0].view({2, T, H, D}).transpose(1, 2);
+  const auto k = qkv[1].view({2, T, H, D}).transpose(1, 2);
+  const auto scores = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
+  const auto causal = torch::ones({T, T}, torch::kBool).tril();
+  const auto want = std::get<0>(scores.masked_select(causal.expand_as(scores))
+                                    .view({2, H, -1})
+                                    .transpose(0, 1)
+                                    .reshape({H, -1})
+                                    .max(1));
+  ASSERT_EQ(recorded.sizes(), torch::IntArrayRef({H}));
+  EXPECT_TRUE(torch::allclose(recorded, want, 1e-5, 1e-6)) << recorded << want;
+  model->eval();
+  model->forward(idx);
+  EXPECT_FALSE(block->attn->take_max_logits().defined());
 }
 
 TEST(GPTModel, RejectsBadConfigsAndInputs) {

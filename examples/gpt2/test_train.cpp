@@ -67,6 +67,34 @@ TEST_F(Training, SmokeRunLossFalls) {
   }
 }
 
+// --qk-clip (issue 46): Muon at ten times its usual lr lets the logits grow; with the clip the
+// recorded largest logit (each step's, before its clip) stays far below the unclipped run's, and
+// with a threshold above every logit (1e30) the run records without clipping.
+TEST_F(Training, QkClipHoldsTheLogitsTheUnclippedRunLetsGrow) {
+  const auto max_logits = [&](double tau, const std::string& out) {
+    TrainConfig c = config("muon", out);
+    c.optimizer.muon_adjust = "original";
+    c.optimizer.matrix_lr = 0.2;
+    c.log_every = 1;
+    c.qk_clip = tau;
+    train(c, log_);
+    std::vector<double> out_values;
+    std::ifstream jsonl(dir_ / out / "metrics.jsonl");
+    for (std::string line; std::getline(jsonl, line);) {
+      const size_t at = line.find("\"max_logit\":");
+      EXPECT_NE(at, std::string::npos) << line;
+      if (at != std::string::npos) out_values.push_back(std::stod(line.substr(at + 12)));
+    }
+    return out_values;
+  };
+  const auto free = max_logits(1e30, "qk-free"), clipped = max_logits(3.0, "qk-clipped");
+  ASSERT_EQ(free.size(), 30u);
+  ASSERT_EQ(clipped.size(), 30u);
+  EXPECT_GT(*std::max_element(free.begin(), free.end()), 4 * 3.0) << "the logits did not grow";
+  // After the first step each forward starts from weights clipped at 3: one update's growth.
+  for (size_t k = 1; k < clipped.size(); ++k) EXPECT_LT(clipped[k], 2 * 3.0) << "step " << k + 1;
+}
+
 TEST_F(Training, Bf16AutocastPathTrains) {
   // The CUDA default, exercised here through CPU autocast: the forward pass (SDPA, RoPE,
   // linears) in bf16, the loss in fp32.
@@ -602,6 +630,42 @@ TEST(Flags, MuonSpectralAndNorMuonReachMuon) {
   const auto o = options(c);
   EXPECT_TRUE(o.normuon());
   EXPECT_EQ(o.adjust_lr(), fogo::MuonAdjustLR::Spectral);
+}
+
+// --muon-ns-steps, --muon-ns-schedule and --muon-extra-scale (issue 46) reach Muon's param group;
+// a list longer than the steps, an unknown name and a negative scale are refused naming the flag.
+TEST(Flags, MuonNewtonSchulzListAndExtraScaleReachMuon) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  const auto options = [&](const TrainConfig& c) {
+    Optimizer opt = make_optimizer(c.optimizer, *model);
+    return static_cast<const fogo::MuonOptions&>(
+        opt.hybrid.matrix()->param_groups().front().options());
+  };
+  const auto plain = options(parse_train_flags({"--optimizer", "muon"}));
+  EXPECT_TRUE(plain.ns_coefficient_schedule().empty());
+  EXPECT_EQ(plain.extra_scale_factor(), 1.0);
+  const auto o = options(
+      parse_train_flags({"--optimizer", "muon", "--muon-ns-steps", "10", "--muon-ns-schedule",
+                         "deepseek_v4", "--muon-extra-scale", "0.2"}));
+  EXPECT_EQ(o.ns_steps(), 10);
+  EXPECT_EQ(o.ns_coefficient_schedule(), fogo::ns_named_schedule("deepseek_v4"));
+  EXPECT_EQ(o.extra_scale_factor(), 0.2);
+  EXPECT_EQ(options(parse_train_flags(
+                        {"--optimizer", "muon", "--muon-ns-schedule", "2,-1.5,0.5;1.5,-0.5,0"}))
+                .ns_coefficient_schedule(),
+            (fogo::NSSchedule{{2.0, -1.5, 0.5}, {1.5, -0.5, 0.0}}));
+  OptimizerConfig bad;
+  bad.name = "muon";
+  bad.muon_ns_schedule = "deepseek_v4";  // 10 rows, 5 steps
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-ns-schedule: Muon: option 'ns_coefficient_schedule' lists 10"});
+  bad.muon_ns_schedule = "polar";
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-ns-schedule: expected one of keller_jordan"});
+  bad.muon_ns_schedule = "";
+  bad.muon_extra_scale = -1.0;
+  test::expect_error([&] { make_optimizer(bad, *model); },
+                     {"--muon-extra-scale: Muon: option 'extra_scale_factor'"});
 }
 
 // The binary's command line: a refused one exits with status 2 and one error line naming the

@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <fogo/fogo_optimizer.h>
+#include <fogo/qk_clip.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -96,6 +97,13 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
              "(sqrt(max(1,A/B))) or spectral (sqrt(A/B))");
   cli.flag("muon-normuon", &c.optimizer.muon_normuon,
            "Muon: NorMuon's per-row second-moment normalization of the update (docs/muon.md)");
+  cli.flag("muon-ns-steps", &c.optimizer.muon_ns_steps, "Muon's Newton–Schulz iterations");
+  cli.flag("muon-ns-schedule", &c.optimizer.muon_ns_schedule,
+           "Muon's per-iteration Newton–Schulz coefficients: keller_jordan, polar_express, tuned5, "
+           "deepseek_v4, cans, cubic5 or rows a,b,c;a,b,c;... (at most --muon-ns-steps rows)");
+  cli.flag("muon-extra-scale", &c.optimizer.muon_extra_scale,
+           "Muon's update multiplier, lr x the lr rule's factor x this (Megatron-LM's "
+           "extra_scale_factor)");
   tr::add_ns_dtype_flag(cli, &c.optimizer.ns_dtype);
   tr::add_fogo_flags(cli, &c.optimizer.fogo_options, &c.optimizer.ablation);
   cli.flag("steps", &c.max_steps, "optimizer steps (0: from --tokens)");
@@ -106,6 +114,9 @@ void add_train_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
   cli.flag("decay-frac", &c.decay_frac, "fraction of steps of the final linear decay");
   cli.flag("min-lr-factor", &c.min_lr_factor, "lr factor at the end of the decay");
   cli.flag("grad-clip", &c.grad_clip, "max global gradient norm (0: no clipping)");
+  cli.flag("qk-clip", &c.qk_clip,
+           "QK-Clip threshold on the attention logits after each update (0: off; 1e30: record "
+           "the heads' max logits as max_logit without clipping)");
 
   cli.section("Evaluation and output");
   cli.flag("eval-every", &c.eval_every, "steps between validations");
@@ -165,6 +176,7 @@ void validate(const TrainConfig& c) {
   tr::Cli::require(c.min_lr_factor >= 0.0 && c.min_lr_factor <= 1.0, "min-lr-factor",
                    "must be in [0, 1]" + got(c.min_lr_factor));
   tr::Cli::require(c.grad_clip >= 0.0, "grad-clip", "must be >= 0" + got(c.grad_clip));
+  tr::Cli::require(c.qk_clip >= 0.0, "qk-clip", "must be >= 0 (0: off)" + got(c.qk_clip));
   tr::Cli::require(c.eval_every >= 1, "eval-every", "must be >= 1" + got(c.eval_every));
   tr::Cli::require(c.eval_sequences >= 1, "eval-sequences", "must be >= 1" + got(c.eval_sequences));
   tr::Cli::require(c.log_every >= 1, "log-every", "must be >= 1" + got(c.log_every));
@@ -250,6 +262,11 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
   // Recorded when not the default, so that checkpoints made before the flag stay resumable.
   if (o.name == "muon" && o.muon_momentum != 0.95) s.add("muon-momentum", o.muon_momentum);
   if (o.name == "muon" && o.muon_normuon) s.add("muon-normuon", true);
+  if (cfg.qk_clip > 0) s.add("qk-clip", cfg.qk_clip);
+  if (o.name == "muon" && o.muon_ns_steps != 5) s.add("muon-ns-steps", o.muon_ns_steps);
+  if (o.name == "muon" && !o.muon_ns_schedule.empty())
+    s.add("muon-ns-schedule", o.muon_ns_schedule);
+  if (o.name == "muon" && o.muon_extra_scale != 1.0) s.add("muon-extra-scale", o.muon_extra_scale);
   return s;
 }
 
@@ -369,11 +386,13 @@ class Trainer::Impl {
  private:
   struct StepStats {
     double train_loss = 0, grad_norm = 0, lr_factor = 0;
+    double max_logit = std::numeric_limits<double>::quiet_NaN();  ///< --qk-clip: before clipping
     std::vector<double> update_rms;  ///< per param group, on recorded steps
   };
 
   void resume(tr::CheckpointReader& in);
   void open_metrics();
+  double clip_qk();
   void describe_run() const;
   StepStats train_step();
   double evaluate();
@@ -442,6 +461,8 @@ Trainer::Impl::Impl(const TrainConfig& cfg, std::ostream& log)
       best_path_((std::filesystem::path(cfg.out_dir) / tr::kBestCheckpointFile).string()) {
   result_.optimizer = cfg.optimizer.name;
   result_.model = mc_;
+  for (const auto& block : *model_->h)
+    block->as<Block>()->attn->record_max_logits = cfg.qk_clip > 0;
   result_.steps = steps_;
   result_.tokens_per_step = tokens_per_step_;
   result_.device = tr::describe_runtime(device_) + (autocast_ ? ", bf16 autocast" : ", fp32");
@@ -601,6 +622,7 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
   const auto t_opt = std::chrono::steady_clock::now();
   opt_.hybrid.step();
   opt_.hybrid.zero_grad();
+  if (cfg_.qk_clip > 0) stats.max_logit = clip_qk();
   if (device_.is_cuda()) torch::cuda::synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   if (recorded) stats.update_rms = update_rms_.measure(opt_.hybrid.param_groups());
@@ -608,6 +630,25 @@ Trainer::Impl::StepStats Trainer::Impl::train_step() {
   result_.optimizer_seconds.push_back(std::chrono::duration<double>(t1 - t_opt).count());
   result_.train_seconds += result_.step_seconds.back();
   return stats;
+}
+
+// QK-Clip after the update (--qk-clip): each layer's heads' largest logits of the step, the
+// largest over the ranks, clip c_attn (its fused [q | k | v] rows and bias) at tau; returns the
+// largest logit of the step before clipping.
+double Trainer::Impl::clip_qk() {
+  torch::NoGradGuard no_grad;
+  const int64_t H = mc_.n_head, world = dp_.world_size();
+  double largest = -std::numeric_limits<double>::infinity();
+  for (const auto& block : *model_->h) {
+    auto& attn = block->as<Block>()->attn;
+    const torch::Tensor mine = attn->take_max_logits();
+    TORCH_CHECK(mine.defined(), "--qk-clip: a layer recorded no logits this step");
+    const torch::Tensor m = dp_.gather_rows(mine.to(torch::kCPU).unsqueeze(0), world).amax(0);
+    largest = std::max(largest, m.max().item<double>());
+    fogo::qk_clip(attn->c_attn->weight, attn->c_attn->bias, m, {H, H, mc_.n_embd / H},
+                  cfg_.qk_clip);
+  }
+  return largest;
 }
 
 // Mean loss over the fixed validation windows (every window has block_size targets, so the
@@ -655,6 +696,7 @@ void Trainer::Impl::record(const StepStats& stats, bool evaluated, double val_lo
     for (size_t g = 0; g < opt_.hybrid.param_groups().size(); ++g)
       names.push_back(opt_.hybrid.group_name(g));
     tr::add_update_rms(rec, names, stats.update_rms);
+    if (cfg_.qk_clip > 0) rec.set("max_logit", stats.max_logit);
     if (cfg_.optimizer.name == "fogo") tr::add_fogo_telemetry(rec, opt_.hybrid);
     for (auto& m : metrics_) m.write(rec);
   }

@@ -43,6 +43,11 @@ struct TrainConfig {
   double decay_frac = 0.2;
   double min_lr_factor = 0.0;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
+  /// --qk-clip TAU: after every update, QK-Clip (fogo::qk_clip) of each layer's c_attn at TAU,
+  /// the heads' largest logits recorded in the forwards (all ranks' largest) and written to the
+  /// metrics as max_logit (a TAU above every logit, 1e30: recorded, never clipped); 0: off (the
+  /// fused attention kernel).
+  double qk_clip = 0.0;
 
   int64_t eval_every = 100;  ///< steps between validations (the last step is always evaluated)
   /// The fixed validation set: this many windows spread evenly over the validation split,

@@ -110,12 +110,17 @@ enum class ProjectionScale : int64_t {
      space, as a parameter of its own */                                                         \
   X(int64_t,         batch_dims,       0,        range(0, 64),       since(2))                   \
   X(int64_t,         heads,            1,        range(1, INFINITY), since(2))                   \
-  X(sizes_t,         blocks,           sizes_t(), counts(),          since(2))
+  X(sizes_t,         blocks,           sizes_t(), counts(),          since(2))                   \
+  /* per-iteration Newton–Schulz coefficients as data (as MuonOptions'), for both streams: at     \
+     most min(ns_steps_slow, ns_steps_fast) rows; replaces ns_coefficients (ns_schedule 0) */     \
+  X(schedule_t,      ns_coefficient_schedule, schedule_t(),                                      \
+    ns_rows(std::min(o.ns_steps_slow(), o.ns_steps_fast()), o.ns_schedule()), since(3))
 // clang-format on
 
 struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
   using coefficients_t = std::tuple<double, double, double>;
   using sizes_t = std::vector<int64_t>;
+  using schedule_t = NSSchedule;
   FOGOOptions(double lr = 1e-3);
 
 #define FOGO_DECLARE_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;

@@ -46,17 +46,20 @@ namespace fogo {
 /// so that a learning rate read on the device (muon_update) rounds as this one does.
 /// `lr_dtype`: the precision of that arithmetic, double, or a Tensor lr's dtype (below).
 double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B,
-                        at::ScalarType lr_dtype = at::kDouble);
+                        at::ScalarType lr_dtype = at::kDouble, double extra_scale_factor = 1.0);
 
 /// The decay factor 1 - lr weight_decay, in double or in `lr_dtype`. torch.optim.Muon given a
 /// Tensor lr computes both scalars with 0-d tensor ops in the tensor's dtype (a float32 lr rounds
 /// them to float32, a bf16 one to bf16); with `lr_dtype` that dtype, these are its bits.
 double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype = at::kDouble);
 
-/// (f1, f2) of muon_adjusted_lr: Original (sqrt(max(1, A / B)), 1), MatchRmsAdamW (0.2
-/// sqrt(max(A, B)), 1), Spectral (sqrt(A / B), 1). A function of the shape alone: a block of a
-/// fused weight takes its own (rows, cols).
-std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B);
+/// (f1, f2) of muon_adjusted_lr: f1 the rule's, Original sqrt(max(1, A / B)), MatchRmsAdamW 0.2
+/// sqrt(max(A, B)), Spectral sqrt(A / B); f2 the option extra_scale_factor (1 by default: times 1,
+/// exact). lr f1 f2 is torch.optim.Muon's `lr * adjusted_ratio * extra_scale_factor` (its pending
+/// change) and Megatron-LM's. f1 is a function of the shape alone: a block of a fused weight takes
+/// its own (rows, cols).
+std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A, int64_t B,
+                                                   double extra_scale_factor = 1.0);
 
 /// One matrix of a row-sharded step (muon_step_rows): this rank's rows of a parameter, of its
 /// gradient and of its momentum buffer (a contiguous range of the whole matrix's rows, as FSDP2's

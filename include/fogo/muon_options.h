@@ -89,12 +89,21 @@ enum class MuonAdjustLR : int64_t {
   X(int64_t,         heads,           1,                      range(1, INFINITY), since(3))       \
   /* ... or in blocks of these row counts, in order (a fused GQA projection: {q, k, v}); empty:    \
      `heads` */                                                                                    \
-  X(sizes_t,         blocks,          sizes_t(),              counts(), since(3))
+  X(sizes_t,         blocks,          sizes_t(),              counts(), since(3))             \
+  /* per-iteration Newton–Schulz coefficients as data: iteration k runs row min(k, rows - 1), at   \
+     most ns_steps rows; replaces ns_coefficients (ns_schedule must be kNSConstant). Empty: as     \
+     before. ns_named_schedules() (newton_schulz.h) holds the published lists */                   \
+  X(schedule_t,      ns_coefficient_schedule, schedule_t(),                                        \
+    ns_rows(o.ns_steps(), o.ns_schedule()), since(4))                                             \
+  /* one multiplier on the update, lr * adjust_lr's factor * extra_scale_factor (Megatron-LM's     \
+     convention, torch.optim.Muon's pending one); the decay keeps lr */                            \
+  X(double,          extra_scale_factor, 1.0,                 range(0.0, INFINITY), since(4))
 // clang-format on
 
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   using coefficients_t = std::tuple<double, double, double>;
   using sizes_t = std::vector<int64_t>;
+  using schedule_t = NSSchedule;
   MuonOptions(double lr = 1e-3);
 
 #define FOGO_DECLARE_MUON_OPTION(T, name, def, ...) TORCH_ARG(T, name) = def;

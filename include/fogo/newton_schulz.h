@@ -70,7 +70,8 @@ struct NSConfig {
   /// `gram_restart` iterations (0: never), which bounds the rounding it accumulates.
   int64_t gram_restart = 3;
   /// Per-iteration coefficients: iteration k uses schedule[min(k, size - 1)]; empty (the
-  /// default): `coefficients` for every iteration. ns_schedule() gives the named ones.
+  /// default): `coefficients` for every iteration. ns_schedule() and ns_named_schedules() give
+  /// the named ones.
   std::vector<std::array<double, 3>> schedule;
 
   /// The (a, b, c) of iteration k.
@@ -82,6 +83,28 @@ struct NSConfig {
   static constexpr std::array<double, 3> quintic() { return coefficient_array(kQuintic); }
   static constexpr std::array<double, 3> cubic() { return coefficient_array(kCubic); }
 };
+
+/// A per-iteration coefficient list: iteration k runs row min(k, size - 1) (the last repeated
+/// beyond the end), as NSConfig::schedule and the optimizers' ns_coefficient_schedule option.
+using NSSchedule = std::vector<std::array<double, 3>>;
+
+/// A published coefficient list by name (ns_named_schedules): where it comes from, how many
+/// iterations it is made for (0: any; a constant one), and the range of singular values it takes
+/// the normalised input's [l, 1] to in that many iterations (tests/test_newton_schulz.cpp checks
+/// each against the SVD; docs/muon.md cites them).
+struct NamedNSSchedule {
+  const char* name;
+  NSSchedule rows;
+  const char* source;
+  int64_t steps;
+  double l, lo, hi;
+};
+
+/// The named lists: keller_jordan, polar_express, tuned5, deepseek_v4, cans, cubic5
+/// (newton_schulz.cpp says where each comes from), in that order.
+const std::vector<NamedNSSchedule>& ns_named_schedules();
+/// The rows of the named list `name`; throws naming the known ones for another name.
+NSSchedule ns_named_schedule(const std::string& name);
 
 /// Per-iteration coefficient schedules, the optimizers' `ns_schedule` option (an integer, so that
 /// every option front end takes it as one). Each promises a range for the singular values of
@@ -106,10 +129,13 @@ inline constexpr int64_t kTuned5 = 2;
 /// made for.
 std::vector<std::array<double, 3>> ns_schedule(int64_t id, int64_t steps);
 
-/// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use).
+/// An NSConfig from an optimizer's option fields (coefficients as the (a, b, c) tuple they use);
+/// `list`, when not empty, is the schedule (the ns_coefficient_schedule option), else the named
+/// schedule `schedule`'s.
 NSConfig ns_config(const std::tuple<double, double, double>& coefficients, int64_t steps,
                    double eps, NSNormalization normalization, c10::ScalarType compute_dtype,
-                   NSForm form, int64_t gram_restart, int64_t schedule = kNSConstant);
+                   NSForm form, int64_t gram_restart, int64_t schedule = kNSConstant,
+                   const NSSchedule& list = {});
 
 /// Checks a configuration; throws c10::Error naming the offending field.
 void validate(const NSConfig& config);
@@ -160,7 +186,8 @@ struct NSFormChoice {
   int64_t m = 0, n = 0;  ///< wide orientation (m <= n)
   int64_t d = 0;         ///< Pi's columns for newton_schulz_projected_auto, else 0
   int64_t batch = 0;     ///< matrices in the batch; 0 for a single [m, n] matrix
-  int64_t steps = 0, restart = 0, schedule = 0;
+  int64_t steps = 0, restart = 0;
+  int64_t schedule = 0;  ///< 0: constant coefficients, else a hash of the schedule's rows
   c10::ScalarType dtype = c10::kBFloat16;
   std::string device;
   bool gram = false;  ///< the Gram form (newton_schulz) or the projected route was taken

@@ -19,54 +19,13 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from . import _C, _memory, _nonfinite
+from ._torch_optim import (check_tensor_lr, evaluate_closure, listed_once,  # noqa: F401
+                           repr_without_memory, run_load_post_hooks, run_load_pre_hooks)
 
 try:  # DTensor parameters (FSDP2's fully_shard, tensor parallelism)
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 except ImportError:  # torch without torch.distributed
     DTensor = Shard = distribute_tensor = None
-
-
-def run_load_pre_hooks(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """torch.optim.Optimizer.load_state_dict's start, for an optimizer that loads its own way:
-    a shallow copy of ``state_dict`` through the registered pre-hooks."""
-    state_dict = state_dict.copy()
-    for pre_hook in opt._optimizer_load_state_dict_pre_hooks.values():
-        result = pre_hook(opt, state_dict)
-        if result is not None:
-            state_dict = result
-    return state_dict
-
-
-def evaluate_closure(closure: Optional[Callable[[], Any]]) -> Any:
-    """The loss from a step's ``closure`` (re-evaluating the model), with autograd on; None
-    without one."""
-    if closure is None:
-        return None
-    with torch.enable_grad():
-        return closure()
-
-
-def repr_without_memory(opt: torch.optim.Optimizer) -> str:
-    """torch.optim.Optimizer's repr without the groups' "memory" (FOGO's): torch's lists every
-    group key, and the memory's tensors would fill the screen."""
-    groups = opt.param_groups
-    opt.param_groups = [{k: v for k, v in g.items() if k != "memory"} for g in groups]
-    try:
-        return torch.optim.Optimizer.__repr__(opt)
-    finally:
-        opt.param_groups = groups
-
-
-def check_tensor_lr(lr: Any) -> None:
-    """torch.optim's rule for a learning rate given as a Tensor: one element (its value is read
-    at every step, so a scheduler can change it in place)."""
-    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-        raise ValueError(f"Tensor lr must be 1-element, got shape {list(lr.shape)}")
-
-
-def run_load_post_hooks(opt: torch.optim.Optimizer) -> None:
-    for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
-        post_hook(opt)
 
 
 class _CppOptimizer(torch.optim.Optimizer):
@@ -269,11 +228,13 @@ class _CppOptimizer(torch.optim.Optimizer):
         return distribute_tensor(value.to(p.device), p.device_mesh, p.placements,
                                  src_data_rank=None).to_local()
 
-    def _cpp_groups(self) -> list[dict[str, Any]]:
+    def _cpp_groups(self, groups: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
+        """``groups`` (param_groups by default) as the C++ optimizer holds them (shadows and local
+        shards for DTensor parameters)."""
+        groups = self.param_groups if groups is None else groups
         if not self._shadows and not self._locals:
-            return self.param_groups
-        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]}
-                for g in self.param_groups]
+            return groups
+        return [{**g, "params": [self._cpp_param(p) for p in g["params"]]} for g in groups]
 
     def _sharded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # In group order: every rank issues the collectives in the same order.
@@ -310,14 +271,26 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def _sync(self) -> None:
         """The param groups' options and opt.state into the C++ optimizer."""
+        self._check_listed_once()
         self._cpp.sync(self._cpp_groups())
         self._adopt()
+
+    def _check_listed_once(self) -> None:
+        """A step refuses a group listed twice: torch.optim would step its parameters twice in one
+        step(), never what a training loop means; the C++ optimizer holds the group once (and
+        FOGO's codebook memory is one per group). state_dict() and copies take such a list."""
+        for j, group in enumerate(self.param_groups):
+            i = next(i for i, g in enumerate(self.param_groups) if g is group)
+            if i != j:
+                raise RuntimeError(
+                    f"fogo.{self._Cpp.__name__}: param_groups[{j}] is param_groups[{i}] listed "
+                    f"again; a step would step its parameters twice: list each group once")
 
     def _adopt(self) -> None:
         # A parameter whose state was removed (or never made) starts afresh, as torch's
         # optimizers create missing state at the step.
         rows = []
-        for group in self.param_groups:
+        for group in listed_once(self.param_groups):
             row = []
             for p in group["params"]:
                 st = self.state.get(p)
@@ -330,7 +303,7 @@ class _CppOptimizer(torch.optim.Optimizer):
     def _expose(self) -> None:
         """opt.state from the C++ optimizer's state (after a load made new tensors)."""
         self.state = defaultdict(dict)
-        for group, row in zip(self.param_groups, self._cpp.param_states()):
+        for group, row in zip(listed_once(self.param_groups), self._cpp.param_states()):
             for p, st in zip(group["params"], row):
                 if st is not None:
                     self.state[p] = self._from_cpp_state(p, st)
@@ -338,9 +311,11 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     # -- stepping -----------------------------------------------------------------------------
 
+    @torch.compiler.disable  # the C++ step: Dynamo would only break the graph at each call into it
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """One step of every param group; ``closure`` (re-evaluating the loss) runs first."""
+        """One step of every param group; ``closure`` (re-evaluating the loss) runs first. Never
+        traced by torch.compile (a graph break, the eager step: docs/python.md)."""
         loss = evaluate_closure(closure)
         self._prepare()
         decision = None  # the C++ step decides over its own gradients
@@ -452,13 +427,13 @@ class _CppOptimizer(torch.optim.Optimizer):
 
     def _restore(self) -> None:
         """The C++ optimizer from the Python side's groups, opt.state and memory."""
-        state = {}
-        for g, group in enumerate(self.param_groups):
+        state, groups = {}, listed_once(self.param_groups)
+        for g, group in enumerate(groups):
             for i, p in enumerate(group["params"]):
                 if self.state.get(p):
                     state[(g, i)] = self._cpp_state(p, self.state[p])
-        memory = self._group_memory(self.param_groups, {})
-        self._cpp.load_state_dict(self.param_groups, state, memory)
+        memory = self._group_memory(groups, {})
+        self._cpp.load_state_dict(groups, state, memory)
         self._expose()
 
     # -- copies -------------------------------------------------------------------------------
@@ -473,7 +448,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         self._cpp = self._Cpp(self.defaults)
         self._shadows, self._written, self._locals = {}, {}, {}
-        for group in self.param_groups:
+        for group in listed_once(self.param_groups):  # a group listed twice is one C++ group
             self._cpp.add_param_group(self._bind(group["params"]), group,
                                       self._shape_probes(group["params"]))
         self._restore()

@@ -331,10 +331,12 @@ class Hybrid(torch.optim.Optimizer):
 
     # -- stepping --------------------------------------------------------------------------------
 
+    @torch.compiler.disable  # a graph break: Dynamo traced AdamW's side into other bits
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Evaluates ``closure`` once, then steps the matrix side and the AdamW side, after one
-        non-finite decision for both (fogo/_nonfinite.py)."""
+        non-finite decision for both (fogo/_nonfinite.py). Never traced by torch.compile (a graph
+        break, the eager step: docs/python.md, "torch.compile")."""
         loss = evaluate_closure(closure)
         matrix, rest = self.matrix, self.rest
         if matrix is not None:

@@ -11,11 +11,11 @@ from typing import Any, Iterable, Optional
 import torch
 
 from . import _C, _memory
-from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment, normuon_dtype,
-                             repr_without_memory)
+from ._cpp_optimizer import (DTensor, Shard, _CppOptimizer, fresh_second_moment, listed_once,
+                             normuon_dtype, repr_without_memory)
 from ._row_shards import _RowShards
 
-__all__ = ["FOGO", "Muon"]
+__all__ = ["FOGO", "Muon", "ns_schedules"]
 
 
 def _signature(cpp: Any) -> inspect.Signature:
@@ -78,10 +78,12 @@ class FOGO(_CppOptimizer):
 
     def _snapshot_memory(self) -> None:
         # The memory is the C++ groups': param_groups must still be them (a group appended by
-        # hand, or listed twice, has none; step() refuses such groups, and so does this).
-        self._cpp.sync(self._cpp_groups())
+        # hand has none; step() refuses it, and so does this). A group listed again is the same
+        # dict: its memory is its first listing's, as torch's state_dict represents it.
+        groups = listed_once(self.param_groups)
+        self._cpp.sync(self._cpp_groups(groups))
         extra = self._cpp.extra_state()
-        for g, group in enumerate(self.param_groups):
+        for g, group in enumerate(groups):
             group["memory"] = _memory.from_archive(extra.get(f"fogo/group/{g}"), group)
 
     def _group_memory(self, groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict:
@@ -267,3 +269,13 @@ _sig = Muon.__init__.__signature__  # type: ignore[attr-defined]
 Muon.__init__.__signature__ = _sig.replace(parameters=[  # type: ignore[attr-defined]
     *_sig.parameters.values(),
     inspect.Parameter("dtensor", inspect.Parameter.KEYWORD_ONLY, default="owner")])
+
+
+def ns_schedules() -> dict[str, dict[str, Any]]:
+    """The published Newton-Schulz coefficient lists (fogo::ns_named_schedules), by name:
+    ``rows`` (one (a, b, c) per iteration, the value of the option ``ns_coefficient_schedule``:
+    iteration k runs row min(k, len - 1)), ``source``, and the range its tests check (``steps``
+    iterations take normalised singular values in [``l``, 1] into [``lo``, ``hi``]); docs/muon.md
+    cites them. ``fogo.Muon(params, ns_steps=10,
+    ns_coefficient_schedule=fogo.optim.ns_schedules()["deepseek_v4"]["rows"])``."""
+    return {s["name"]: s for s in _C.ns_named_schedules()}

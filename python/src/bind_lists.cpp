@@ -54,6 +54,23 @@ void bind_lists(py::module_& m) {
     }
     return out;
   });
+  // The published Newton–Schulz coefficient lists (fogo::ns_named_schedules), in their order:
+  // per list a dict of its name, rows, source, and the range its tests check (steps, l, lo, hi).
+  m.def("ns_named_schedules", [] {
+    py::list out;
+    for (const fogo::NamedNSSchedule& s : fogo::ns_named_schedules()) {
+      py::dict d;
+      d["name"] = s.name;
+      d["rows"] = Convert<fogo::NSSchedule>::to(s.rows);
+      d["source"] = s.source;
+      d["steps"] = s.steps;
+      d["l"] = s.l;
+      d["lo"] = s.lo;
+      d["hi"] = s.hi;
+      out.append(d);
+    }
+    return out;
+  });
   // The hybrid's split (fogo::matrix_side): per parameter (name, shape, embedding weight),
   // whether it goes to the matrix side; rest_patterns None: the C++ default.
   m.attr("default_rest_patterns") = fogo::ParamSplitRules{}.rest_patterns;

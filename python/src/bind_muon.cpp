@@ -1,6 +1,7 @@
 // fogo._C's Muon functions beyond the optimizer: the owner-computed step of row-sharded
 // (DTensor) matrices (python/fogo/optim.py) and ns_dtype auto (fogo/ns_dtype.h).
 #include <fogo/fogo.h>
+#include <fogo/qk_clip.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -49,6 +50,25 @@ void bind_muon(py::module_& m) {
       py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("second_moments"),
       py::arg("rows"), py::arg("first_rows"), py::arg("group"), py::arg("ok"), py::arg("gather"),
       py::arg("scatter"));
+  // QK-Clip (fogo/qk_clip.h), in place; python/fogo/qk_clip.py passes a DTensor's local rows
+  // and their first row. Returns gamma per key head (float64).
+  m.def(
+      "qk_clip",
+      [](at::Tensor weight, std::optional<at::Tensor> bias, const at::Tensor& max_logits,
+         int64_t q_heads, int64_t kv_heads, int64_t head_dim, double threshold, double alpha,
+         int64_t first_row, std::optional<at::Tensor> k_weight, std::optional<at::Tensor> k_bias) {
+        const fogo::QKHeads heads{q_heads, kv_heads, head_dim};
+        at::NoGradGuard no_grad;  // parameters (leaves that require grad) are scaled in place
+        if (k_weight)
+          return fogo::qk_clip_separate(weight, bias.value_or(at::Tensor()), *k_weight,
+                                        k_bias.value_or(at::Tensor()), max_logits, heads, threshold,
+                                        alpha);
+        return fogo::qk_clip(weight, bias.value_or(at::Tensor()), max_logits, heads, threshold,
+                             alpha, first_row);
+      },
+      py::arg("weight"), py::arg("bias"), py::arg("max_logits"), py::arg("q_heads"),
+      py::arg("kv_heads"), py::arg("head_dim"), py::arg("threshold"), py::arg("alpha"),
+      py::arg("first_row"), py::arg("k_weight"), py::arg("k_bias"));
   // ns_dtype auto (fogo/ns_dtype.h): what it computes in on a device, and the kept choices.
   m.def("ns_dtype_choices", [] {
     py::list out;

@@ -96,6 +96,30 @@ struct Convert<std::vector<int64_t>> {
   }
 };
 
+// ns_coefficient_schedule: a list (or tuple) of (a, b, c) rows, one per Newton–Schulz iteration;
+// as a list of tuples. A row that is not three numbers is refused here, naming the option; the
+// numbers' finiteness and the row count by the option's rule (options_table.h).
+template <>
+struct Convert<fogo::NSSchedule> {
+  static py::object to(const fogo::NSSchedule& v) {
+    py::list out;
+    for (const auto& [a, b, c] : v) out.append(py::make_tuple(a, b, c));
+    return std::move(out);
+  }
+  static fogo::NSSchedule from(const py::handle& v, const char* opt, const char* name) {
+    const char* expected = "a list of (a, b, c) rows, one per Newton–Schulz iteration";
+    if (!(PyList_Check(v.ptr()) || PyTuple_Check(v.ptr()))) bad_type(opt, name, expected, v);
+    fogo::NSSchedule out;
+    for (const py::handle row : py::reinterpret_borrow<py::sequence>(v)) {
+      if (!py::isinstance<py::sequence>(row) || PyUnicode_Check(row.ptr()) || py::len(row) != 3)
+        bad_type(opt, name, expected, v);
+      const auto abc = Convert<std::tuple<double, double, double>>::from(row, opt, name);
+      out.push_back({std::get<0>(abc), std::get<1>(abc), std::get<2>(abc)});
+    }
+    return out;
+  }
+};
+
 // ns_dtype: a torch.dtype, or "auto" (fogo::kNSDtypeAuto, the default).
 template <>
 struct Convert<c10::ScalarType> {

@@ -47,8 +47,10 @@ def set_grads(params, gs):
 
 
 def zero(tmp):
-    """ZeroRedundancyOptimizer(optimizer_class=fogo.Muon) resumes exactly: the state each rank
-    owns comes back through ZeRO's load_state_dict (which writes opt.state directly)."""
+    """ZeroRedundancyOptimizer(optimizer_class=fogo.Muon) steps as fogo.Muon alone, bit for bit
+    (Newton-Schulz runs under the wrapper: no other update takes its place, as DeepSpeed's ZeRO
+    stage 0 once took plain SGD's), and resumes exactly: the state each rank owns comes back
+    through ZeRO's load_state_dict (which writes opt.state directly)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     def make(params):
@@ -56,9 +58,17 @@ def zero(tmp):
 
     full = leaves(init())
     opt = make(full)
+    alone = leaves(init())
+    unwrapped = fogo.Muon(alone, lr=0.02)
+    sgd = leaves(init())
+    plain = torch.optim.SGD(sgd, lr=0.02)
     for t in range(8):
-        set_grads(full, grads(t))
-        opt.step()
+        for params, o in ((full, opt), (alone, unwrapped), (sgd, plain)):
+            set_grads(params, grads(t))
+            o.step()
+    for k, (p, q) in enumerate(zip(full, alone)):
+        assert torch.equal(p, q), f"parameter {k}: ZeRO's fogo.Muon differs from fogo.Muon alone"
+    assert not any(torch.allclose(p, q) for p, q in zip(full, sgd)), "the test cannot fail"
 
     first = leaves(init())
     opt1 = make(first)
@@ -667,6 +677,34 @@ def fsdp_muon_nonfinite(tmp):
         opt.zero_grad()
 
 
+def qk_clip_rows(tmp):
+    """fogo.qk_clip.qk_clip on a fused [q | k | v] weight row-sharded over the ranks (a DTensor,
+    FSDP2's Shard(0): 3 query heads, 1 key head of 5 rows, 25 rows: uneven over 2 and 3 ranks,
+    heads split between ranks) is the unsharded clip's rows, bit for bit, biases included; the
+    max logits all-reduced (MAX) first, each rank having seen other data."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from fogo.qk_clip import all_reduce_max_logits, qk_clip
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(25, 6, generator=gen)
+    bias = torch.randn(25, generator=gen)
+    mine = torch.rand(3, generator=torch.Generator().manual_seed(dist.get_rank())) * 40
+    every = torch.stack([torch.rand(3, generator=torch.Generator().manual_seed(r)) * 40
+                         for r in range(dist.get_world_size())]).amax(0)
+    m = all_reduce_max_logits(mine.clone())
+    assert torch.equal(m, every), "the all-reduced max logits"
+    want_w, want_b = weight.clone(), bias.clone()
+    gamma = qk_clip(want_w, m, q_heads=3, kv_heads=1, threshold=10.0, bias=want_b)
+    assert gamma.item() < 1.0, "the test cannot fail: nothing clipped"
+    w = distribute_tensor(weight.clone(), mesh, [Shard(0)])
+    b = distribute_tensor(bias.clone(), mesh, [Shard(0)])
+    assert torch.equal(qk_clip(w, m, q_heads=3, kv_heads=1, threshold=10.0, bias=b), gamma)
+    assert torch.equal(w.full_tensor(), want_w) and torch.equal(b.full_tensor(), want_b)
+
+
 def main():
     cases, tmp = sys.argv[1].split(","), sys.argv[2]
     dist.init_process_group("gloo")
@@ -689,6 +727,8 @@ def main():
                     owner_bits(tmp, normuon=True)
                 elif case == "stack_gather":
                     stack_gather(tmp)
+                elif case == "qk_clip_rows":
+                    qk_clip_rows(tmp)
                 elif case == "owner_bits_normuon_cuda":
                     owner_bits(tmp, normuon=True, device="cuda")
                 elif case == "stack_gather_cuda":

@@ -89,3 +89,10 @@ def test_muon_owner_computes_on_three_ranks(tmp_path):
                    "stack_gather", tmp_path, nproc=3))
     load_muon_checkpoint_unsharded(tmp_path)
     load_muon_checkpoint_unsharded(tmp_path, "NORMUON_DCP_OPTIONS", "normuon")
+
+
+def test_qk_clip_on_row_shards(tmp_path):
+    # dist_worker.py's qk_clip_rows: a fused weight row-sharded over 2 and then 3 ranks (uneven,
+    # heads split between ranks) clipped rank by rank equals the unsharded clip, bit for bit.
+    torchrun("qk_clip_rows", tmp_path)
+    torchrun("qk_clip_rows", tmp_path, nproc=3)

@@ -181,16 +181,48 @@ def test_rejected_load_changes_nothing(gen):
     assert_state_equal(before, opt.state_dict())
 
 
-def test_fogo_state_dict_refuses_groups_the_cpp_optimizer_lacks(gen):
-    # A group listed twice in param_groups (PyTorch's test_state_dict_deterministic does it) has
-    # no C++ group, so no memory: state_dict() used to write a blank one (step 0, zero codebook)
-    # for it. It refuses as step() does; so do copies, which snapshot the memory the same way.
+def test_fogo_state_dict_of_a_group_listed_twice(gen):
+    # A group listed twice (param_groups.extend(param_groups), as PyTorch's
+    # test_state_dict_deterministic does) is one C++ group: state_dict() gives its options and
+    # memory at both listings, as torch.optim gives a repeated group; copies take the list too.
+    # A step refuses it (it would step the parameters twice), before anything changes.
     params = model(gen)
     opt = fogo_opt(params)
     train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(2)])
     expected = copy.deepcopy(opt.state_dict())
     opt.param_groups.extend(opt.param_groups)
-    message = "4 param groups, but 2 were added through add_param_group"
+    doubled = opt.state_dict()
+    assert len(doubled["param_groups"]) == 4
+    assert_state_equal(expected, {"state": doubled["state"],
+                                  "param_groups": doubled["param_groups"][:2]})
+    assert_state_equal(expected, {"state": doubled["state"],
+                                  "param_groups": doubled["param_groups"][2:]})
+    assert doubled["param_groups"][0]["memory"]["step"] > 0  # the trained memory, not a blank one
+    copied = copy.deepcopy(opt)
+    assert copied.param_groups[2] is copied.param_groups[0]
+    assert_state_equal(doubled, copied.state_dict())
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(RuntimeError, match=r"param_groups\[2\] is param_groups\[0\] listed again"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert_state_equal(doubled, opt.state_dict())
+    del opt.param_groups[2:]
+    assert_state_equal(expected, opt.state_dict())
+    opt.step()  # listed once again, it steps
+
+
+def test_fogo_state_dict_refuses_groups_the_cpp_optimizer_lacks(gen):
+    # A group appended by hand (not through add_param_group) has no C++ group, so no memory:
+    # state_dict() used to write a blank one (step 0, zero codebook) for it. It refuses as
+    # step() does; so do copies, which snapshot the memory the same way.
+    params = model(gen)
+    opt = fogo_opt(params)
+    train(opt, params, [[randn(gen, *s) for s in SHAPES] for _ in range(2)])
+    expected = copy.deepcopy(opt.state_dict())
+    opt.param_groups.append({**opt.param_groups[0], "params": [params[0]]})
+    message = "3 param groups, but 2 were added through add_param_group"
     for call in (opt.state_dict, lambda: copy.deepcopy(opt), opt.step):
         with pytest.raises(RuntimeError, match=message):
             call()

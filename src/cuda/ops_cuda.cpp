@@ -306,7 +306,7 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
       const at::Tensor O = transposed ? item.O : item.O.contiguous();
       inputs.push_back(O);
       const auto [A, B] = adjusted_lr_shape(item);  // a row shard's: its whole matrix's
-      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, A, B);
+      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, A, B, p.extra_scale);
       if (rows * cols > 0)
         chunk.t[chunk.count++] = {
             item.param.data_ptr(), O.data_ptr(), rows, cols, f1, f2, transposed};

@@ -39,6 +39,8 @@ struct MuonUpdateParams {
   /// false every parameter keeps every bit. The CUDA kernel reads it and writes nothing (no copy
   /// of the parameters before the step: issue 44); the reference selects its result back.
   at::Tensor ok = {};
+  /// MuonOptions::extra_scale_factor: the adjusted lr's second factor (muon_adjusted_lr_factors).
+  double extra_scale = 1.0;
 };
 
 /// Muon's update of every item, the ATen reference (ops::muon_update dispatches to a CUDA

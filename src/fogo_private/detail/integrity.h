@@ -35,13 +35,17 @@ class Checksum {
   /// dtype, shape and contents (copied to the CPU when elsewhere); an undefined tensor adds a
   /// marker of its own.
   Checksum& add(const at::Tensor& tensor);
-  /// An option's value: a number, a bool, an enumeration, a tuple of them or a list of integers
-  /// (its length, then its elements).
+  /// An option's value: a number, a bool, an enumeration, a tuple of them, a list of integers
+  /// or of numbers (its length, then its elements).
   template <class T>
   Checksum& option(const T& v) {
     if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       add(static_cast<int64_t>(v.size()));
       for (const int64_t x : v) add(x);
+      return *this;
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      add(static_cast<int64_t>(v.size()));  // a coefficient list, as archived: a, b, c, a, ...
+      for (const double x : v) add(x);
       return *this;
     } else if constexpr (std::is_floating_point_v<T>) {
       return add(static_cast<double>(v));

@@ -5,9 +5,9 @@
 // generated here from the same rows: validation, the archive both ways, ==, its part in a
 // checkpoint's checksum and format, the docs table.
 //
-//   valid:      any(), range(lo, hi), positive(), finite(), known(), one_of(a, b, ...), counts();
-//               a row's
-//               rule may read the other options as `o` (gamma_st_max: range(o.gamma_st_min(), ..))
+//   valid:      any(), range(lo, hi), positive(), finite(), known(), one_of(a, b, ...), counts(),
+//               ns_rows(max rows, ns_schedule); a row's rule may read the other options as `o`
+//               (gamma_st_max: range(o.gamma_st_min(), ..))
 //   checkpoint: always()   in every checkpoint of the optimizer (a missing one: no checkpoint)
 //               added()    not in the oldest checkpoints: one without it keeps the option's
 //                          value; it counts in a checkpoint's checksum where the checkpoint holds
@@ -51,6 +51,10 @@ struct Positive {};  ///< finite and > 0
 struct Finite {};    ///< every element finite (a tuple of numbers)
 struct Known {};     ///< is_known(value) (nonfinite.h)
 struct Counts {};    ///< a list of integers, each >= 1 (sizes_t: block row counts)
+struct NSRows {      ///< a coefficient list (NSSchedule): finite, at most `max_rows` rows, and
+  int64_t max_rows;  ///< only with the named schedule `schedule` at kNSConstant (it replaces it)
+  int64_t schedule;
+};
 template <class T, size_t N>
 struct OneOf {  ///< one of `values`
   std::array<T, N> values;
@@ -61,6 +65,7 @@ constexpr Positive positive() { return {}; }
 constexpr Finite finite() { return {}; }
 constexpr Known known() { return {}; }
 constexpr Counts counts() { return {}; }
+constexpr NSRows ns_rows(int64_t max_rows, int64_t schedule) { return {max_rows, schedule}; }
 template <class T, class... U>
 constexpr OneOf<T, 1 + sizeof...(U)> one_of(T first, U... rest) {
   return {{first, rest...}};
@@ -98,6 +103,7 @@ struct Row {
     using namespace ::fogo::option_table;                            \
     using coefficients_t = typename std::decay_t<O>::coefficients_t; \
     using sizes_t = std::vector<int64_t>;                            \
+    using schedule_t = NSSchedule;                                   \
     TABLE(FOGO_OPTION_TABLE_ROW)                                     \
   }
 #define FOGO_OPTION_TABLE_ROW(T, name, def, valid, stored)                                    \
@@ -123,10 +129,15 @@ struct MuonTable {
 // Values as archives and checksums hold them.
 
 /// A dtype as its ns_dtype_code (auto -1: c10's number for it moves between LibTorch versions),
-/// any other enumeration as its number, the rest as themselves.
+/// any other enumeration as its number, a coefficient list as its numbers in a row (a, b, c, a,
+/// ...), the rest as themselves.
 template <class T>
 auto archived(const T& v) {
-  if constexpr (std::is_same_v<T, c10::ScalarType>) {
+  if constexpr (std::is_same_v<T, NSSchedule>) {
+    std::vector<double> flat;
+    for (const auto& row : v) flat.insert(flat.end(), row.begin(), row.end());
+    return flat;
+  } else if constexpr (std::is_same_v<T, c10::ScalarType>) {
     return ns_dtype_code(v);
   } else if constexpr (std::is_enum_v<T>) {
     return static_cast<int64_t>(v);
@@ -135,9 +146,18 @@ auto archived(const T& v) {
   }
 }
 
+/// `name`: the option's, for the message refusing a coefficient list that is not one.
 template <class T>
-T from_archive(const c10::IValue& v) {
-  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+T from_archive(const c10::IValue& v, const char* optimizer, const char* name) {
+  if constexpr (std::is_same_v<T, NSSchedule>) {
+    TORCH_CHECK(v.isDoubleList() && v.toDoubleVector().size() % 3 == 0, optimizer,
+                " options: the archive's '", name,
+                "' is not a list of (a, b, c) rows (a flat list of 3 numbers per row)");
+    const std::vector<double> flat = v.toDoubleVector();
+    NSSchedule out;
+    for (size_t i = 0; i < flat.size(); i += 3) out.push_back({flat[i], flat[i + 1], flat[i + 2]});
+    return out;
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
     return v.toIntVector();
   } else if constexpr (std::is_same_v<T, c10::ScalarType>) {
     return ns_dtype_from_code(v.toInt());
@@ -196,6 +216,20 @@ inline void check(const char* optimizer, const char* name, const std::vector<int
   }
 }
 
+inline void check(const char* optimizer, const char* name, const NSSchedule& v, NSRows r) {
+  for (size_t k = 0; k < v.size(); ++k) {
+    const auto [a, b, c] = v[k];
+    TORCH_CHECK(std::isfinite(a) && std::isfinite(b) && std::isfinite(c), optimizer, ": option '",
+                name, "' must hold finite numbers, got (", a, ", ", b, ", ", c, ") in row ", k);
+  }
+  TORCH_CHECK(static_cast<int64_t>(v.size()) <= r.max_rows, optimizer, ": option '", name,
+              "' lists ", v.size(), " iterations, more than the ", r.max_rows,
+              " Newton–Schulz steps run (the rows beyond would be dropped): set the step count to ",
+              v.size(), " or give fewer rows");
+  TORCH_CHECK(v.empty() || r.schedule == kNSConstant, optimizer, ": option '", name,
+              "' replaces ns_schedule, which must then be 0 (kNSConstant), got ", r.schedule);
+}
+
 template <class T, size_t N>
 void check(const char* optimizer, const char* name, const T& v, const OneOf<T, N>& rule) {
   if (std::find(rule.values.begin(), rule.values.end(), v) != rule.values.end()) return;
@@ -234,7 +268,7 @@ void read(typename Table::Options& o, torch::serialize::InputArchive& archive) {
       [&](const auto& row, auto& v) {
         using T = std::decay_t<decltype(v)>;
         if (archive.try_read(row.name, value)) {
-          v = from_archive<T>(value);
+          v = from_archive<T>(value, Table::optimizer, row.name);
         } else {
           TORCH_CHECK(row.archived.kind != Archived::Always, Table::optimizer,
                       " options: the archive has no '", row.name, "', which every ",
