@@ -31,7 +31,8 @@ _check_torch(torch.__version__, _BUILT_TORCH)
 from . import _C, presets  # noqa: E402
 from .hybrid import (Hybrid, hybrid_param_groups, route_parameters, routing_table,
                      split_parameters)
-from .optim import FOGO, Muon
+from .optim import FOGO, Muon, ns_schedules
+from . import distributed, qk_clip  # noqa: E402  (fogo.distributed.device_mesh, fogo.qk_clip.qk_clip)
 
 __version__ = "0.1.0"
 #: Whether the CUDA kernels were compiled in (else CUDA tensors take the ATen path).
@@ -55,5 +56,5 @@ def set_ns_auto_dtype(dtype) -> None:
 __all__ = [
     "FOGO", "Muon", "Hybrid", "presets", "hybrid_param_groups", "split_parameters",
     "route_parameters", "routing_table", "CUDA_KERNELS",
-    "ns_dtype_choices", "set_ns_auto_dtype",
+    "ns_dtype_choices", "set_ns_auto_dtype", "ns_schedules", "distributed", "qk_clip",
 ]
