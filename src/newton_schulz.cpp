@@ -198,7 +198,7 @@ bool decide(NSFormChoice key, const c10::Device& device, const std::function<voi
   key.plain_ms = timer ? timer(plain, device) : NAN;
   key.gram_ms = std::isnan(key.plain_ms) ? NAN : timer(gram, device);
   key.measured = !std::isnan(key.plain_ms) && !std::isnan(key.gram_ms);
-  key.gram = key.measured ? key.gram_ms < key.plain_ms : model;
+  key.gram = key.measured ? key.gram_ms < (1.0 - kNSGramMargin) * key.plain_ms : model;
   // In a data-parallel job, the job's choice: the first one any rank made for this key, so that
   // replicated ranks, each timing on its own, still take one form (detail::agree; not a
   // collective, so a rank may decide alone, as the owner does in a sharded step). The times kept

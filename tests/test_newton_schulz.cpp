@@ -367,6 +367,24 @@ TEST(NewtonSchulzAuto, TimesBothFormsOnceAndKeepsTheFaster) {
   EXPECT_EQ(choices[3].restart, 3);
 }
 
+// The Gram form is taken only when it times faster than Plain by more than kNSGramMargin (10%):
+// 5% faster keeps Plain, 15% faster takes Gram.
+TEST(NewtonSchulzAuto, GramMustWinByTheMargin) {
+  ASSERT_EQ(fogo::kNSGramMargin, 0.10);
+  //                     square: plain, gram (5% faster)   wide: plain, gram (15% faster)
+  InjectedTimer timer({1.0, 0.95, 1.0, 0.85});
+  torch::manual_seed(33);
+  const auto square = torch::randn({16, 16}), wide = torch::randn({16, 96});
+  const auto config = auto_config();
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(square, config), forced(square, config, false)));
+  EXPECT_TRUE(torch::equal(fogo::newton_schulz(wide, config), forced(wide, config, true)));
+  const auto choices = fogo::ns_form_choices();
+  ASSERT_EQ(choices.size(), 2u);
+  EXPECT_FALSE(choices[0].gram);
+  EXPECT_TRUE(choices[0].measured);
+  EXPECT_TRUE(choices[1].gram);
+}
+
 // Deterministic for a given set of decisions: forgetting them and timing again with the same
 // times gives the same choices; timing off, or a timer that cannot time (NaN: the default's
 // answer on a device it cannot time), leaves the choice to the cost model, listed as not

@@ -195,6 +195,12 @@ struct NSFormChoice {
   double plain_ms = 0.0, gram_ms = 0.0;
 };
 
+/// How much faster than Plain the Gram form must time for Auto to take it (a fraction of Plain's
+/// time): timed alone, the Gram form flatters small launch-bound shapes, whose step runs them
+/// beside others (ResNet-18 on an H100, 2026-11-27: Auto's Gram choices, each faster alone, made
+/// the step 6.02 ms against Plain's 5.48; issue 44).
+inline constexpr double kNSGramMargin = 0.10;
+
 /// Every decision kept in this process, in the order they were made.
 std::vector<NSFormChoice> ns_form_choices();
 /// Forgets the kept decisions: the next sight of each shape decides again.
