@@ -16,9 +16,11 @@ command per run, so a reader can recompute each number"):
   each: loss against tokens and against seconds) and the final validation loss; the trainer does
   not record its command line, so --command gives it (one command for the folder).
 
-Every line gets "run" (its folder under RUN_FOLDER), "commit" (git describe --always --dirty of
-this checkout: keep runs from the checkout whose build made them) and, when given, --command and
---note. Standard library only. Prints what it kept.
+Every line gets "run" (its folder under RUN_FOLDER), "kept_commit" (git describe --always
+--dirty of this checkout) and, when given, --command and --note. "commit" is the commit of the
+binary that trained the run where its record names it (resnet_train since issue 47, with "isa"),
+else this checkout's, as before issue 47 (then keep runs from the checkout whose build made them).
+Standard library only. Prints what it kept.
 """
 import argparse
 import json
@@ -87,7 +89,8 @@ def keep(root, out, command=None, note=None):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         for run in runs:
-            line = {**run, "commit": commit}
+            # The binary's own commit when its record names it (issue 47), else the checkout's.
+            line = {**run, "commit": run.get("commit") or commit, "kept_commit": commit}
             if command:
                 line["command"] = command
             if note:

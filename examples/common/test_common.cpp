@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -746,6 +747,45 @@ TEST(ReportFamily, MachineNamesTheCpuAndTorchKernels) {
   if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo";
   EXPECT_EQ(m.find("unknown CPU"), std::string::npos) << m;
   EXPECT_NE(m.find(" CPUs)"), std::string::npos) << m;
+}
+
+// Issue 47: each of the listed extensions is named exactly when /proc/cpuinfo's first flags line
+// has it as a whole word.
+TEST(ReportFamily, IsaListsTheCpuinfoFlags) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, flags;
+  while (flags.empty() && std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
+  }
+  std::string expected;
+  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) {
+    if (flags.find(" " + std::string(flag) + " ") != std::string::npos)
+      expected += (expected.empty() ? "" : " ") + std::string(flag);
+  }
+  EXPECT_EQ(cpu_isa(), expected.empty() ? "none" : expected) << flags;
+}
+
+// Issue 47: the binary names the commit it was built from, `git describe --always --dirty` of
+// the source tree at build time; checked against git run now on that tree (the commit part: the
+// tree may have been edited since the build). "unknown" only where git cannot describe the tree.
+TEST(ReportFamily, BuildCommitIsTheSourceTreesCommit) {
+  const std::string commit = build_commit();
+  const std::string cmd = "git -C '" FOGO_SOURCE_DIR "' describe --always --abbrev=12 2>/dev/null";
+  std::string now;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) now += buf;
+    if (pclose(p) != 0) now.clear();
+  }
+  while (!now.empty() && (now.back() == '\n' || now.back() == ' ')) now.pop_back();
+  // A copy of the binaries on another machine may not find its source tree.
+  if (now.empty()) GTEST_SKIP() << FOGO_SOURCE_DIR " is not a git checkout here";
+  const std::string dirty = "-dirty";
+  const bool was_dirty = commit.size() > dirty.size() &&
+                         commit.compare(commit.size() - dirty.size(), dirty.size(), dirty) == 0;
+  EXPECT_EQ(was_dirty ? commit.substr(0, commit.size() - dirty.size()) : commit, now)
+      << "rebuild after committing: the binary's commit is taken at build time";
 }
 
 #ifdef FOGO_WITH_DISTRIBUTED
