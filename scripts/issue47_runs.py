@@ -254,7 +254,21 @@ def test_results(runs_dir):
     return rows
 
 
+def planned_detectable(runs_dir):
+    """The difference each test detects at its level with 80% power if its differences spread as
+    3(b)'s five FOGO - Muon rare-class differences (seeds 20-24) did: the plan before the runs."""
+    fogo, muon = kept_runs("fogo", runs_dir), kept_runs("muon", runs_dir)
+    sd = paired_stats.paired([fogo[s]["rare_acc"] - muon[s]["rare_acc"] for s in range(20, 25)])["sd"]
+    print(f"plan: 3(b)'s FOGO - Muon rare-class differences have sd {sd:.2f}")
+    for test in TESTS:
+        n = len(test["seeds"])
+        d = paired_stats.detectable(sd / n ** 0.5, n - 1, 0.05 / family_size(test))
+        print(f"plan: [{test['experiment']}, {test['family']}] {test['a']} - {test['b']} on "
+              f"{test['metric']}, {n} pairs: detects about {d:.1f} at 0.05/{family_size(test)}")
+
+
 def tests(args):
+    planned_detectable(args.runs)
     for r in test_results(args.runs):
         head = (f"[{r['experiment']}, {r['family']}] {r['a']} - {r['b']} on {r['metric']}: "
                 f"{len(r['pairs'])} of {r['declared']} pairs")

@@ -77,6 +77,24 @@ def line(label, d):
     return t
 
 
+CI_METRICS = ("acc", "rare_acc", "nonrare_acc", "rare_forgetting", "mean_rare_forgetting",
+              "rare_forget_rate")
+
+
+def secondary_family(label, arms, seeds):
+    """The trainer's secondary family of a class-imbalanced table: every pair on every metric but
+    the primary FOGO - Muon on rare_acc, paired, Holm over the 17; the rows on acc and rare_acc."""
+    rows = []
+    for metric in CI_METRICS:
+        for a, b in (("fogo", "muon"), ("fogo", "adam"), ("muon", "adam")):
+            if (metric, a, b) != ("rare_acc", "fogo", "muon"):
+                rows.append((metric, a, b, st.paired(diffs(arms[a], arms[b], metric, seeds))))
+    holm = st.holm([r[3]["p"] for r in rows])
+    for (metric, a, b, t), h in zip(rows, holm):
+        if metric in ("acc", "rare_acc"):
+            print(f"{label} secondary (Holm over {len(rows)}) {metric} {a} - {b}: {fmt_t(t)}, Holm {h:.3f}")
+
+
 def class_imbalanced(runs):
     print("== class-imbalanced, FOGO - Muon")
     fresh = load(runs, "2026-11-27-ci48-fresh.jsonl")
@@ -88,11 +106,15 @@ def class_imbalanced(runs):
     line("3(a) rare_acc without seed 12", diffs(fogo, muon, "rare_acc", no12))
     print(f"   Muon seed 12 rare_acc {muon[12]['rare_acc']}, acc {muon[12]['acc']}; "
           f"FOGO seed 12 rare_acc {fogo[12]['rare_acc']}")
+    adam = by_seed(fresh, "adam")
+    secondary_family("3(a)", {"fogo": fogo, "muon": muon, "adam": adam}, seeds_a)
     f16 = by_seed(load(runs, "2026-11-27-ci16-cosine-fogo.jsonl"))
     m16 = by_seed(load(runs, "2026-11-27-ci16-cosine-muon.jsonl"))
     t_b = line("3(b) rare_acc, seeds 20-24", diffs(f16, m16, "rare_acc", range(20, 25)))
     line("3(b) rare_acc, seeds 22-24 (no tuning seed)", diffs(f16, m16, "rare_acc", range(22, 25)))
     line("3(b) acc, seeds 20-24", diffs(f16, m16, "acc", range(20, 25)))
+    a16 = by_seed(load(runs, "2026-11-27-ci16-cosine-adam.jsonl"))
+    secondary_family("3(b)", {"fogo": f16, "muon": m16, "adam": a16}, range(20, 25))
 
     print("== heterogeneity of the FOGO - Muon rare-class estimates (Cochran's Q)")
     old = {name: st.paired(d) for name, d in OLD_TABLES.items()}
@@ -123,7 +145,9 @@ def class_il(runs):
     for family, members in (("primary, Holm over 2", primary), ("secondary, Holm over 10", secondary)):
         holm = st.holm([r[4]["p"] for r in members])
         for (metric, a, b, d, t, w), h in zip(members, holm):
-            print(f"[{family}] {metric} {a} - {b}: {fmt_t(t)}, Holm {h:.3f}; {fmt_w(w)}; per seed "
+            first = st.detectable(t["se"], t["df"], 0.05 / len(members))
+            print(f"[{family}] {metric} {a} - {b}: {fmt_t(t)}, Holm {h:.3f}, detectable at "
+                  f"0.05/{len(members)} {first:.1f}; {fmt_w(w)}; per seed "
                   + ", ".join(f"{x:+.2f}" for x in d))
 
 
