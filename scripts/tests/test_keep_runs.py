@@ -64,6 +64,24 @@ def test_gpt2_runs_keep_loss_against_tokens_and_seconds(tmp_path):
     assert line["command"] == "gpt2 compare ..."
 
 
+def test_gpt2_runs_keep_their_last_sessions_provenance(tmp_path):
+    root = tmp_path / "gpt2"
+    write(str(root / "muon-seed1" / "metrics.jsonl"),
+          [{"step": 100, "tokens": 204800, "optimizer": "muon", "lr": 0.024, "val_loss": 1.85,
+            "train_seconds": 17.7}])
+    write(str(root / "muon-seed1" / "provenance.jsonl"),
+          [{"step": 0, "command": "gpt2 train --a", "commit": "aaaaaaaaaaaa", "isa": "avx2",
+            "machine": "m1", "date": "2026-11-29T01:00:00Z"},
+           {"step": 50, "command": "gpt2 train --a --resume", "commit": "bbbbbbbbbbbb",
+            "isa": "avx2 avx512f", "machine": "m2", "date": "2026-11-29T02:00:00Z"}])
+    out = tmp_path / "p.jsonl"
+    keep_runs.keep(str(root), str(out), command="ignored: the run names its own")
+    (line,) = [json.loads(l) for l in out.read_text().splitlines()]
+    assert line["commit"] == "bbbbbbbbbbbb" and line["machine"] == "m2"
+    assert line["isa"] == "avx2 avx512f" and line["date"] == "2026-11-29T02:00:00Z"
+    assert line["command"] == "gpt2 train --a --resume"
+
+
 def test_an_empty_folder_is_refused(tmp_path):
     try:
         keep_runs.keep(str(tmp_path), str(tmp_path / "x.jsonl"))
