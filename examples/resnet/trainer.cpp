@@ -620,6 +620,15 @@ class Run {
 
   // --- persistence -------------------------------------------------------------------------
 
+  // The run's provenance, one list for the checkpoint, its reload and result.jsonl: the session
+  // that trained the run last (command line, machine, date, the binary's commit, CPU ISA).
+  template <class Result>
+  static auto provenance(Result& r) {
+    return std::array{std::pair{"command", &r.command}, std::pair{"machine", &r.machine},
+                      std::pair{"date", &r.date}, std::pair{"commit", &r.commit},
+                      std::pair{"isa", &r.isa}};
+  }
+
   void save_checkpoint() {
     trainer::CheckpointWriter w;
     signature().write(w);
@@ -754,15 +763,6 @@ class Run {
       r.set(result_.summary_names[k], result_.summary[k]);
     }
     trainer::MetricsWriter::create(dir_ + "/result.jsonl").write(r);
-  }
-
-  // The run's provenance, one list for the checkpoint, its reload and result.jsonl: the session
-  // that trained the run last (command line, machine, date, the binary's commit, CPU ISA).
-  template <class Result>
-  static auto provenance(Result& r) {
-    return std::array{std::pair{"command", &r.command}, std::pair{"machine", &r.machine},
-                      std::pair{"date", &r.date}, std::pair{"commit", &r.commit},
-                      std::pair{"isa", &r.isa}};
   }
 
   // The run's wall time over all its sessions: set-up, training and evaluations. Kept in the
