@@ -706,6 +706,7 @@ TEST(Optimizers, MuonNorMuonFlagBuildsNorMuon) {
         copies.back().mutable_grad() = p.grad().clone();
       }
       fogo::Muon(copies, fogo::MuonOptions(1e-2)
+                             .weight_decay(*r.weight_decay)
                              .ns_dtype(fogo::trainer::parse_ns_dtype(r.ns_dtype))
                              .adjust_lr(fogo::MuonAdjustLR::Original)
                              .normuon(true))
