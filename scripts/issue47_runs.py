@@ -201,7 +201,7 @@ def keep(args):
     keep_runs = os.path.join(HERE, "keep_runs.py")
     for arm in ARMS:
         folder = os.path.join(args.out, arm)
-        if not glob.glob(os.path.join(folder, "*-seed*", "result.jsonl")):
+        if not glob.glob(os.path.join(folder, "**", "result.jsonl"), recursive=True):
             continue
         dest = os.path.join(ROOT, "docs", "runs", f"{args.date}-ci16-fresh-{arm}.jsonl")
         note = (f"issue 47 ({'NorMuon' if 'normuon' in arm else '3(b) extended'}): arm {arm} "
