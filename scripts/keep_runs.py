@@ -13,12 +13,15 @@ command per run, so a reader can recompute each number"):
   the run (kept in its checkpoint).
 - gpt2: every run folder holding metrics.jsonl (<optimizer>-seed<seed>, sweep/<optimizer>-x<f>,
   or RUN_FOLDER itself): the validation records as "curve" ([tokens, train seconds, val loss]
-  each: loss against tokens and against seconds) and the final validation loss; the trainer does
-  not record its command line, so --command gives it (one command for the folder).
+  each: loss against tokens and against seconds) and the final validation loss, with the command,
+  commit, machine, isa and date of the session that trained it last (provenance.jsonl, since
+  issue 47); for runs made before that --command gives the command (one for the folder).
 
-Every line gets "run" (its folder under RUN_FOLDER), "commit" (git describe --always --dirty of
-this checkout: keep runs from the checkout whose build made them) and, when given, --command and
---note. Standard library only. Prints what it kept.
+Every line gets "run" (its folder under RUN_FOLDER), "kept_commit" (git describe --always
+--dirty of this checkout) and, when given, --command and --note. "commit" is the commit of the
+binary that trained the run where its record names it (resnet_train since issue 47, with "isa"),
+else this checkout's, as before issue 47 (then keep runs from the checkout whose build made them).
+Standard library only. Prints what it kept.
 """
 import argparse
 import json
@@ -73,9 +76,16 @@ def gpt2_runs(root):
         if not curve:
             continue
         first = records[0]
-        runs.append({"run": os.path.relpath(dirpath, root), "optimizer": first.get("optimizer"),
-                     "lr": first.get("lr"), "steps": records[-1].get("step"),
-                     "final_val_loss": curve[-1][2], "curve": curve})
+        run = {"run": os.path.relpath(dirpath, root), "optimizer": first.get("optimizer"),
+               "lr": first.get("lr"), "steps": records[-1].get("step"),
+               "final_val_loss": curve[-1][2], "curve": curve}
+        # Since issue 47 the trainer records each session's command, binary commit, machine,
+        # ISA and date (provenance.jsonl): the last session's is the run's.
+        if "provenance.jsonl" in filenames:
+            sessions = read_jsonl(os.path.join(dirpath, "provenance.jsonl"))
+            if sessions:
+                run.update({k: v for k, v in sessions[-1].items() if k != "step" and v})
+        runs.append(run)
     return runs
 
 
@@ -87,8 +97,9 @@ def keep(root, out, command=None, note=None):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         for run in runs:
-            line = {**run, "commit": commit}
-            if command:
+            # The binary's own commit when its record names it (issue 47), else the checkout's.
+            line = {**run, "commit": run.get("commit") or commit, "kept_commit": commit}
+            if command and not run.get("command"):
                 line["command"] = command
             if note:
                 line["note"] = note

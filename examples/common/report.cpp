@@ -302,10 +302,22 @@ std::string utc_now() {
   return buf;
 }
 
-std::string machine_description() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model, flags;
+namespace {
+
+// What machine_description() and cpu_isa() read of /proc/cpuinfo: the first CPU's model name and
+// flags (" flag flag ... ", spaced so that " avx2 " finds a whole flag) and the number of CPUs.
+struct CpuInfo {
+  std::string model, flags;
   int cpus = 0;
+  bool has(const std::string& flag) const {
+    return flags.find(" " + flag + " ") != std::string::npos;
+  }
+};
+
+CpuInfo read_cpuinfo() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  CpuInfo info;
   const auto value = [](const std::string& l) {
     const size_t colon = l.find(':');
     if (colon == std::string::npos) return std::string();
@@ -313,16 +325,23 @@ std::string machine_description() {
     return start == std::string::npos ? std::string() : l.substr(start);
   };
   while (std::getline(in, line)) {
-    if (line.rfind("processor", 0) == 0) ++cpus;
-    if (model.empty() && line.rfind("model name", 0) == 0) model = value(line);
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + value(line) + " ";
+    if (line.rfind("processor", 0) == 0) ++info.cpus;
+    if (info.model.empty() && line.rfind("model name", 0) == 0) info.model = value(line);
+    if (info.flags.empty() && line.rfind("flags", 0) == 0) info.flags = " " + value(line) + " ";
   }
+  return info;
+}
+
+}  // namespace
+
+std::string machine_description() {
+  const CpuInfo info = read_cpuinfo();
   std::ostringstream out;
-  out << (model.empty() ? "unknown CPU" : model);
-  if (cpus > 0) out << " (" << cpus << " CPUs)";
+  out << (info.model.empty() ? "unknown CPU" : info.model);
+  if (info.cpus > 0) out << " (" << info.cpus << " CPUs)";
   // The widest x86 vector extension the kernel reports (other architectures: none named).
   for (const char* isa : {"avx512f", "avx2", "avx", "sse4_2"}) {
-    if (flags.find(std::string(" ") + isa + " ") != std::string::npos) {
+    if (info.has(isa)) {
       std::string name = isa;
       for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       out << ", " << name;
@@ -331,6 +350,15 @@ std::string machine_description() {
   }
   out << "; torch CPU kernels: " << at::get_cpu_capability();
   return out.str();
+}
+
+std::string cpu_isa() {
+  const CpuInfo info = read_cpuinfo();
+  std::string out;
+  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) {
+    if (info.has(flag)) out += (out.empty() ? "" : " ") + std::string(flag);
+  }
+  return out.empty() ? "none" : out;
 }
 
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}

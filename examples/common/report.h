@@ -69,6 +69,14 @@ std::string utc_now();
 /// /proc/cpuinfo, and the kernels torch dispatches to (ATen's CPU capability), e.g.
 /// "AMD EPYC 7B13 (2 CPUs), AVX2; torch CPU kernels: AVX2".
 std::string machine_description();
+/// The vector and matrix extensions of this CPU that change what torch's kernels compute (issue
+/// 47; the runs are deterministic per ISA), those of {avx2, avx512f, avx512_bf16, amx_tile,
+/// amx_bf16} that /proc/cpuinfo lists, space-separated in that order; "none" when it lists none.
+std::string cpu_isa();
+/// The commit of the source tree this binary was built from: `git describe --always --dirty`
+/// taken at build time (examples/common/build_commit.cmake), "unknown" when it was not built
+/// from a git checkout. Every run record names it beside machine_description() and the date.
+const std::string& build_commit();
 
 class Table {
  public:

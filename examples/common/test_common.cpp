@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -758,6 +759,53 @@ TEST(ReportFamily, MachineNamesTheCpuAndTorchKernels) {
   if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo";
   EXPECT_EQ(m.find("unknown CPU"), std::string::npos) << m;
   EXPECT_NE(m.find(" CPUs)"), std::string::npos) << m;
+}
+
+// Issue 47: each of the listed extensions is named exactly when /proc/cpuinfo's first flags line
+// has it as a whole word.
+TEST(ReportFamily, IsaListsTheCpuinfoFlags) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo.good()) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, flags;
+  while (flags.empty() && std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
+  }
+  std::string expected;
+  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) {
+    if (flags.find(" " + std::string(flag) + " ") != std::string::npos)
+      expected += (expected.empty() ? "" : " ") + std::string(flag);
+  }
+  EXPECT_EQ(cpu_isa(), expected.empty() ? "none" : expected) << flags;
+}
+
+// Issue 47: the binary names the commit it was built from, `git describe --always --dirty` of
+// the source tree at build time: a commit of that tree's history (HEAD, or an ancestor when
+// commits came after the build), checked with git run now; "unknown" only where git cannot
+// describe the tree.
+TEST(ReportFamily, BuildCommitIsACommitOfTheSourceTree) {
+  const auto run = [](const std::string& args, std::string* out) {
+    const std::string cmd = "git -C '" FOGO_SOURCE_DIR "' " + args + " 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return false;
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) *out += buf;
+    return pclose(p) == 0;
+  };
+  std::string head;
+  // A copy of the binaries on another machine may not find its source tree.
+  if (!run("rev-parse HEAD", &head)) GTEST_SKIP() << FOGO_SOURCE_DIR " is not a git checkout here";
+  std::string commit = build_commit();
+  ASSERT_NE(commit, "unknown");
+  const std::string dirty = "-dirty";
+  if (commit.size() > dirty.size() &&
+      commit.compare(commit.size() - dirty.size(), dirty.size(), dirty) == 0) {
+    commit.resize(commit.size() - dirty.size());
+  }
+  if (const size_t g = commit.rfind("-g"); g != std::string::npos) commit = commit.substr(g + 2);
+  ASSERT_EQ(commit.size(), 12u) << build_commit();  // --abbrev=12
+  std::string ignored;
+  EXPECT_TRUE(run("merge-base --is-ancestor " + commit + " HEAD", &ignored))
+      << build_commit() << " is not HEAD (" << head << ") or one of its ancestors";
 }
 
 #ifdef FOGO_WITH_DISTRIBUTED

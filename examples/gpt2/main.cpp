@@ -17,6 +17,7 @@
 #include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/data_parallel.h"
+#include "common/report.h"
 #include "train.h"
 
 namespace {
@@ -112,5 +113,6 @@ int run(int argc, const char* const* argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fogo::trainer::set_command_line(argc, argv);  // each run's provenance (provenance.jsonl)
   return fogo::trainer::run_main("gpt2", [&] { return run(argc, argv); });
 }

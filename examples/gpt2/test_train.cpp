@@ -252,6 +252,21 @@ TEST_F(Training, ResumeEqualsUninterruptedBitwise) {
     int lines = 0;
     for (std::string line; std::getline(csv, line);) ++lines;
     EXPECT_EQ(lines, 1 + 4) << "a header and steps 5, 10, 15, 20";
+
+    // Issue 47: each of the two sessions left a provenance record naming the binary's commit,
+    // the CPU's ISA and the machine, from the step it started at.
+    std::ifstream prov(fs::path(c.out_dir) / "provenance.jsonl");
+    std::vector<std::string> records;
+    for (std::string line; std::getline(prov, line);) records.push_back(line);
+    ASSERT_EQ(records.size(), 2u);
+    EXPECT_EQ(records[0].rfind("{\"step\":0,", 0), 0u) << records[0];
+    EXPECT_EQ(records[1].find("{\"step\":0,"), std::string::npos) << records[1];
+    for (const auto& r : records) {
+      EXPECT_NE(r.find("\"commit\":\"" + fogo::trainer::build_commit() + "\""), std::string::npos)
+          << r;
+      EXPECT_NE(r.find("\"isa\":\"" + fogo::trainer::cpu_isa() + "\""), std::string::npos) << r;
+      EXPECT_NE(r.find("\"machine\":\""), std::string::npos) << r;
+    }
   }
 }
 

@@ -528,11 +528,17 @@ void Trainer::Impl::resume(tr::CheckpointReader& in) {
 }
 
 void Trainer::Impl::open_metrics() {
-  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
+  const auto open = [&](const char* name) {
     const std::string path = (std::filesystem::path(cfg_.out_dir) / name).string();
-    metrics_.push_back(step_ > 0 ? tr::MetricsWriter::resume(path, step_)
-                                 : tr::MetricsWriter::create(path));
-  }
+    return step_ > 0 ? tr::MetricsWriter::resume(path, step_) : tr::MetricsWriter::create(path);
+  };
+  for (const char* name : {"metrics.jsonl", "metrics.csv"}) metrics_.push_back(open(name));
+  // Issue 47: one record per session that trains the run, from the step it starts at: what made
+  // the run's numbers (command line, the binary's commit, machine, CPU ISA, date).
+  tr::Record session;
+  session.set("step", step_).set("command", tr::command_line()).set("commit", tr::build_commit());
+  session.set("machine", tr::machine_description()).set("isa", tr::cpu_isa());
+  open("provenance.jsonl").write(session.set("date", tr::utc_now()));
 }
 
 void Trainer::Impl::describe_run() const {

@@ -194,7 +194,7 @@ void write_summary(const Config& config, const Summary& summary,
     rec.set("wall_seconds", r.wall_seconds);
     for (size_t k = 0; k < names.size(); ++k) rec.set(names[k], r.summary[k]);
     rec.set("lr", *r.config.lr).set("command", r.command).set("machine", r.machine);
-    rec.set("date", r.date);
+    rec.set("date", r.date).set("commit", r.commit).set("isa", r.isa);
     all.write(rec);
   }
 }

@@ -117,6 +117,9 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.choice("muon-adjust", &c.muon_adjust, {"original", "match_rms"},
              "muon: lr rule, original (lr sqrt(max(1, A/B))) or match_rms (lr 0.2 sqrt(max(A, "
              "B)): update RMS 0.2 lr in every matrix)");
+  cli.flag("muon-normuon", &c.muon_normuon,
+           "muon: NorMuon's per-row second-moment normalization of the update (FOGO's: --fogo "
+           "normuon=true)");
   cli.choice("classifier", &c.classifier, {"own", "adamw"},
              "the classifier fc: own (trained by each optimizer like the rest) or adamw (AdamW at "
              "--classifier-lr for every optimizer, adam included)");
@@ -386,6 +389,7 @@ trainer::RunSignature run_signature(const Config& c) {
   // Recorded when on (not the default): older checkpoints stay resumable.
   if (c.sync_bn) s.add("sync-bn", true);
   if (c.optimizer == "muon" && c.muon_adjust != "original") s.add("muon-adjust", c.muon_adjust);
+  if (c.optimizer == "muon" && c.muon_normuon) s.add("muon-normuon", true);
   if (c.classifier != "own") {
     s.add("classifier", c.classifier).add("classifier-lr", *c.classifier_lr);
   }

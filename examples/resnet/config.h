@@ -70,6 +70,9 @@ struct Config {
   /// sqrt(max(A, B)): update RMS 0.2 lr in every matrix, so sigma x lr_fogo / 0.2 matches FOGO's
   /// update RMS layer by layer).
   std::string muon_adjust = "original";
+  /// muon: NorMuon's per-row second-moment normalization of the orthogonalized update
+  /// (fogo::MuonOptions::normuon; docs/muon.md, "NorMuon"). FOGO's own is --fogo normuon=true.
+  bool muon_normuon = false;
   /// own (the classifier fc is a matrix of muon/fogo, of adam/adamw's one group) | adamw (fc's
   /// weight and bias trained by AdamW at --classifier-lr for every optimizer, adam included: the
   /// heads matched, so that a comparison isolates the backbone's update rule).

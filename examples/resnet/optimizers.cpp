@@ -117,9 +117,11 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
     const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
                                                      : fogo::MuonAdjustLR::Original;
     matrix = std::make_unique<fogo::Muon>(
-        split.matrix.params, fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust));
-    desc << "muon lr " << lr << " (" << c.muon_adjust << "), NS " << ns_text << ", on "
-         << split.matrix.size() << " matrices";
+        split.matrix.params,
+        fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust).normuon(
+            c.muon_normuon));
+    desc << "muon lr " << lr << " (" << c.muon_adjust << (c.muon_normuon ? ", NorMuon" : "")
+         << "), NS " << ns_text << ", on " << split.matrix.size() << " matrices";
   } else if (c.optimizer == "fogo") {
     // One codebook group per network stage, named by it.
     fogo::NamedGroups stages = fogo::group_by(

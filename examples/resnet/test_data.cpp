@@ -13,6 +13,7 @@
 
 #include "common/cli.h"
 #include "common/metrics.h"
+#include "common/optimizers.h"
 #include "config.h"
 #include "continual.h"
 #include "data.h"
@@ -679,4 +680,56 @@ TEST(Optimizers, MuonMatchRmsGivesEveryMatrixTheSameUpdateRms) {
   bad.muon_adjust = "rms";
   EXPECT_EQ(error_of([&] { resolve(bad, "muon", 0); }),
             "--muon-adjust: expected original or match_rms, got 'rms'");
+}
+
+// --muon-normuon (issue 47's NorMuon arm): the trainer's Muon takes the same first step as a
+// fogo::Muon built with MuonOptions::normuon on the same weights and gradients, a different one
+// from plain Muon's, and the run signature names it (a run without it is not resumed as one).
+TEST(Optimizers, MuonNorMuonFlagBuildsNorMuon) {
+  const auto first_step = [](bool normuon, bool reference) {
+    Config c;
+    c.muon_normuon = normuon;
+    c.lr = 1e-2;
+    const Config r = resolve(c, "muon", 0);
+    torch::manual_seed(0);
+    ResNet18 model(ResNetOptions{1, 10, 8, 0});
+    TrainOptimizer opt(r, model);
+    const auto params = opt.matrix_optimizer()->param_groups().front().params();
+    std::vector<torch::Tensor> before;
+    for (const auto& p : params) before.push_back(p.detach().clone());
+    opt.zero_grad();
+    model->forward(torch::randn({8, 1, 28, 28})).square().mean().backward();
+    if (reference) {
+      std::vector<torch::Tensor> copies;
+      for (const auto& p : params) {
+        copies.push_back(p.detach().clone().requires_grad_(true));
+        copies.back().mutable_grad() = p.grad().clone();
+      }
+      fogo::Muon(copies, fogo::MuonOptions(1e-2)
+                             .weight_decay(*r.weight_decay)
+                             .ns_dtype(fogo::trainer::parse_ns_dtype(r.ns_dtype))
+                             .adjust_lr(fogo::MuonAdjustLR::Original)
+                             .normuon(true))
+          .step();
+      return copies;
+    }
+    opt.step();
+    std::vector<torch::Tensor> after;
+    for (const auto& p : params) after.push_back(p.detach().clone());
+    return after;
+  };
+  const auto trainer = first_step(true, false), reference = first_step(true, true);
+  const auto plain = first_step(false, false);
+  ASSERT_EQ(trainer.size(), reference.size());
+  bool differs = false;
+  for (size_t k = 0; k < trainer.size(); ++k) {
+    EXPECT_TRUE(torch::equal(trainer[k], reference[k].detach())) << "matrix " << k;
+    differs = differs || !torch::equal(trainer[k], plain[k]);
+  }
+  EXPECT_TRUE(differs) << "NorMuon's step is plain Muon's";
+  Config c;
+  c.muon_normuon = true;
+  EXPECT_NE(run_signature(resolve(c, "muon", 0)).to_text().find("muon-normuon"), std::string::npos);
+  EXPECT_EQ(run_signature(resolve(Config{}, "muon", 0)).to_text().find("muon-normuon"),
+            std::string::npos);
 }

@@ -651,6 +651,17 @@ TEST_P(Resume, EqualsUninterrupted) {
   EXPECT_EQ(reloaded.date, resumed.date);
   EXPECT_NE(read_file(dir + "/result.jsonl").find("\"date\":\"" + resumed.date + "\""),
             std::string::npos);
+  // Issue 47: the record names the binary's commit and the CPU's ISA, kept in the checkpoint with
+  // the rest of the provenance.
+  const std::string commit = fogo::trainer::build_commit(), isa = fogo::trainer::cpu_isa();
+  ASSERT_FALSE(commit.empty());
+  EXPECT_EQ(fogo::trainer::CheckpointReader(ckpt).get_string("commit"), commit);
+  EXPECT_EQ(fogo::trainer::CheckpointReader(ckpt).get_string("isa"), isa);
+  EXPECT_EQ(reloaded.commit, commit);
+  EXPECT_EQ(reloaded.isa, isa);
+  const std::string record = read_file(dir + "/result.jsonl");
+  EXPECT_NE(record.find("\"commit\":\"" + commit + "\""), std::string::npos) << record;
+  EXPECT_NE(record.find("\"isa\":\"" + isa + "\""), std::string::npos) << record;
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Resume,

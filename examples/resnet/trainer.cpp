@@ -4,6 +4,7 @@
 #include <fogo/hybrid.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -619,6 +620,15 @@ class Run {
 
   // --- persistence -------------------------------------------------------------------------
 
+  // The run's provenance, one list for the checkpoint, its reload and result.jsonl: the session
+  // that trained the run last (command line, machine, date, the binary's commit, CPU ISA).
+  template <class Result>
+  static auto provenance(Result& r) {
+    return std::array{std::pair{"command", &r.command}, std::pair{"machine", &r.machine},
+                      std::pair{"date", &r.date}, std::pair{"commit", &r.commit},
+                      std::pair{"isa", &r.isa}};
+  }
+
   void save_checkpoint() {
     trainer::CheckpointWriter w;
     signature().write(w);
@@ -629,9 +639,9 @@ class Run {
     result_.command = trainer::command_line();
     result_.machine = session_machine_;
     result_.date = trainer::utc_now();
-    w.put("command", result_.command);
-    w.put("machine", result_.machine);
-    w.put("date", result_.date);
+    result_.commit = trainer::build_commit();
+    result_.isa = session_isa_;
+    for (const auto& [key, field] : provenance(result_)) w.put(key, *field);
     w.put("comm_seconds", comm_seconds_);
     w.put("best_rare", best_rare_);
     if (rare_correct_.defined()) w.put_tensor("rare_correct", rare_correct_);
@@ -655,9 +665,7 @@ class Run {
     // counts every evaluation but the last, stands in for it.
     wall_before_ = in.has("wall_seconds") ? in.get_double("wall_seconds") : seconds_;
     comm_seconds_ = in.has("comm_seconds") ? in.get_double("comm_seconds") : 0.0;
-    for (const auto& [key, field] :
-         {std::pair{"command", &result_.command}, std::pair{"machine", &result_.machine},
-          std::pair{"date", &result_.date}}) {
+    for (const auto& [key, field] : provenance(result_)) {
       *field = in.has(key) ? in.get_string(key) : std::string();
     }
     best_rare_ = in.get_double("best_rare");
@@ -750,7 +758,7 @@ class Run {
     r.set("completed", result_.completed()).set("train_seconds", seconds_);
     r.set("wall_seconds", result_.wall_seconds);
     if (dp_.distributed()) r.set("communication_seconds", comm_seconds_);
-    r.set("command", result_.command).set("machine", result_.machine).set("date", result_.date);
+    for (const auto& [key, field] : provenance(result_)) r.set(key, *field);
     for (size_t k = 0; k < result_.summary.size(); ++k) {
       r.set(result_.summary_names[k], result_.summary[k]);
     }
@@ -769,6 +777,7 @@ class Run {
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   double wall_before_ = 0;  ///< wall time of the earlier sessions (checkpoint)
   const std::string session_machine_ = trainer::machine_description();
+  const std::string session_isa_ = trainer::cpu_isa();
   Config c_;
   trainer::DataParallel& dp_;
   std::ostream& log_;

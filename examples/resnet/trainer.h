@@ -42,9 +42,10 @@ struct RunResult {
   /// only reloads a finished run adds its own seconds), kept in the checkpoint.
   double wall_seconds = 0;
   /// Provenance of the session that trained the run last (kept in the checkpoint, so a run only
-  /// reloaded keeps its own): its command line, machine_description() and the UTC time of its
-  /// last checkpoint ("" for checkpoints written before 2026-11-27).
-  std::string command, machine, date;
+  /// reloaded keeps its own): its command line, machine_description(), the UTC time of its
+  /// last checkpoint ("" for checkpoints written before 2026-11-27), the binary's build_commit()
+  /// and cpu_isa() ("" for checkpoints written before issue 47).
+  std::string command, machine, date, commit, isa;
   bool completed() const { return steps == total_steps; }
 };
 

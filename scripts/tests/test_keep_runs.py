@@ -30,6 +30,21 @@ def test_resnet_runs_and_grid_points_keep_their_provenance(tmp_path):
     assert lines[0]["rare_acc"] == 40.66 and lines[0]["command"] == "resnet_train --x"
     assert lines[0]["machine"] == "AMD EPYC (2 CPUs)" and lines[0]["date"] == "2026-11-27T10:00:00Z"
     assert lines[0]["commit"] and lines[0]["note"] == "loaded machine"
+    assert lines[0]["kept_commit"] == lines[0]["commit"]  # a record that names no binary
+
+
+def test_a_record_naming_its_binary_keeps_that_commit(tmp_path):
+    # issue 47: resnet_train records the commit of its binary and the CPU's ISA; keeping the runs
+    # from a later checkout must not replace them.
+    root = tmp_path / "ci"
+    run = {"optimizer": "muon", "seed": 25, "lr": 0.06, "rare_acc": 61.0, "commit": "0123456789ab",
+           "isa": "avx2 avx512f", "machine": "AMD EPYC (2 CPUs)", "date": "2026-11-29T02:00:00Z"}
+    write(str(root / "muon-seed25" / "result.jsonl"), [run])
+    out = tmp_path / "k.jsonl"
+    keep_runs.keep(str(root), str(out))
+    (line,) = [json.loads(l) for l in out.read_text().splitlines()]
+    assert line["commit"] == "0123456789ab" and line["isa"] == "avx2 avx512f"
+    assert line["kept_commit"] == keep_runs.commit_of(HERE)
 
 
 def test_gpt2_runs_keep_loss_against_tokens_and_seconds(tmp_path):
@@ -47,6 +62,24 @@ def test_gpt2_runs_keep_loss_against_tokens_and_seconds(tmp_path):
     assert line["run"] == "fogo-seed1337" and line["final_val_loss"] == 1.90
     assert line["curve"] == [[51200, 15.0, 2.41], [204800, 61.0, 1.90]]
     assert line["command"] == "gpt2 compare ..."
+
+
+def test_gpt2_runs_keep_their_last_sessions_provenance(tmp_path):
+    root = tmp_path / "gpt2"
+    write(str(root / "muon-seed1" / "metrics.jsonl"),
+          [{"step": 100, "tokens": 204800, "optimizer": "muon", "lr": 0.024, "val_loss": 1.85,
+            "train_seconds": 17.7}])
+    write(str(root / "muon-seed1" / "provenance.jsonl"),
+          [{"step": 0, "command": "gpt2 train --a", "commit": "aaaaaaaaaaaa", "isa": "avx2",
+            "machine": "m1", "date": "2026-11-29T01:00:00Z"},
+           {"step": 50, "command": "gpt2 train --a --resume", "commit": "bbbbbbbbbbbb",
+            "isa": "avx2 avx512f", "machine": "m2", "date": "2026-11-29T02:00:00Z"}])
+    out = tmp_path / "p.jsonl"
+    keep_runs.keep(str(root), str(out), command="ignored: the run names its own")
+    (line,) = [json.loads(l) for l in out.read_text().splitlines()]
+    assert line["commit"] == "bbbbbbbbbbbb" and line["machine"] == "m2"
+    assert line["isa"] == "avx2 avx512f" and line["date"] == "2026-11-29T02:00:00Z"
+    assert line["command"] == "gpt2 train --a --resume"
 
 
 def test_an_empty_folder_is_refused(tmp_path):

@@ -1,0 +1,56 @@
+"""scripts/issue47_runs.py: the declared tests read kept files, pair by seed over the declared
+seeds only (tuning seeds and grid points never enter), and refuse a seed kept twice."""
+import importlib.util
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("issue47_runs", os.path.join(HERE, "..", "issue47_runs.py"))
+runs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runs)
+
+
+def write(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def record(opt, seed, rare, run=None, split="test"):
+    return {"run": run or f"{opt}-seed{seed}", "split": split, "optimizer": opt, "seed": seed,
+            "completed": True, "rare_acc": rare, "acc": rare + 30}
+
+
+def test_primary_pairs_declared_seeds_only(tmp_path):
+    d = str(tmp_path)
+    # 3(b)'s kept files hold tuning seeds 20, 21 too; they must not be paired.
+    write(os.path.join(d, "2026-11-27-ci16-cosine-fogo.jsonl"),
+          [record("fogo", s, 60 + s) for s in range(20, 25)])
+    write(os.path.join(d, "2026-11-27-ci16-cosine-muon.jsonl"),
+          [record("muon", s, 50.0) for s in range(20, 25)])
+    write(os.path.join(d, "2026-11-29-ci16-fresh-fogo.jsonl"),
+          [record("fogo", 25, 70.0), record("fogo", 26, 71.0, run="sweep/lr0.01/fogo-seed26", split="val")])
+    write(os.path.join(d, "2026-11-29-ci16-fresh-muon.jsonl"), [record("muon", 25, 69.0), record("muon", 26, 1.0)])
+    rows = runs.test_results(d)
+    primary = rows[0]
+    assert primary["family"] == "primary" and (primary["a"], primary["b"]) == ("fogo", "muon")
+    assert primary["pairs"] == [22, 23, 24, 25]  # 26: fogo's only record is a grid point
+    assert primary["diffs"] == [32.0, 33.0, 34.0, 1.0]
+    assert primary["declared"] == 13
+    assert abs(primary["t"]["mean"] - 25.0) < 1e-12
+    assert primary["wilcoxon"]["p"] == 0.125  # four positive differences: 2 / 16
+    # The memory-off test has no runs yet: counted as p = 1 in its Holm family of three.
+    memory = rows[1]
+    assert memory["pairs"] == [] and "t" not in memory and memory["holm"] == 1.0
+
+
+def test_a_seed_kept_twice_is_refused(tmp_path):
+    d = str(tmp_path)
+    write(os.path.join(d, "2026-11-29-ci16-fresh-normuon.jsonl"), [record("muon", 25, 1.0)])
+    write(os.path.join(d, "2026-11-30-ci16-fresh-normuon.jsonl"), [record("muon", 25, 2.0)])
+    try:
+        runs.kept_runs("normuon", d)
+    except SystemExit as e:
+        assert "seed 25 kept twice" in str(e)
+    else:
+        raise AssertionError("a seed kept twice was paired silently")
