@@ -184,7 +184,7 @@ void HybridOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& g
   if (param_groups_.size() > exact_groups_) {
     detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
   }
-  fogo::add_param_group(*this, group);
+  detail::add_param_group_as_given(*this, group);
   exact_groups_ = param_groups_.size();
 }
 
@@ -222,11 +222,7 @@ void HybridOptimizer::sync_options() const {
     TORCH_CHECK(opt, "HybridOptimizer: param group ", g,
                 " has AdamWOptions but this hybrid has no rest side");
     const torch::optim::OptimizerParamGroup routed(group.params(), options.clone());
-    if (auto* fogo_side = dynamic_cast<MatrixOptimizer*>(opt)) {
-      fogo_side->add_param_group(routed);
-    } else {
-      fogo::add_param_group(*opt, routed);
-    }
+    fogo::add_param_group(*opt, routed);  // a fogo side's own add_param_group
     route_.emplace_back(s, opt->param_groups().size() - 1);
     names_.push_back((s == Side::Rest ? "rest." : "matrix.") +
                      std::to_string(opt->param_groups().size() - 1));

@@ -13,7 +13,7 @@ MatrixOptimizer::MatrixOptimizer(const std::vector<torch::optim::OptimizerParamG
                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults)
     : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::move(defaults)) {
   // Not through add_param_group: name() is not callable while the derived class is constructed.
-  for (const auto& group : param_groups) fogo::add_param_group(*this, group);
+  for (const auto& group : param_groups) detail::add_param_group_as_given(*this, group);
   exact_groups_ = param_groups_.size();
 }
 
@@ -22,7 +22,7 @@ void MatrixOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& g
   if (param_groups_.size() > exact_groups_) {
     detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
   }
-  fogo::add_param_group(*this, group);
+  detail::add_param_group_as_given(*this, group);
   exact_groups_ = param_groups_.size();
 }
 

@@ -9,6 +9,15 @@ namespace fogo {
 
 void add_param_group(torch::optim::Optimizer& optimizer,
                      const torch::optim::OptimizerParamGroup& group) {
+  if (auto* fogo_optimizer = dynamic_cast<ExactParamGroups*>(&optimizer)) {
+    fogo_optimizer->add_param_group_exactly(group);
+  } else {
+    detail::add_param_group_as_given(optimizer, group);
+  }
+}
+
+void detail::add_param_group_as_given(torch::optim::Optimizer& optimizer,
+                                      const torch::optim::OptimizerParamGroup& group) {
   // LibTorch's own checks (leaf tensors, a parameter in two groups) and bookkeeping first; then
   // the options it may have rebuilt are replaced by the group's own.
   optimizer.add_param_group(group);

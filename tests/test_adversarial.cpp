@@ -407,7 +407,9 @@ class Harness {
   // A group added after construction (add_param_group skips the constructor's checks).
   void add_group_later(const Spec& spec) {
     auto p = make_tensor(spec.shape, spec.dtype, spec.layout).requires_grad_(true);
-    direct_->add_param_group(torch::optim::OptimizerParamGroup({p}));
+    // Through the torch::optim::Optimizer&: fogo::add_param_group (its own add_param_group
+    // would lose a group's options on torch 2.15; param_groups.h).
+    fogo::add_param_group(*direct_, torch::optim::OptimizerParamGroup({p}));
     params_.push_back(p);
     scenario_.specs.push_back(spec);
   }

@@ -244,6 +244,32 @@ TEST(TorchVersions, AGroupAddedAroundFogoIsRefusedWhereTorchDroppedItsOptions) {
   EXPECT_TRUE(fogo::test::bit_identical(values({w, v}), before));
 }
 
+// Through a torch::optim::Optimizer&, fogo::add_param_group reaches a fogo optimizer's own
+// add_param_group: the group keeps its options and steps, on every torch.
+TEST(TorchVersions, FogoAddParamGroupThroughAnOptimizerReferenceKeepsTheOptions) {
+  auto w = torch::randn({4, 4}).requires_grad_();
+  auto v = torch::randn({5, 3}).requires_grad_();
+  fogo::Muon muon({w}, fogo::MuonOptions(1e-3));
+  torch::optim::Optimizer& base = muon;
+  fogo::add_param_group(base, OptimizerParamGroup({v}, std::make_unique<fogo::MuonOptions>(0.05)));
+  EXPECT_EQ(muon.param_groups()[1].options().get_lr(), 0.05);
+  v.mutable_grad() = torch::ones_like(v);
+  const auto start = v.detach().clone();
+  muon.step();
+  auto lone = start.clone().requires_grad_();
+  fogo::Muon reference({lone}, fogo::MuonOptions(0.05));
+  lone.mutable_grad() = torch::ones_like(lone);
+  reference.step();
+  EXPECT_TRUE(fogo::test::bit_identical({v.detach()}, {lone.detach()}));
+
+  auto b = torch::randn({5, 2}).requires_grad_();
+  fogo::HybridOptimizer hybrid(
+      std::make_unique<fogo::Muon>(std::vector{w}, fogo::MuonOptions(1e-3)), nullptr);
+  fogo::add_param_group(static_cast<torch::optim::Optimizer&>(hybrid),
+                        OptimizerParamGroup({b}, std::make_unique<fogo::MuonOptions>(0.05)));
+  EXPECT_EQ(hybrid.param_groups()[1].options().get_lr(), 0.05);
+}
+
 // Every binary loads the NCCL and CUDA runtime of the torch wheel it runs with (the directory
 // next to the libtorch_cuda.so it mapped: site-packages/nvidia/*/lib), never a system CUDA
 // toolkit's (cmake/FogoTorch.cmake): torch 2.15 needs its own NCCL 2.30 and cudart 13.2.

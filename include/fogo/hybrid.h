@@ -6,6 +6,7 @@
 
 #include <c10/util/Type.h>
 #include <fogo/nonfinite.h>
+#include <fogo/param_groups.h>
 #include <fogo/routing.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
@@ -60,7 +61,7 @@ NamedGroups group_by(const NamedParams& params, const GroupKey& key);
 /// sides' own param_groups() are overwritten by the hybrid's at the next step (change them in
 /// opt.param_groups()); group_by() returns names with the groups; opt.state() is empty (each
 /// side keeps its state).
-class HybridOptimizer : public torch::optim::Optimizer {
+class HybridOptimizer : public torch::optim::Optimizer, public ExactParamGroups {
  public:
   /// Either side may be null (a model without matrices, say), not both. `matrix_group_names`
   /// name the matrix side's param groups (default "matrix", or "matrix.<k>" for several); the
@@ -90,6 +91,9 @@ class HybridOptimizer : public torch::optim::Optimizer {
   /// them by the defaults: a group added through a torch::optim::Optimizer& there is refused at
   /// the next step (param_groups.h).
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
+  void add_param_group_exactly(const torch::optim::OptimizerParamGroup& group) override {
+    add_param_group(group);
+  }
 
   /// Sets every group's lr to (its base lr) * factor: how a schedule drives both sides, whose
   /// base learning rates usually differ (Muon 2e-2 vs AdamW 3e-4, say).

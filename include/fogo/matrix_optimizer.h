@@ -20,6 +20,7 @@
 #include <ATen/Tensor.h>
 #include <fogo/matrix_view.h>
 #include <fogo/nonfinite.h>
+#include <fogo/param_groups.h>
 #include <fogo/step_shard.h>
 #include <torch/optim/optimizer.h>
 
@@ -39,7 +40,7 @@ struct StepContext {
   std::optional<NonFiniteDecision> decided;
 };
 
-class MatrixOptimizer : public torch::optim::Optimizer {
+class MatrixOptimizer : public torch::optim::Optimizer, public ExactParamGroups {
  public:
   /// Every group keeps exactly the options it is given (its own, or `defaults` when it has none),
   /// on every LibTorch (param_groups.h).
@@ -50,6 +51,9 @@ class MatrixOptimizer : public torch::optim::Optimizer {
   /// torch::optim::Optimizer::add_param_group, which since torch 2.15 replaces them by the
   /// defaults: a group added through a torch::optim::Optimizer& there is refused at the next step.
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
+  void add_param_group_exactly(const torch::optim::OptimizerParamGroup& group) override {
+    add_param_group(group);
+  }
 
   /// One step of every param group with nothing decided by a caller: step_with({}, closure).
   torch::Tensor step(LossClosure closure = nullptr) override;

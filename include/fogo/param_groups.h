@@ -23,10 +23,25 @@
 
 namespace fogo {
 
+/// What fogo's optimizers (FOGO, Muon, the hybrid) implement: adding a group with exactly its
+/// options and keeping what else they hold per group; fogo::add_param_group calls it.
+class ExactParamGroups {
+ public:
+  virtual ~ExactParamGroups() = default;
+  virtual void add_param_group_exactly(const torch::optim::OptimizerParamGroup& group) = 0;
+};
+
 /// Adds `group` to `optimizer` with exactly its own options (a copy), or the optimizer's
-/// defaults when it has none: what torch 2.11's add_param_group did.
+/// defaults when it has none: what torch 2.11's add_param_group did. Through a
+/// torch::optim::Optimizer& this is the way to add a group to a fogo optimizer.
 void add_param_group(torch::optim::Optimizer& optimizer,
                      const torch::optim::OptimizerParamGroup& group);
+
+namespace detail {
+/// torch::optim::Optimizer::add_param_group, then the group's own options put back.
+void add_param_group_as_given(torch::optim::Optimizer& optimizer,
+                              const torch::optim::OptimizerParamGroup& group);
+}  // namespace detail
 
 /// Whether this LibTorch's Optimizer::add_param_group keeps a group's own options for an
 /// optimizer that is not one of torch's (true on torch 2.11, false on 2.15), measured once on a
