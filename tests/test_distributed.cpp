@@ -751,9 +751,12 @@ struct ShardedPair {
     for (auto& p : model->parameters()) {
       (p.dim() == 2 ? matrices : biases).push_back(p);
     }
+    // Newton-Schulz in bf16, not auto: auto decides by timing, and on a loaded machine the
+    // world-2 run that writes the checkpoint and a later job that resumes it can decide apart.
     muon = std::make_unique<fogo::dist::ShardedOptimizer>(
         group, matrices, [](std::vector<torch::Tensor> own) {
-          return std::make_unique<fogo::Muon>(std::move(own), fogo::MuonOptions(0.02));
+          return std::make_unique<fogo::Muon>(std::move(own),
+                                              fogo::MuonOptions(0.02).ns_dtype(torch::kBFloat16));
         });
     adamw = std::make_unique<fogo::dist::ShardedOptimizer>(
         group, biases, [](std::vector<torch::Tensor> own) {
