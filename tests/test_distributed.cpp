@@ -877,7 +877,7 @@ void scenario_checkpoint_resume(const fogo::dist::ProcessGroup& group) {
     for (auto& p : model->parameters()) {
       (p.dim() == 2 ? matrices : biases).push_back(p);
     }
-    fogo::Muon muon(matrices, fogo::MuonOptions(0.02));
+    fogo::Muon muon(matrices, fogo::MuonOptions(0.02).ns_dtype(torch::kBFloat16));
     torch::optim::AdamW adamw(biases, torch::optim::AdamWOptions(0.01));
     auto muon_plain = archive("muon.pt"), adamw_plain = archive("adamw.pt");
     muon.load(muon_plain);
