@@ -181,9 +181,7 @@ HybridOptimizer::HybridOptimizer(std::unique_ptr<torch::optim::Optimizer> matrix
 }
 
 void HybridOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& group) {
-  if (param_groups_.size() > exact_groups_) {
-    detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
-  }
+  detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
   detail::add_param_group_as_given(*this, group);
   exact_groups_ = param_groups_.size();
 }
@@ -199,9 +197,7 @@ void HybridOptimizer::sync_options() const {
   // Groups the user added to the hybrid (add_param_group is not virtual in LibTorch, so they
   // land in param_groups_ only): route each to the side whose options type it carries, unless
   // LibTorch already replaced its options (one added around add_param_group above, param_groups.h).
-  if (param_groups_.size() > exact_groups_) {
-    detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
-  }
+  detail::check_groups_added_exactly("HybridOptimizer", param_groups_, exact_groups_);
   for (size_t g = route_.size(); g < param_groups_.size(); ++g) {
     const auto& group = param_groups_[g];
     const auto& options = group.options();

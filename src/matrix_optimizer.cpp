@@ -19,9 +19,7 @@ MatrixOptimizer::MatrixOptimizer(const std::vector<torch::optim::OptimizerParamG
 
 void MatrixOptimizer::add_param_group(const torch::optim::OptimizerParamGroup& group) {
   // A group added around this one is refused before the new one is counted as exact.
-  if (param_groups_.size() > exact_groups_) {
-    detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
-  }
+  detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
   detail::add_param_group_as_given(*this, group);
   exact_groups_ = param_groups_.size();
 }
@@ -41,9 +39,7 @@ torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure
     loss = closure();
   }
   // 1. Validate everything before changing anything: first that every group has its own options.
-  if (param_groups_.size() > exact_groups_) {
-    detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
-  }
+  detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
   const detail::GradItems items = detail::collect_grads(
       name(), param_groups_, [&](size_t g) { check_group(g); },
       [&](size_t g, size_t i, const at::Tensor& p) { check_param(g, i, p); },
