@@ -1,5 +1,6 @@
 #pragma once
 // fogo: FOGO and Muon for LibTorch. Include this for everything.
+#include <fogo/adamw.h>
 #include <fogo/fogo_optimizer.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>

@@ -5,6 +5,7 @@
 // HybridOptimizer is one torch::optim::Optimizer over both sides.
 
 #include <c10/util/Type.h>
+#include <fogo/adamw.h>
 #include <fogo/nonfinite.h>
 #include <fogo/param_groups.h>
 #include <fogo/routing.h>
@@ -123,7 +124,8 @@ class HybridOptimizer : public torch::optim::Optimizer, public ExactParamGroups 
   const T* matrix() const {
     return side_as<T>(matrix_.get(), "matrix");
   }
-  /// The rest side (torch::optim::AdamW as make_hybrid builds it); null when there is none.
+  /// The rest side (fogo::FusedAdamW, a torch::optim::AdamW, as make_hybrid builds it); null when
+  /// there is none.
   template <class T = torch::optim::Optimizer>
   T* rest() {
     return side_as<T>(rest_.get(), "rest");
@@ -178,7 +180,8 @@ class HybridOptimizer : public torch::optim::Optimizer, public ExactParamGroups 
 
 /// Builds the usual hybrid for `module`: Matrix (fogo::Muon, fogo::FOGO) with
 /// `matrix_options` on the split's matrix side (one param group per `group_key`, named by it, or
-/// a single group "matrix" when it is empty), AdamW with `adamw_options` on the rest ("rest").
+/// a single group "matrix" when it is empty), AdamW with `adamw_options` on the rest ("rest"):
+/// fogo::FusedAdamW, torch::optim::AdamW stepped by PyTorch's fused kernel (adamw.h).
 template <class Matrix, class MatrixOptions>
 HybridOptimizer make_hybrid(const torch::nn::Module& module, const MatrixOptions& matrix_options,
                             const torch::optim::AdamWOptions& adamw_options,
@@ -196,7 +199,7 @@ HybridOptimizer make_hybrid(const torch::nn::Module& module, const MatrixOptions
     }
   }
   if (split.rest.size() > 0) {
-    rest = std::make_unique<torch::optim::AdamW>(split.rest.params, adamw_options);
+    rest = std::make_unique<FusedAdamW>(split.rest.params, adamw_options);
   }
   return HybridOptimizer(std::move(matrix), std::move(rest), std::move(names));
 }
