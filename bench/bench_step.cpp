@@ -23,63 +23,20 @@
 #include <memory>
 #include <string>
 
+#include "bench_util.h"
 #include "fogo_stages.h"
 #include "model_sets.h"
 
 namespace {
 
 using fogo::bench::fogo_preset;
+using fogo::bench::make_params;
 using fogo::bench::model_shapes;
 using fogo::bench::set_name;
+using fogo::bench::setup;
+using fogo::bench::Setup;
 using fogo::bench::Shape;
-
-struct Setup {
-  torch::Device device{torch::kCPU};
-  torch::ScalarType ns_dtype = torch::kBFloat16;
-  bool ok = true;
-};
-
-Setup setup(benchmark::State& state) {
-  Setup s;
-  s.device = state.range(1) == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA);
-  s.ns_dtype = state.range(2) == 0   ? torch::kBFloat16
-               : state.range(2) == 1 ? torch::kFloat
-                                     : fogo::kNSDtypeAuto;
-  if (s.device.is_cuda() && !torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    s.ok = false;
-  }
-  state.SetLabel(std::string(set_name(state.range(0))) + (s.device.is_cuda() ? " cuda" : " cpu") +
-                 " ns-" + fogo::ns_dtype_name(s.ns_dtype));
-  return s;
-}
-
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize();
-}
-
-std::vector<torch::Tensor> make_params(int64_t set, const torch::Device& device) {
-  torch::manual_seed(0);
-  std::vector<torch::Tensor> params;
-  for (const Shape& shape : model_shapes(set)) {
-    auto p = (0.02 * torch::randn(shape)).to(device).requires_grad_(true);
-    p.mutable_grad() = torch::randn(shape).to(device);
-    params.push_back(p);
-  }
-  return params;
-}
-
-// Times `step` after `warmup` untimed calls (FOGO's first step initialises its codebook and does
-// not filter; the second is the first steady-state one).
-void time_steps(benchmark::State& state, const torch::Device& device, int warmup,
-                const std::function<void()>& step) {
-  for (int k = 0; k < warmup; ++k) step();
-  synchronize(device);
-  for (auto _ : state) {
-    step();
-    synchronize(device);
-  }
-}
+using fogo::bench::time_steps;
 
 // Counters beside the time, so that a run shows each stage's distance from its roof without
 // arithmetic by hand: "bytes" (per call) is the traffic the stage cannot avoid, every input read
