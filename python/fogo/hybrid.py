@@ -141,6 +141,22 @@ class _HybridState(MutableMapping):
         return sum(len(side.state) for side in self._hybrid._sides.values())
 
 
+def _adamw_kernel(group: dict[str, Any], options: dict[str, Any]) -> dict[str, bool]:
+    """How the AdamW side steps ``group``: by torch's fused kernel (one kernel per device and
+    dtype for the whole group, where torch.optim.AdamW steps a parameter at a time on the CPU)
+    when every parameter allows it, by torch's own rule (floating point on a device with a fused
+    kernel: CUDA, and the CPU since torch 2.4); else by foreach where torch's rule allows that.
+    ``fused`` or ``foreach`` given in the group or in ``adamw_options`` is kept as given."""
+    given = {**options, **group}
+    if given.get("fused") is not None or given.get("foreach") is not None:
+        return {}
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    fused, foreach = _default_to_fused_or_foreach(
+        list(group["params"]), bool(given.get("differentiable", False)), use_fused=True)
+    return {"fused": True} if fused else {"foreach": foreach}
+
+
 def _init_adamw_state(opt: torch.optim.AdamW, group: dict[str, Any]) -> None:
     """AdamW's state for ``group``'s parameters, made now by AdamW's own lazy initialisation
     (``_init_group``, given zero gradients for the call) rather than at their first step: so
@@ -160,8 +176,9 @@ def _init_adamw_state(opt: torch.optim.AdamW, group: dict[str, Any]) -> None:
 
 class Hybrid(torch.optim.Optimizer):
     """One optimizer for a whole model: matrix weights stepped by ``matrix`` (fogo.FOGO or
-    fogo.Muon), everything else (biases, norms, embeddings, output heads) by torch.optim.AdamW,
-    as fogo::HybridOptimizer does in C++::
+    fogo.Muon), everything else (biases, norms, embeddings, output heads) by torch.optim.AdamW
+    (its fused kernel where the parameters allow it, as fogo::FusedAdamW in C++), as
+    fogo::HybridOptimizer does in C++::
 
         opt = fogo.Hybrid(model, fogo.Muon, lr=0.02, adamw_options={"lr": 3e-4})
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # drives both sides
@@ -309,6 +326,8 @@ class Hybrid(torch.optim.Optimizer):
         group["side"] = side
         if any(id(p) in self._owner for p in group["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
+        if side == "rest":
+            group.update(_adamw_kernel(group, self._options["rest"]))
         opt = self._sides.get(side)
         if opt is None:
             make = self._matrix_class if side == "matrix" else torch.optim.AdamW
