@@ -95,7 +95,7 @@ std::unique_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& par
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decay.empty()) groups.emplace_back(decay, options(c.weight_decay));
   if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
-  return fogo::with_param_groups<torch::optim::AdamW>(groups, *options(c.weight_decay));
+  return fogo::with_param_groups<fogo::FusedAdamW>(groups, *options(c.weight_decay));
 }
 
 // "h.3.attn.c_attn.weight" -> "attn.c_attn": what a codebook holds, whatever the layer.

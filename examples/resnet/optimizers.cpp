@@ -87,7 +87,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
           with_classifier_group(names, params, options, c), options);
     } else {
       const auto options = torch::optim::AdamWOptions(lr).weight_decay(wd);
-      single_ = fogo::with_param_groups<torch::optim::AdamW>(
+      single_ = fogo::with_param_groups<fogo::FusedAdamW>(
           with_classifier_group(names, params, options, c), options);
     }
     for (const auto& g : single_->param_groups()) base_lrs_.push_back(g.options().get_lr());
@@ -147,7 +147,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   description_ = desc.str();
   std::unique_ptr<torch::optim::Optimizer> rest =
       split.rest.size()
-          ? fogo::with_param_groups<torch::optim::AdamW>(
+          ? fogo::with_param_groups<fogo::FusedAdamW>(
                 with_classifier_group(split.rest.names, split.rest.params, adamw, c), adamw)
           : nullptr;
   hybrid_ = std::make_unique<fogo::HybridOptimizer>(std::move(matrix), std::move(rest),
