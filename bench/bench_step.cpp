@@ -14,8 +14,6 @@
 // the optimizers' default; steps only)[, stage].
 #include <benchmark/benchmark.h>
 #include <fogo/fogo.h>
-#include <fogo_private/ops.h>
-#include <fogo_private/projection.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -23,7 +21,9 @@
 #include <memory>
 #include <string>
 
-#include "fogo_stages.h"
+#include "fogo_private/fogo/projection.h"
+#include "fogo_private/fogo/stages.h"
+#include "fogo_private/ops/ops.h"
 #include "model_sets.h"
 
 namespace {
@@ -293,8 +293,9 @@ void BM_Step_AdamW(benchmark::State& state) {  // the NS dtype argument is ignor
 
 // ---------------------------------------------------------------------------------------------
 // FOGO's step by stage: each stage of docs/algorithm.md run alone on inputs of the real shapes,
-// through the optimizer's own routing (src/fogo_stages.h: its batching by shape, its Newton–Schulz
-// routes, projections and lift matrices), so that what is timed is what the step runs.
+// through the optimizer's own routing (src/fogo_private/fogo/stages.h: its batching by shape, its
+// Newton–Schulz routes, projections and lift matrices), so that what is timed is what the step
+// runs.
 
 enum Stage : int64_t {
   kMomenta,        // step 1: B = mu B + G, both streams
