@@ -16,7 +16,7 @@
 // components are not: a row's sets hold a small part of the codebook (|sim| > eps_st), and a
 // dense [2R, C] weight matrix times cbar would mostly multiply zeros. The row-wise kernels fuse
 // everything between the GEMMs.
-#include "fogo_private/cuda/ops_cuda.h"
+#include "fogo_private/ops/ops_cuda.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

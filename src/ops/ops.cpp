@@ -5,7 +5,7 @@
 #ifdef FOGO_WITH_CUDA
 #include <initializer_list>
 
-#include "fogo_private/cuda/ops_cuda.h"
+#include "fogo_private/ops/ops_cuda.h"
 #endif
 
 namespace fogo::ops {

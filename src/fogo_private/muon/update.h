@@ -3,7 +3,7 @@
 // dispatches: the ATen reference here, a multi-tensor CUDA kernel in cuda/.
 
 #include <ATen/Tensor.h>
-#include <fogo/muon.h>
+#include <fogo/muon_options.h>
 
 #include <algorithm>
 #include <utility>
