@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "common/data_parallel.h"
 #include "common/report.h"
+#include "common/runtime.h"
 #include "run_parts.h"
 #include "train.h"
 
