@@ -23,6 +23,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <fogo/muon.h>
 
 #include <algorithm>
 #include <optional>
