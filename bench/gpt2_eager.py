@@ -203,8 +203,9 @@ def parse_args():
     return args
 
 
-def main():
-    args = parse_args()
+def set_up_runtime(args):
+    """The device, whether it is CUDA, the autocast choice and the MFU peak; the trainer's
+    process-wide settings (threads, determinism, TF32)."""
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     if args.threads > 0:
@@ -217,7 +218,12 @@ def main():
         torch.set_float32_matmul_precision("high")  # TF32, as train.cpp on CUDA
     autocast = args.autocast == "bf16" or (args.autocast == "auto" and cuda)
     peak_tflops = args.peak_tflops if args.peak_tflops >= 0 else (989.0 if cuda else 0.0)
+    return device, cuda, autocast, peak_tflops
 
+
+def build(args, device):
+    """The model (seeded), its parameters, and AdamW over the trainer's groups (optim.cpp's:
+    decay for >= 2-D tensors, none for the LayerNorm weights)."""
     torch.manual_seed(args.seed)
     model = GPT(args.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd)
     model.to(device)
@@ -226,26 +232,22 @@ def main():
     n_params = sum(p.numel() for p in params)
     expected = num_parameters(args.vocab_size, args.n_layer, args.n_embd)
     assert n_params == expected, f"{n_params} parameters, model.h's formula gives {expected}"
-    flops_per_token = 6 * n_params + 12 * args.n_layer * args.n_embd * args.block_size
-
-    # optim.cpp's groups: decay for >= 2-D tensors, none for the LayerNorm weights.
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = "fused" if args.fused else "foreach"
     optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS,
                                   foreach=not args.fused, fused=args.fused or None)
+    return model, params, n_params, optimizer
 
-    tokens = torch.randint(args.vocab_size, (args.batch_size, args.block_size + 1),
-                           device=device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    tokens_per_step = args.batch_size * args.block_size
+
+def make_train_step(model, params, optimizer, x, y, device, autocast):
+    """One step; returns (loss, seconds of the step, seconds of step + zero_grad)."""
+    cuda = device.type == "cuda"
 
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
 
     def train_step():
-        """One step; returns (loss, seconds of the step, seconds of step + zero_grad)."""
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = model.loss(x, y)
@@ -263,6 +265,53 @@ def main():
         sync()
         end = time.perf_counter()
         return loss_value, end - start, end - opt_start
+
+    return train_step
+
+
+def summary_record(args, run):
+    """The closing key=value record of a run (`run`: what main measured and chose)."""
+    step_s, opt_s, losses = run["step_s"], run["opt_s"], run["losses"]
+    tokens_per_step, flops_per_token, peak_tflops = (run["tokens_per_step"],
+                                                     run["flops_per_token"], run["peak_tflops"])
+    step_median, step_mean = statistics.median(step_s), statistics.mean(step_s)
+    opt_median, opt_mean = statistics.median(opt_s), statistics.mean(opt_s)
+    tps, tps_mean = tokens_per_step / step_median, tokens_per_step / step_mean
+
+    def mfu(tokens_per_s):
+        if peak_tflops <= 0:
+            return math.nan
+        return flops_per_token * tokens_per_s / (peak_tflops * 1e12)
+
+    return {
+        "device": str(run["device"]), "device_name": run["device_name"].replace(" ", "_"),
+        "torch": torch.__version__, "arch": "paper", "n_layer": args.n_layer,
+        "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size,
+        "vocab_size": args.vocab_size, "batch_size": args.batch_size,
+        "tokens_per_step": tokens_per_step, "params": run["n_params"],
+        "flops_per_token": flops_per_token, "autocast": "bf16" if run["autocast"] else "off",
+        "adamw": run["adamw"], "deterministic": int(args.deterministic), "warmup": args.warmup,
+        "steps": args.steps, "step_ms_median": f"{1e3 * step_median:.3f}",
+        "step_ms_mean": f"{1e3 * step_mean:.3f}", "opt_ms_median": f"{1e3 * opt_median:.3f}",
+        "opt_ms_mean": f"{1e3 * opt_mean:.3f}", "opt_share": f"{opt_median / step_median:.4f}",
+        "tokens_per_s": f"{tps:.1f}", "tokens_per_s_mean": f"{tps_mean:.1f}",
+        "peak_tflops": peak_tflops if peak_tflops > 0 else math.nan,
+        "mfu": f"{mfu(tps):.4f}", "mfu_mean": f"{mfu(tps_mean):.4f}",
+        "loss_init": f"{losses[0]:.4f}", "loss_final": f"{losses[-1]:.4f}",
+    }
+
+
+def main():
+    args = parse_args()
+    device, cuda, autocast, peak_tflops = set_up_runtime(args)
+    model, params, n_params, optimizer = build(args, device)
+    flops_per_token = 6 * n_params + 12 * args.n_layer * args.n_embd * args.block_size
+    adamw = "fused" if args.fused else "foreach"
+    tokens = torch.randint(args.vocab_size, (args.batch_size, args.block_size + 1),
+                           device=device)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    tokens_per_step = args.batch_size * args.block_size
+    train_step = make_train_step(model, params, optimizer, x, y, device, autocast)
 
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"gpt2_eager: GPT-2 paper L{args.n_layer} H{args.n_head} E{args.n_embd} "
@@ -283,32 +332,10 @@ def main():
         if i >= args.warmup:
             step_s.append(seconds)
             opt_s.append(opt_seconds)
-
-    step_median, step_mean = statistics.median(step_s), statistics.mean(step_s)
-    opt_median, opt_mean = statistics.median(opt_s), statistics.mean(opt_s)
-    tps, tps_mean = tokens_per_step / step_median, tokens_per_step / step_mean
-
-    def mfu(tokens_per_s):
-        if peak_tflops <= 0:
-            return math.nan
-        return flops_per_token * tokens_per_s / (peak_tflops * 1e12)
-
-    summary = {
-        "device": str(device), "device_name": device_name.replace(" ", "_"),
-        "torch": torch.__version__, "arch": "paper", "n_layer": args.n_layer,
-        "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size,
-        "vocab_size": args.vocab_size, "batch_size": args.batch_size,
-        "tokens_per_step": tokens_per_step, "params": n_params,
-        "flops_per_token": flops_per_token, "autocast": "bf16" if autocast else "off",
-        "adamw": adamw, "deterministic": int(args.deterministic), "warmup": args.warmup,
-        "steps": args.steps, "step_ms_median": f"{1e3 * step_median:.3f}",
-        "step_ms_mean": f"{1e3 * step_mean:.3f}", "opt_ms_median": f"{1e3 * opt_median:.3f}",
-        "opt_ms_mean": f"{1e3 * opt_mean:.3f}", "opt_share": f"{opt_median / step_median:.4f}",
-        "tokens_per_s": f"{tps:.1f}", "tokens_per_s_mean": f"{tps_mean:.1f}",
-        "peak_tflops": peak_tflops if peak_tflops > 0 else math.nan,
-        "mfu": f"{mfu(tps):.4f}", "mfu_mean": f"{mfu(tps_mean):.4f}",
-        "loss_init": f"{losses[0]:.4f}", "loss_final": f"{losses[-1]:.4f}",
-    }
+    summary = summary_record(args, dict(
+        step_s=step_s, opt_s=opt_s, losses=losses, tokens_per_step=tokens_per_step,
+        flops_per_token=flops_per_token, peak_tflops=peak_tflops, device=device,
+        device_name=device_name, n_params=n_params, autocast=autocast, adamw=adamw))
     print("gpt2_eager " + " ".join(f"{key}={value}" for key, value in summary.items()))
 
 

@@ -37,7 +37,7 @@ def bench_name(kind, set_, stage=None):
     return name if stage is None else f"{name}/{stage}"
 
 
-STAGE_NS = 1  # bench_step.cpp's Stage enum: kMomenta 0, kNs 1, ...
+STAGE_NS = 1  # bench_stages.cpp's Stage enum: kMomenta 0, kNs 1, ...
 
 
 def load_bench(path):
@@ -137,7 +137,8 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def rows(bench, torch_muon, gpt2, eager, gpt2_accum=None):
+def step_rows(bench, torch_muon):
+    """The rows of fogo_bench's optimizer steps and stages, and of torch.optim.Muon's step."""
     t = bench.get
 
     def step(kind, set_):
@@ -185,6 +186,12 @@ def rows(bench, torch_muon, gpt2, eager, gpt2_accum=None):
     ok = None if any(v is None for v in vs_torch) else max(vs_torch) <= 0.3
     out.append(("fogo::Muon / torch.optim.Muon, both sets", "0.35-0.56", span(vs_torch),
                 "<= 0.3", verdict(ok)))
+    return out
+
+
+def trainer_rows(gpt2, eager, gpt2_accum=None):
+    """The rows of the GPT-2 trainer's training steps and of eager PyTorch's throughput."""
+    out = []
     # Training steps of the GPT-2 trainer per optimizer (at 0.5M tokens per step when given, as
     # the targets are defined), and eager PyTorch's throughput.
     steps = gpt2_accum if gpt2_accum else gpt2
@@ -204,6 +211,12 @@ def rows(bench, torch_muon, gpt2, eager, gpt2_accum=None):
     out.append(("GPT-2 124M trainer tokens/s vs eager PyTorch (both AdamW)", "not kept", got,
                 ">= eager's", verdict(None if ours is None or eager is None else ours >= eager)))
     return out
+
+
+
+
+def rows(bench, torch_muon, gpt2, eager, gpt2_accum=None):
+    return step_rows(bench, torch_muon) + trainer_rows(gpt2, eager, gpt2_accum)
 
 
 def table(rows_):

@@ -13,7 +13,29 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   # Without a GPU to detect, Torch would otherwise compile for every architecture it knows.
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures (Hopper: H100/H200)")
 endif()
+# Torch's config prints two warnings on every configure that say nothing about this build; both
+# are met here at their cause, so that a first configure shows none:
+# - "pytorch is not compatible with `CMAKE_CUDA_ARCHITECTURES` and will ignore its value": Torch's
+#   cuda.cmake enables CUDA itself, which (policy CMP0104, NEW) defines CMAKE_CUDA_ARCHITECTURES
+#   with nvcc's default, and then warns that it is defined. Torch chooses its own arch flags from
+#   TORCH_CUDA_ARCH_LIST (above) and only for legacy FindCUDA targets, and fogo sets
+#   CMAKE_CUDA_ARCHITECTURES to FOGO_CUDA_ARCHITECTURES after this (CMakeLists.txt) for its own
+#   kernels. So CUDA is enabled under CMP0104's OLD behaviour inside Torch's config alone (the
+#   variable is then left undefined, and there is nothing to warn about); fogo's targets are made
+#   later under NEW, with fogo's architectures.
+# - "library kineto not found": TorchConfig.cmake looks for a separate libkineto in every build,
+#   but the wheel's shared libtorch_cpu.so has kineto linked in (it exports libkineto's symbols)
+#   and ships no libkineto. The lookup's answer is set to the torch target, which TORCH_LIBRARIES
+#   lists anyway: nothing more is linked. (A static LibTorch, which would need libkineto, is not
+#   what fogo builds against.)
+set(kineto_LIBRARY torch CACHE INTERNAL "kineto is linked into the torch wheel's libtorch_cpu.so")
+unset(CMAKE_CUDA_ARCHITECTURES CACHE)  # a build folder configured before this change
+cmake_policy(PUSH)
+if(POLICY CMP0104)
+  cmake_policy(SET CMP0104 OLD)
+endif()
 find_package(Torch REQUIRED)
+cmake_policy(POP)
 if(TARGET caffe2::cuda)
   get_target_property(_fogo_cuda_libs caffe2::cuda INTERFACE_LINK_LIBRARIES)
   if(_fogo_cuda_libs)

@@ -60,6 +60,74 @@ bool all_finite(const std::vector<torch::Tensor>& tensors) {
   return true;
 }
 
+// The training images rotated into each domain: float [N, 784] in [0, 1], one per domain.
+std::vector<torch::Tensor> domain_images(const Config& c, const fogo::resnet::Dataset& train) {
+  std::vector<torch::Tensor> images;
+  for (int64_t k = 0; k < c.domains; ++k) {
+    const auto rotated = fogo::resnet::rotated(train, c.rotation_step * static_cast<double>(k));
+    images.push_back(rotated.images.reshape({rotated.size(), -1}).to(torch::kFloat) / 255.0);
+  }
+  return images;
+}
+
+void print_banner(const Config& c, int64_t pixels, size_t groups) {
+  std::cout << "fogo_soak: MLP " << pixels << "-" << c.hidden << "-" << c.hidden << "-10, "
+            << c.steps << " steps, a new domain (rotation by " << c.rotation_step
+            << " degrees more) every " << c.steps_per_task << " steps over " << c.domains
+            << " domains, batch " << c.batch_size << ", FOGO presets::domain_il_backbone on "
+            << groups << " codebook groups\n";
+  std::cout << std::setw(7) << "step" << std::setw(6) << "task" << std::setw(9) << "loss"
+            << std::setw(7) << "live" << std::setw(9) << "entropy" << std::setw(8) << "frozen"
+            << std::setw(10) << "nonfinite" << std::setw(10) << "rss MiB" << std::setw(9) << "s"
+            << "\n";
+}
+
+// What the run has seen: non-finite events, resident memory at the first and latest report, and
+// the losses since the last report.
+struct Tally {
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t nonfinite = 0;
+  double first_rss = 0, last_rss = 0, loss_sum = 0;
+  int64_t loss_count = 0;
+};
+
+// One report line: the mean loss since the last report, FOGO's telemetry averaged over the
+// codebook groups, the non-finite count, resident memory and seconds so far.
+void report(int64_t step, int64_t task, const fogo::FOGO& fogo_side, Tally& tally) {
+  const auto telemetry = fogo_side.telemetry();
+  double live = 0, entropy = 0, frozen = 0;
+  for (const auto& t : telemetry) {
+    live += static_cast<double>(t.live_centroids);
+    entropy += t.codebook_entropy;
+    frozen += static_cast<double>(t.frozen);
+  }
+  const double groups = static_cast<double>(telemetry.size());
+  tally.last_rss = resident_mib();
+  if (tally.first_rss == 0) tally.first_rss = tally.last_rss;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - tally.start).count();
+  std::cout << std::fixed << std::setw(7) << step + 1 << std::setw(6) << task
+            << std::setprecision(4) << std::setw(9)
+            << tally.loss_sum / std::max<int64_t>(tally.loss_count, 1) << std::setprecision(1)
+            << std::setw(7) << live / groups << std::setprecision(3) << std::setw(9)
+            << entropy / groups << std::setprecision(1) << std::setw(8) << frozen / groups
+            << std::setw(10) << tally.nonfinite << std::setw(10) << tally.last_rss << std::setw(9)
+            << seconds << std::endl;
+  tally.loss_sum = 0;
+  tally.loss_count = 0;
+}
+
+// The summary lines; 0 when nothing non-finite was seen and memory stayed within the bound.
+int verdict(const Config& c, const Tally& t) {
+  const double growth = t.first_rss > 0 ? t.last_rss / t.first_rss - 1 : 0;
+  std::cout << "fogo_soak: " << t.nonfinite << " non-finite events; resident memory " << std::fixed
+            << std::setprecision(1) << t.first_rss << " MiB at the first report, " << t.last_rss
+            << " MiB at the end (" << std::showpos << 100 * growth << std::noshowpos << "%)\n";
+  const bool ok = t.nonfinite == 0 && growth <= c.max_rss_growth;
+  std::cout << "fogo_soak: " << (ok ? "PASS" : "FAIL") << "\n";
+  return ok ? 0 : 1;
+}
+
 int run(const Config& c) {
   TORCH_CHECK(c.steps >= 1 && c.steps_per_task >= 1 && c.domains >= 1 && c.batch_size >= 1 &&
                   c.hidden >= 1 && c.report_every >= 1,
@@ -68,14 +136,9 @@ int run(const Config& c) {
   if (c.threads > 0) torch::set_num_threads(static_cast<int>(c.threads));
   torch::manual_seed(static_cast<uint64_t>(c.seed));
   const auto data = fogo::resnet::load_fashion_mnist(c.data_dir);
-  std::vector<torch::Tensor> domain_images;  // float [N, 784] in [0, 1], one per rotation
-  for (int64_t k = 0; k < c.domains; ++k) {
-    const auto rotated =
-        fogo::resnet::rotated(data.train, c.rotation_step * static_cast<double>(k));
-    domain_images.push_back(rotated.images.reshape({rotated.size(), -1}).to(torch::kFloat) / 255.0);
-  }
+  const std::vector<torch::Tensor> images = domain_images(c, data.train);
   const torch::Tensor labels = data.train.labels;
-  const int64_t n = labels.size(0), pixels = domain_images[0].size(1);
+  const int64_t n = labels.size(0), pixels = images[0].size(1);
 
   torch::nn::Sequential model(torch::nn::Linear(pixels, c.hidden), torch::nn::ReLU(),
                               torch::nn::Linear(c.hidden, c.hidden), torch::nn::ReLU(),
@@ -86,26 +149,14 @@ int run(const Config& c) {
       fogo::make_hybrid<fogo::FOGO>(*model, fogo::presets::domain_il_backbone(),
                                     torch::optim::AdamWOptions(1e-3), rules, fogo::shape_key);
   auto& fogo_side = *opt.matrix<fogo::FOGO>();
+  print_banner(c, pixels, fogo_side.param_groups().size());
 
-  std::cout << "fogo_soak: MLP " << pixels << "-" << c.hidden << "-" << c.hidden << "-10, "
-            << c.steps << " steps, a new domain (rotation by " << c.rotation_step
-            << " degrees more) every " << c.steps_per_task << " steps over " << c.domains
-            << " domains, batch " << c.batch_size << ", FOGO presets::domain_il_backbone on "
-            << fogo_side.param_groups().size() << " codebook groups\n";
-  std::cout << std::setw(7) << "step" << std::setw(6) << "task" << std::setw(9) << "loss"
-            << std::setw(7) << "live" << std::setw(9) << "entropy" << std::setw(8) << "frozen"
-            << std::setw(10) << "nonfinite" << std::setw(10) << "rss MiB" << std::setw(9) << "s"
-            << "\n";
-
-  const auto start = std::chrono::steady_clock::now();
-  int64_t nonfinite = 0;
-  double first_rss = 0, last_rss = 0, loss_sum = 0;
-  int64_t loss_count = 0;
+  Tally tally;
   for (int64_t step = 0; step < c.steps; ++step) {
     const int64_t task = step / c.steps_per_task;
     if (step > 0 && step % c.steps_per_task == 0) fogo_side.task_boundary();
     const torch::Tensor index = torch::randint(n, {c.batch_size}, torch::kLong);
-    const torch::Tensor x = domain_images[task % c.domains].index_select(0, index);
+    const torch::Tensor x = images[task % c.domains].index_select(0, index);
     const torch::Tensor y = labels.index_select(0, index);
     opt.zero_grad();
     const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
@@ -114,44 +165,17 @@ int run(const Config& c) {
     for (const auto& p : model->parameters()) grads.push_back(p.grad());
     const double value = loss.item<double>();
     if (!std::isfinite(value) || !all_finite(grads)) {
-      ++nonfinite;
+      ++tally.nonfinite;
       continue;  // never step on a non-finite gradient; counted, and the run fails at the end
     }
     opt.step();
-    if (!all_finite(model->parameters())) ++nonfinite;
-    loss_sum += value;
-    ++loss_count;
-    if ((step + 1) % c.report_every == 0 || step + 1 == c.steps) {
-      const auto telemetry = fogo_side.telemetry();
-      double live = 0, entropy = 0, frozen = 0;
-      for (const auto& t : telemetry) {
-        live += static_cast<double>(t.live_centroids);
-        entropy += t.codebook_entropy;
-        frozen += static_cast<double>(t.frozen);
-      }
-      const double groups = static_cast<double>(telemetry.size());
-      last_rss = resident_mib();
-      if (first_rss == 0) first_rss = last_rss;
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::cout << std::fixed << std::setw(7) << step + 1 << std::setw(6) << task
-                << std::setprecision(4) << std::setw(9)
-                << loss_sum / std::max<int64_t>(loss_count, 1) << std::setprecision(1)
-                << std::setw(7) << live / groups << std::setprecision(3) << std::setw(9)
-                << entropy / groups << std::setprecision(1) << std::setw(8) << frozen / groups
-                << std::setw(10) << nonfinite << std::setw(10) << last_rss << std::setw(9)
-                << seconds << std::endl;
-      loss_sum = 0;
-      loss_count = 0;
-    }
+    if (!all_finite(model->parameters())) ++tally.nonfinite;
+    tally.loss_sum += value;
+    ++tally.loss_count;
+    if ((step + 1) % c.report_every == 0 || step + 1 == c.steps)
+      report(step, task, fogo_side, tally);
   }
-  const double growth = first_rss > 0 ? last_rss / first_rss - 1 : 0;
-  std::cout << "fogo_soak: " << nonfinite << " non-finite events; resident memory " << std::fixed
-            << std::setprecision(1) << first_rss << " MiB at the first report, " << last_rss
-            << " MiB at the end (" << std::showpos << 100 * growth << std::noshowpos << "%)\n";
-  const bool ok = nonfinite == 0 && growth <= c.max_rss_growth;
-  std::cout << "fogo_soak: " << (ok ? "PASS" : "FAIL") << "\n";
-  return ok ? 0 : 1;
+  return verdict(c, tally);
 }
 
 }  // namespace

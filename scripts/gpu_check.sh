@@ -690,8 +690,8 @@ step_test() {
 # There: compute-sanitizer
 
 fogo_kernels() {
-  # The names of fogo's kernels, from its sources (src/cuda/*.cu travel with the tree).
-  cat "$root"/src/cuda/*.cu | tr '\n' ' ' |
+  # The names of fogo's kernels, from its sources (cuda/*.cu travel with the tree).
+  cat "$root"/cuda/*.cu | tr '\n' ' ' |
     grep -oE '__global__ +void +(__launch_bounds__\([^)]*\) +)?[A-Za-z_][A-Za-z_0-9]* *\(' |
     sed -E 's/ *\($//; s/.* //' | sort -u
 }
@@ -742,7 +742,7 @@ step_sanitize() {
     for n in $(fogo_kernels); do filter+=(--kernel-name "kns=$n"); done
   fi
   if ((${#filter[@]} == 0)); then
-    note "sanitize: no kernel filter (no --kernel-name, or no kernels found in src/cuda/): racecheck and synccheck check every kernel"
+    note "sanitize: no kernel filter (no --kernel-name, or no kernels found in cuda/): racecheck and synccheck check every kernel"
   fi
   pids=()
   for tool in racecheck synccheck; do

@@ -222,7 +222,7 @@ WHERE = [
     re.compile(r"at 0x[0-9a-f]+ in (?P<loc>[^:\s]+:\d+):(?P<fn>.+)"),
     re.compile(r"at (?P<fn>.+?)\+0x[0-9a-f]+"),
 ]
-# fogo's own kernels: their names (namespace fogo) or sources (src/cuda/*.cu, *.cuh, *.cpp of this
+# fogo's own kernels: their names (namespace fogo) or sources (cuda/*.cu, *.cuh, *.cpp of this
 # project, not ATen's native/cuda/ or anything else under a PyTorch or CUDA tree).
 OURS_NAME = re.compile(r"\bfogo::")
 OURS_FILE = re.compile(r"(^|/)cuda/[A-Za-z_0-9]+\.(cu|cuh|cpp):")

@@ -23,7 +23,8 @@
 # machine, so the table is the one a single process prints: the same bits, checked in
 # docs/results.md) and reports each run's own wall time (kept in its checkpoint). With extra
 # arguments the job runs as one process (they may change which runs there are).
-# Prints the mean ± sd table (with the machine and the wall time per run) and the tests between
+# While the three processes train, it shows one live line per optimizer (epoch, step, loss, ETA)
+# read from their logs (scripts/live_progress.py). Then it prints the mean ± sd table (with the machine and the wall time per run) and the tests between
 # every two optimizers on every metric, paired by seed, in two families each Holm-adjusted on its
 # own: the primary test named in the code before the runs (FOGO - Muon on rare-class accuracy,
 # the paper's claim) and the 17 others, each with its 95% CI and the smallest difference the
@@ -72,12 +73,17 @@ for lr in "${lrs[@]}"; do
   pids+=($!)
 done
 echo "training fogo, muon and adam as three processes (logs: $parts/<optimizer>.log) ..."
+# One live line per process (epoch, step, loss, ETA) read from its log until all three have ended:
+# redrawn in place on a terminal, plain lines every 30 s otherwise (scripts/live_progress.py).
+logs=()
+for lr in "${lrs[@]}"; do logs+=("${lr%%=*}=$parts/${lr%%=*}.log"); done
+python3 scripts/live_progress.py --pids "$(IFS=,; echo "${pids[*]}")" "${logs[@]}" ||
+  echo "run.sh: the progress display failed; the training goes on" >&2
 failed=0
 for k in "${!pids[@]}"; do
   opt=${lrs[$k]%%=*}
-  if wait "${pids[$k]}"; then
-    echo "  $opt done after $(($(date +%s) - start)) s"
-  else
+  # The display's last lines give each process's time; a failure is said here.
+  if ! wait "${pids[$k]}"; then
     echo "run.sh: the $opt process failed; the end of $parts/$opt.log:" >&2
     tail -n 20 "$parts/$opt.log" >&2
     failed=1

@@ -7,7 +7,7 @@
 # The default is the first of FOGO_TORCH_VERSIONS: 2.11.0, the GPU machines' torch (2.11.0+cu130)
 # and so the one version on which fogo's CUDA kernels have run on a GPU (docs/gpu-runs/); a
 # newcomer's build is the one that evidence covers. 2.15.0 (cu132) is PyPI's current torch: built
-# and tested in CI on every change (README, "Supported torch versions").
+# and tested in CI on every change (docs/build.md, "Supported torch versions").
 FOGO_TORCH_VERSIONS=(2.11.0 2.15.0)
 FOGO_TORCH_GPU=2.11.0
 FOGO_TORCH=${FOGO_TORCH:-${FOGO_TORCH_VERSIONS[0]}}

@@ -14,9 +14,6 @@
 #include <ATen/Context.h>
 #include <fogo/fogo.h>
 #include <fogo/newton_schulz.h>
-#include <fogo_private/codebook.h>
-#include <fogo_private/ops.h>
-#include <fogo_private/projected.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -27,8 +24,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "fogo_private/detail/routing.h"
-#include "graphed_step.h"
+#include "fogo_private/fogo/codebook.h"
+#include "fogo_private/fogo/projected.h"
+#include "fogo_private/frame/graphed_step.h"
+#include "fogo_private/ops/ops.h"
+#include "fogo_private/ops/routing.h"
 #ifdef FOGO_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -729,7 +729,7 @@ TEST(OpsEdges, EmptyItemsAndCodebooksAreAnsweredByTheDispatch) {
   EXPECT_EQ(book.centroids.sizes(), (std::vector<int64_t>{0, 8}));
 }
 
-// The dispatch's routing (fogo_private/detail/routing.h), which decides per item: each part in the
+// The dispatch's routing (fogo_private/ops/routing.h), which decides per item: each part in the
 // items' order, the results merged back into it; on the CPU every item goes to the reference
 // (counted by ops::routed_items), empty RMS-update items to neither.
 TEST(OpsEdges, EachItemGoesToItsOwnImplementationInItsOrder) {
@@ -1677,10 +1677,11 @@ torch::Tensor wide_batch(int64_t batch, int64_t m, int64_t n, bool ill_condition
   return B.to(dtype);
 }
 
-// Issue 33: ns_form Auto's own timer (CUDA events, time_on_cuda in src/newton_schulz.cpp), not an
-// injected one: on a GPU, the first sight of a shape times both forms (the decision says so, with
-// two positive, finite times) and takes the faster (Plain on a tie); later calls keep it without
-// timing again; the result is the chosen form's, bit for bit.
+// Issue 33: ns_form Auto's own timer (CUDA events, time_on_cuda in
+// src/newton_schulz/newton_schulz.cpp), not an injected one: on a GPU, the first sight of a shape
+// times both forms (the decision says so, with two positive, finite times) and takes the faster
+// (Plain on a tie); later calls keep it without timing again; the result is the chosen form's, bit
+// for bit.
 TEST(CudaParity, NsFormAutoTimesBothFormsOnTheGpuAndTakesTheFaster) {
   FOGO_REQUIRE_GPU();
   struct Defaults {  // the default timer, timing on, no kept decisions: before and after

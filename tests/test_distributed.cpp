@@ -40,8 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/internal.h"
-#include "fogo_private/detail/agreement.h"
+#include "fogo_private/distributed/internal.h"
+#include "fogo_private/frame/agreement.h"
 #include "rank_launcher.h"
 
 namespace {

@@ -2,8 +2,6 @@
 // hand computation in double precision), protection at task boundaries, checkpoints, and bad
 // or extreme input.
 #include <fogo/fogo.h>
-#include <fogo_private/detail/nonfinite.h>
-#include <fogo_private/projection.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +15,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "fogo_private/fogo/projection.h"
+#include "fogo_private/frame/nonfinite.h"
 #include "test_util.h"
 
 namespace {

@@ -2,11 +2,6 @@
 // solve for the lift, Theorem 4 for the protection, geometry for slerp and the filters, brute
 // force and the spec's formulas for the codebook.
 #include <ATen/CPUGeneratorImpl.h>
-#include <fogo_private/codebook.h>
-#include <fogo_private/momenta.h>
-#include <fogo_private/projected.h>
-#include <fogo_private/projection.h>
-#include <fogo_private/update.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,6 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "fogo_private/fogo/codebook.h"
+#include "fogo_private/fogo/momenta.h"
+#include "fogo_private/fogo/projected.h"
+#include "fogo_private/fogo/projection.h"
+#include "fogo_private/fogo/update.h"
 #include "test_util.h"
 
 namespace {

@@ -3,7 +3,6 @@
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
 #include <fogo/muon.h>
-#include <fogo_private/detail/nonfinite.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "fogo_private/frame/nonfinite.h"
 #include "test_util.h"
 
 namespace {

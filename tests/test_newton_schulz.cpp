@@ -3,7 +3,6 @@
 #include <fogo/fogo_options.h>
 #include <fogo/muon_options.h>
 #include <fogo/newton_schulz.h>
-#include <fogo_private/detail/options_table.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fogo_private/frame/options_table.h"
 #include "test_util.h"
 
 namespace {

@@ -4,7 +4,6 @@
 // does not know (a test-only MatrixOptimizer).
 #include <fogo/fogo.h>
 #include <fogo/hybrid.h>
-#include <fogo_private/detail/nonfinite.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fogo_private/frame/nonfinite.h"
 #include "test_util.h"
 
 namespace {

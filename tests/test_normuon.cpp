@@ -1,4 +1,4 @@
-// fogo::Muon's `normuon` option (NorMuon, src/fogo_private/normuon.h) and its `spectral`
+// fogo::Muon's `normuon` option (NorMuon, src/fogo_private/muon/normuon.h) and its `spectral`
 // learning-rate rule: the equations against a float64 reference written out here, the state in
 // checkpoints, bad options, degenerate gradients and the non-finite policies.
 #include <fogo/muon.h>

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "fogo_private/detail/agreement.h"
+#include "fogo_private/frame/agreement.h"
 #include "test_util.h"
 
 namespace {

@@ -1,11 +1,9 @@
 // The option tables of FOGO (fogo_options.h) and Muon (muon_options.h) through their one
-// machinery (src/fogo_private/detail/options_table.h): every row round-trips, compares, is summed
+// machinery (src/fogo_private/frame/options_table.h): every row round-trips, compares, is summed
 // and validated; checkpoints written before an option existed load, and keep loading when a row is
 // added to either table; a checkpoint from a newer fogo is refused naming both formats. The tests
 // iterate the tables themselves, so a row added there is covered without a change here.
 #include <fogo/fogo.h>
-#include <fogo_private/detail/integrity.h>
-#include <fogo_private/detail/options_table.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -20,6 +18,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "fogo_private/frame/integrity.h"
+#include "fogo_private/frame/options_table.h"
 #include "test_util.h"
 
 namespace {

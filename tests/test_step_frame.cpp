@@ -3,15 +3,15 @@
 // (detail::MaskScope) puts back exactly what a masked step changed; a CUDA graph capture that
 // fails puts back what its host code changed (detail::SavedStates, GraphedStep::run).
 #include <fogo/fogo.h>
-#include <fogo_private/detail/nonfinite.h>
-#include <fogo_private/ops.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <memory>
 #include <vector>
 
-#include "graphed_step.h"
+#include "fogo_private/frame/graphed_step.h"
+#include "fogo_private/frame/nonfinite.h"
+#include "fogo_private/ops/ops.h"
 #include "test_util.h"
 
 namespace {

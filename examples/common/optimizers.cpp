@@ -1,9 +1,13 @@
 #include "common/optimizers.h"
 
+#include <fogo/enum_names.h>
 #include <fogo/fogo.h>
 
 #include <cmath>
 #include <cstdio>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "common/cli.h"
 #include "common/metrics.h"
@@ -22,6 +26,63 @@ c10::ScalarType parse_ns_dtype(const std::string& value) {
   if (value == "bf16") return c10::kBFloat16;
   if (value == "fp32") return c10::kFloat;
   throw Cli::error("ns-dtype", "expected one of auto,bf16,fp32, got '" + value + "'");
+}
+
+std::vector<std::string> muon_adjust_choices(const std::vector<MuonAdjustAlias>& aliases) {
+  std::vector<std::string> names;
+  for (const auto& [name, rule] : fogo::EnumNames<fogo::MuonAdjustLR>::values)
+    names.push_back(name);
+  for (const auto& [name, rule] : fogo::EnumAliases<fogo::MuonAdjustLR>::values)
+    names.push_back(name);
+  for (const auto& alias : aliases) names.push_back(alias.name);
+  return names;
+}
+
+namespace {
+
+// The factor each rule scales lr by, for --help (A x B the matrix's shape; docs/muon.md).
+const char* muon_adjust_factor(fogo::MuonAdjustLR rule) {
+  switch (rule) {
+    case fogo::MuonAdjustLR::Original:
+      return "sqrt(max(1,A/B))";
+    case fogo::MuonAdjustLR::MatchRmsAdamW:
+      return "0.2 sqrt(max(A,B)), AdamW's update RMS";
+    case fogo::MuonAdjustLR::Spectral:
+      return "sqrt(A/B)";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void add_muon_adjust_flag(Cli& cli, std::string* target,
+                          const std::vector<MuonAdjustAlias>& aliases) {
+  std::string help = "Muon lr rule (fogo::MuonAdjustLR, as Python names them): ";
+  const auto& names = fogo::EnumNames<fogo::MuonAdjustLR>::values;
+  for (size_t k = 0; k < std::size(names); ++k) {
+    if (k > 0) help += k + 1 == std::size(names) ? " or " : ", ";
+    help += std::string(names[k].first) + " (" + muon_adjust_factor(names[k].second) + ")";
+  }
+  std::string also;
+  for (const auto& [name, rule] : fogo::EnumAliases<fogo::MuonAdjustLR>::values)
+    also += std::string(also.empty() ? "" : ", ") + name + " for " + fogo::enum_name(rule);
+  for (const auto& alias : aliases) {
+    also += (also.empty() ? "" : ", ") + alias.name + " for " + fogo::enum_name(alias.rule) +
+            " (this trainer's alias)";
+  }
+  if (!also.empty()) help += "; also " + also;
+  cli.choice("muon-adjust", target, muon_adjust_choices(aliases), help);
+}
+
+fogo::MuonAdjustLR parse_muon_adjust(const std::string& value,
+                                     const std::vector<MuonAdjustAlias>& aliases) {
+  if (const auto rule = fogo::enum_from_name<fogo::MuonAdjustLR>(value)) return *rule;
+  for (const auto& alias : aliases)
+    if (alias.name == value) return alias.rule;
+  std::string expected;
+  for (const auto& name : muon_adjust_choices(aliases))
+    expected += (expected.empty() ? "" : ",") + name;
+  throw Cli::error("muon-adjust", "expected one of " + expected + ", got '" + value + "'");
 }
 
 std::string resolved_ns_dtype(const std::string& value, const c10::Device& device) {

@@ -1,9 +1,10 @@
 #pragma once
-// What the trainers share about their optimizers: the --ns-dtype flag and FOGO's telemetry as
-// fields of a metrics record, under one set of names.
+// What the trainers share about their optimizers: the --ns-dtype and --muon-adjust flags, and
+// FOGO's telemetry as fields of a metrics record, under one set of names.
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <fogo/muon_options.h>
 #include <torch/optim/optimizer.h>
 
 #include <string>
@@ -34,6 +35,27 @@ std::string resolved_ns_dtype(const std::string& value, const c10::Device& devic
 /// --ns-dtype for a run's start-up header: "bf16", or for auto what it resolved to and why, e.g.
 /// "auto: bf16 (cpu, measured: bf16 GEMM 0.2 ms, fp32 0.9 ms; AVX512 +AVX512-BF16 +AMX-BF16)".
 std::string describe_ns_dtype(const std::string& value, const c10::Device& device);
+
+/// A trainer's own spelling of a Muon lr rule, accepted beside the library's names.
+struct MuonAdjustAlias {
+  std::string name;
+  fogo::MuonAdjustLR rule;
+};
+
+/// Every spelling --muon-adjust accepts: the names of fogo::MuonAdjustLR and the library's
+/// aliases of them (fogo/enum_names.h, the list Python reads), then the trainer's `aliases`.
+std::vector<std::string> muon_adjust_choices(const std::vector<MuonAdjustAlias>& aliases);
+
+/// Registers --muon-adjust, Muon's lr rule, restricted to muon_adjust_choices(aliases); its help
+/// lists the library's names with each rule's factor, then the aliases and what each stands for.
+void add_muon_adjust_flag(Cli& cli, std::string* target,
+                          const std::vector<MuonAdjustAlias>& aliases);
+
+/// The rule a --muon-adjust value names (a library name, a library alias or one of `aliases`); a
+/// CliError naming the flag and every accepted spelling for anything else (a config built in code
+/// bypasses the parser's check).
+fogo::MuonAdjustLR parse_muon_adjust(const std::string& value,
+                                     const std::vector<MuonAdjustAlias>& aliases);
 
 /// Sets the statistics of the last step of `hybrid`'s FOGO side on `record`, one field per
 /// codebook group and statistic: "fogo/<group>/<stat>", <group> the param group's name

@@ -32,23 +32,13 @@ std::string pad(const std::string& s, size_t width, bool left) {
   return left ? s + fill : fill + s;
 }
 
-std::string gp_quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
+}  // namespace
 
-// Single quotes for /bin/sh: nothing inside them is special but the quote itself.
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
 }
-
-}  // namespace
 
 std::string format_mean_sd(const MeanSd& m, int precision) {
   if (!std::isfinite(m.mean) || !std::isfinite(m.sd)) return "n/a";
@@ -114,30 +104,79 @@ std::string detect_text(const TestRow& r, int digits) {
          "% power: a smaller one is neither shown nor ruled out.";
 }
 
-// plain_verdict's text; with `family`, the leader-vs-runner-up test is judged by its row there.
-std::string verdict(const std::string& metric, const std::vector<Group>& groups,
-                    bool higher_is_better, int digits, const std::vector<TestRow>* family,
-                    const std::string& family_metric) {
-  if (groups.empty()) return "Nothing to compare: no runs.";
-  struct Ranked {
-    std::string name;
-    const std::vector<double>* values;
-    MeanSd m;
-  };
+struct Ranked {
+  std::string name;
+  const std::vector<double>* values;
+  MeanSd m;
+};
+
+// The groups best first; NaN means (failed runs) last, keeping the given order among equals.
+std::vector<Ranked> rank_groups(const std::vector<Group>& groups, bool higher_is_better) {
   std::vector<Ranked> ranked;
-  int64_t min_n = std::numeric_limits<int64_t>::max(), max_n = 0;
-  for (const Group& g : groups) {
-    ranked.push_back({g.name, &g.values, mean_sd(g.values)});
-    min_n = std::min<int64_t>(min_n, static_cast<int64_t>(g.values.size()));
-    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(g.values.size()));
-  }
-  // Best first; NaN means (failed runs) last, keeping the given order among equals.
+  for (const Group& g : groups) ranked.push_back({g.name, &g.values, mean_sd(g.values)});
   std::stable_sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
     const bool fa = std::isfinite(a.m.mean), fb = std::isfinite(b.m.mean);
     if (fa != fb) return fa;
     if (!fa) return false;
     return higher_is_better ? a.m.mean > b.m.mean : a.m.mean < b.m.mean;
   });
+  return ranked;
+}
+
+// The row of `family` that tests `a` against `b` (either way round) on `metric`; null if none.
+const TestRow* find_row(const std::vector<TestRow>* family, const std::string& metric,
+                        const std::string& a, const std::string& b) {
+  const TestRow* row = nullptr;
+  if (family) {
+    for (const TestRow& r : *family) {
+      if (r.metric == metric && ((r.a == a && r.b == b) || (r.a == b && r.b == a))) row = &r;
+    }
+  }
+  return row;
+}
+
+// The judgement of the leader's margin: by its row of the family when there is one (Holm's
+// p), else by Welch's test `w` alone.
+void judge_lead(std::ostringstream& out, const TestRow* row, const WelchT& w, int64_t min_n,
+                int digits) {
+  if (!row) {
+    if (w.p < 0.05) {
+      out << " is larger than the seed spread (Welch's t-test p = " << p_text(w.p) << ")";
+      if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
+      out << ".";
+    } else {
+      out << " is within the seed spread (Welch's t-test p = " << p_text(w.p)
+          << "): these seeds do not separate them.";
+    }
+    return;
+  }
+  if (row->primary) {
+    out << " is the primary test above.";
+    return;
+  }
+  const std::string ps = (row->test.paired ? "paired t-test p = " : "Welch's t-test p = ") +
+                         p_text(row->test.p) + "; Holm-adjusted over " + family_text(*row) +
+                         " p = " + p_text(row->holm_p);
+  if (row->holm_p < kFamilyAlpha) {
+    out << " is larger than the seed spread (" << ps << ")";
+    if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
+    out << ".";
+  } else {
+    out << " is not separated by these seeds (" << ps << "). " << detect_text(*row, digits);
+  }
+}
+
+// plain_verdict's text; with `family`, the leader-vs-runner-up test is judged by its row there.
+std::string verdict(const std::string& metric, const std::vector<Group>& groups,
+                    bool higher_is_better, int digits, const std::vector<TestRow>* family,
+                    const std::string& family_metric) {
+  if (groups.empty()) return "Nothing to compare: no runs.";
+  int64_t min_n = std::numeric_limits<int64_t>::max(), max_n = 0;
+  for (const Group& g : groups) {
+    min_n = std::min<int64_t>(min_n, static_cast<int64_t>(g.values.size()));
+    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(g.values.size()));
+  }
+  const std::vector<Ranked> ranked = rank_groups(groups, higher_is_better);
   std::ostringstream out;
   out << "By " << metric << " (" << (higher_is_better ? "higher" : "lower")
       << " is better; mean ± sd over " << min_n;
@@ -160,37 +199,7 @@ std::string verdict(const std::string& metric, const std::vector<Group>& groups,
         << (min_n < 2 ? "fewer than 2 seeds" : "no spread in either") << "): run more seeds.";
     return out.str();
   }
-  const TestRow* row = nullptr;
-  if (family) {
-    for (const TestRow& r : *family) {
-      if (r.metric == family_metric &&
-          ((r.a == a.name && r.b == b.name) || (r.a == b.name && r.b == a.name))) {
-        row = &r;
-      }
-    }
-  }
-  if (!row) {
-    if (w.p < 0.05) {
-      out << " is larger than the seed spread (Welch's t-test p = " << p_text(w.p) << ")";
-      if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
-      out << ".";
-    } else {
-      out << " is within the seed spread (Welch's t-test p = " << p_text(w.p)
-          << "): these seeds do not separate them.";
-    }
-    return out.str();
-  }
-  if (row->primary) return out.str() + " is the primary test above.";
-  const std::string ps = (row->test.paired ? "paired t-test p = " : "Welch's t-test p = ") +
-                         p_text(row->test.p) + "; Holm-adjusted over " + family_text(*row) +
-                         " p = " + p_text(row->holm_p);
-  if (row->holm_p < kFamilyAlpha) {
-    out << " is larger than the seed spread (" << ps << ")";
-    if (min_n < 5) out << ", though " << min_n << " seeds make this a screen, not a verdict";
-    out << ".";
-  } else {
-    out << " is not separated by these seeds (" << ps << "). " << detect_text(*row, digits);
-  }
+  judge_lead(out, find_row(family, family_metric, a.name, b.name), w, min_n, digits);
   return out.str();
 }
 
@@ -405,83 +414,6 @@ std::string Table::to_markdown() const {
   out << '\n';
   for (const auto& r : rows_) line(r);
   return out.str();
-}
-
-bool gnuplot_available() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
-
-bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns) {
-  return plot_png(png_path, panels, columns, std::cerr);
-}
-
-bool plot_png(const std::string& png_path, const std::vector<Panel>& panels, int columns,
-              std::ostream& log) {
-  if (panels.empty()) throw std::invalid_argument("plot_png: no panels for " + png_path);
-  const int cols = columns > 0 ? columns : static_cast<int>(panels.size());
-  const int rows = (static_cast<int>(panels.size()) + cols - 1) / cols;
-  const auto parent = std::filesystem::path(png_path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-
-  // One gnuplot data block per series, addressed by index: columns x, y, y - sd, y + sd.
-  const std::string dat = png_path + ".dat", gp = png_path + ".gp";
-  std::ofstream data(dat);
-  int index = 0;
-  for (const auto& panel : panels) {
-    for (const auto& s : panel.series) {
-      if (s.x.size() != s.y.size() || (!s.sd.empty() && s.sd.size() != s.y.size())) {
-        throw std::invalid_argument("plot_png: series '" + s.name + "' of panel '" + panel.title +
-                                    "' has x, y and sd of different lengths");
-      }
-      data << "# " << s.name << '\n';
-      for (size_t k = 0; k < s.x.size(); ++k) {
-        const double sd = s.sd.empty() ? 0.0 : s.sd[k];
-        data << s.x[k] << ' ' << s.y[k] << ' ' << s.y[k] - sd << ' ' << s.y[k] + sd << '\n';
-      }
-      // An empty series still needs its block so the indices of the later ones stay right.
-      if (s.x.empty()) data << "nan nan nan nan\n";
-      data << "\n\n";
-    }
-  }
-  if (!data) throw std::runtime_error("plot_png: cannot write " + dat);
-  data.close();
-
-  std::ofstream script(gp);
-  script << "set terminal pngcairo size " << 560 * cols << "," << 420 * rows << " font 'sans,10'\n"
-         << "set output " << gp_quote(png_path) << "\n"
-         << "set style fill transparent solid 0.18 noborder\n"
-         << "set key below reverse Left\nset grid\n";
-  if (panels.size() > 1) script << "set multiplot layout " << rows << "," << cols << "\n";
-  index = 0;
-  for (const auto& panel : panels) {
-    script << "set title " << gp_quote(panel.title) << "\nset xlabel " << gp_quote(panel.xlabel)
-           << "\nset ylabel " << gp_quote(panel.ylabel) << "\nplot ";
-    for (size_t k = 0; k < panel.series.size(); ++k) {
-      const auto& s = panel.series[k];
-      const std::string src = gp_quote(dat) + " index " + std::to_string(index++);
-      if (k) script << ", \\\n     ";
-      if (!s.sd.empty()) {
-        script << src << " using 1:3:4 with filledcurves lc " << k + 1 << " notitle, \\\n     ";
-      }
-      script << src << " using 1:2 with linespoints lc " << k + 1 << " lw 2 pt 7 ps 0.5 title "
-             << gp_quote(s.name);
-    }
-    if (panel.series.empty()) script << "NaN notitle";
-    script << "\n";
-  }
-  if (panels.size() > 1) script << "unset multiplot\n";
-  if (!script) throw std::runtime_error("plot_png: cannot write " + gp);
-  script.close();
-
-  if (!gnuplot_available()) {
-    log << "plot: gnuplot not found (Debian: gnuplot-nox); skipped " << png_path
-        << " (data and script are in " << dat << ", " << gp << ")\n";
-    return false;
-  }
-  const std::string cmd = "gnuplot " + shell_quote(gp) + " 2>" + shell_quote(gp + ".log");
-  if (std::system(cmd.c_str()) != 0) {
-    log << "plot: gnuplot failed on " << gp << " (see " << gp << ".log)\n";
-    return false;
-  }
-  return true;
 }
 
 }  // namespace fogo::trainer

@@ -60,6 +60,8 @@ std::string test_table_note(const std::vector<TestRow>& rows);
 /// quotes single-quoted): a trainer's main() records it with set_command_line() so that each run
 /// can say what made it. "" until then.
 void set_command_line(int argc, const char* const* argv);
+/// `s` in single quotes for /bin/sh: nothing inside them is special but the quote itself.
+std::string shell_quote(const std::string& s);
 const std::string& command_line();
 /// The current time in UTC, "2026-11-26T02:15:00Z".
 std::string utc_now();

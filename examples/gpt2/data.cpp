@@ -291,35 +291,19 @@ void split_text(Corpus& corpus, const fs::path& path, double val_fraction, int64
   }
 }
 
-}  // namespace
-
-// What the flags name must be there: a refused command line (CliError) otherwise. What is there
-// must be well formed: a c10::Error naming the file otherwise.
-Corpus load_corpus(const DataOptions& options) {
-  using fogo::trainer::Cli;
-  Cli::require(!options.path.empty(), "data", "no path given");
-  const fs::path path(options.path);
-  Cli::require(
-      fs::exists(path), "data",
-      options.path + " does not exist" +
-          (options.path.ends_with("kjv.txt") ? " (create it with: gpt2 prepare-kjv)" : ""));
-  Corpus corpus;
-  corpus.format = options.format;
-  if (corpus.format == DataFormat::Auto) {
-    if (!fs::is_directory(path)) {
-      corpus.format = DataFormat::Text;
-    } else if (fs::exists(path / "train.bin") && !starts_with_llmc_magic(path / "train.bin")) {
-      corpus.format = DataFormat::NanoGPT;
-    } else {
-      corpus.format = DataFormat::LlmC;
-    }
+// --format auto: a file is text; a directory is nanoGPT when it has a train.bin without the
+// llm.c magic, llm.c otherwise.
+DataFormat detect_format(const fs::path& path) {
+  if (!fs::is_directory(path)) return DataFormat::Text;
+  if (fs::exists(path / "train.bin") && !starts_with_llmc_magic(path / "train.bin")) {
+    return DataFormat::NanoGPT;
   }
-  const bool dir_format = corpus.format != DataFormat::Text;
-  Cli::require(dir_format == fs::is_directory(path), "data",
-               "format " + to_string(corpus.format) +
-                   (dir_format ? " needs a directory, but " : " needs a file, but ") +
-                   options.path + (dir_format ? " is not one" : " is a directory"));
+  return DataFormat::LlmC;
+}
 
+// The train and validation splits of corpus.format from `path`, and the vocabulary size.
+void read_splits(Corpus& corpus, const fs::path& path, const DataOptions& options) {
+  using fogo::trainer::Cli;
   switch (corpus.format) {
     case DataFormat::Text:
       Cli::require(options.val_fraction > 0.0 && options.val_fraction < 1.0, "val-fraction",
@@ -350,6 +334,29 @@ Corpus load_corpus(const DataOptions& options) {
     case DataFormat::Auto:
       break;
   }
+}
+
+}  // namespace
+
+// What the flags name must be there: a refused command line (CliError) otherwise. What is there
+// must be well formed: a c10::Error naming the file otherwise.
+Corpus load_corpus(const DataOptions& options) {
+  using fogo::trainer::Cli;
+  Cli::require(!options.path.empty(), "data", "no path given");
+  const fs::path path(options.path);
+  Cli::require(
+      fs::exists(path), "data",
+      options.path + " does not exist" +
+          (options.path.ends_with("kjv.txt") ? " (create it with: gpt2 prepare-kjv)" : ""));
+  Corpus corpus;
+  corpus.format = options.format == DataFormat::Auto ? detect_format(path) : options.format;
+  const bool dir_format = corpus.format != DataFormat::Text;
+  Cli::require(dir_format == fs::is_directory(path), "data",
+               "format " + to_string(corpus.format) +
+                   (dir_format ? " needs a directory, but " : " needs a file, but ") +
+                   options.path + (dir_format ? " is not one" : " is a directory"));
+
+  read_splits(corpus, path, options);
   corpus.description = to_string(corpus.format) + " " + options.path + ": " +
                        std::to_string(corpus.train.num_tokens()) + " train / " +
                        std::to_string(corpus.val.num_tokens()) + " val tokens";

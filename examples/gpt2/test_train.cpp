@@ -1,5 +1,6 @@
 // The training loop end to end on a tiny model: loss falls, resume equals an uninterrupted run,
 // compare and sample produce their outputs, bad settings fail with the flag's name.
+#include <fogo/enum_names.h>
 #include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -645,6 +646,44 @@ TEST(Flags, MuonSpectralAndNorMuonReachMuon) {
   const auto o = options(c);
   EXPECT_TRUE(o.normuon());
   EXPECT_EQ(o.adjust_lr(), fogo::MuonAdjustLR::Spectral);
+}
+
+// --muon-adjust takes the library's names and aliases (fogo/enum_names.h, the list Python reads)
+// and this trainer's match_rms for match_rms_adamw; --help lists them from the library, and the run
+// signature records one spelling per rule, the one checkpoints recorded before (match_rms).
+TEST(Flags, MuonAdjustTakesTheLibrarysNamesAndTheTrainersAlias) {
+  GPT model(GPTConfig::preset("tiny", Arch::Paper, 256));
+  const auto rule = [&](const char* name) {
+    Optimizer opt = make_optimizer(
+        parse_train_flags({"--optimizer", "muon", "--muon-adjust", name}).optimizer, *model);
+    return static_cast<const fogo::MuonOptions&>(
+               opt.hybrid.matrix()->param_groups().front().options())
+        .adjust_lr();
+  };
+  fogo::trainer::Cli cli("gpt2 train", "");
+  TrainConfig config;
+  std::string format;
+  add_train_flags(cli, config, format);
+  const std::string help = cli.help();
+  for (const auto& [name, value] : fogo::EnumNames<fogo::MuonAdjustLR>::values) {
+    EXPECT_EQ(rule(name), value) << name;
+    EXPECT_NE(help.find(name), std::string::npos) << name;
+  }
+  for (const auto& [name, value] : fogo::EnumAliases<fogo::MuonAdjustLR>::values) {
+    EXPECT_EQ(rule(name), value) << name;
+    EXPECT_EQ(muon_adjust_signature(name), fogo::enum_name(value)) << name;
+  }
+  EXPECT_EQ(rule("match_rms"), fogo::MuonAdjustLR::MatchRmsAdamW);
+  EXPECT_NE(help.find("match_rms for match_rms_adamw (this trainer's alias)"), std::string::npos);
+  EXPECT_EQ(muon_adjust_signature("match_rms_adamw"), "match_rms");
+  EXPECT_EQ(muon_adjust_signature("match_rms"), "match_rms");
+  EXPECT_EQ(muon_adjust_signature("original"), "original");
+  test::expect_error([&] { parse_train_flags({"--muon-adjust", "rms"}); }, {"--muon-adjust"});
+  OptimizerConfig bad;
+  bad.muon_adjust = "rms";
+  test::expect_error([&] { validate(bad); },
+                     {"--muon-adjust: expected one of original,match_rms_adamw,spectral,"
+                      "spectral_unclamped,match_rms, got 'rms'"});
 }
 
 // --muon-ns-steps, --muon-ns-schedule and --muon-extra-scale (issue 46) reach Muon's param group;

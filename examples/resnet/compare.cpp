@@ -107,6 +107,22 @@ std::vector<trainer::MetricGroups> metric_groups(const Config& config,
   return metrics;
 }
 
+// What was compared, on which machine, and the wall time of all runs.
+std::string summary_heading(const Config& config, const std::string& data_name,
+                            const std::vector<RunResult>& results, const std::string& machine) {
+  const Config& first = results.front().config;
+  std::ostringstream what;
+  what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
+       << *first.epochs << " epoch(s)" << (first.scenario == "class-imbalanced" ? "" : " per task")
+       << ", batch " << first.batch_size << ", seeds";
+  for (const int64_t seed : config.seeds) what << " " << seed;
+  double wall = 0;
+  for (const auto& r : results) wall += r.wall_seconds;
+  what << "\nmachine: " << machine << "; " << results.size() << " runs, " << std::fixed
+       << std::setprecision(0) << wall << " s of wall time in all";
+  return what.str();
+}
+
 Summary summarize(const Config& config, const std::string& data_name,
                   const std::vector<RunResult>& results) {
   const auto& names = results.front().summary_names;
@@ -155,17 +171,7 @@ Summary summarize(const Config& config, const std::string& data_name,
               ", named before the runs: " + declared_text(primary) + ".\n" + tests + "\n" +
               trainer::plain_verdict(label(headline), metrics[at - names.begin()].groups, s.tests,
                                      headline, higher_is_better(headline));
-  const Config& first = results.front().config;
-  std::ostringstream what;
-  what << first.scenario << " on " << data_name << ", ResNet-18 width " << first.width << ", "
-       << *first.epochs << " epoch(s)" << (first.scenario == "class-imbalanced" ? "" : " per task")
-       << ", batch " << first.batch_size << ", seeds";
-  for (const int64_t seed : config.seeds) what << " " << seed;
-  double wall = 0;
-  for (const auto& r : results) wall += r.wall_seconds;
-  what << "\nmachine: " << s.machine << "; " << results.size() << " runs, " << std::fixed
-       << std::setprecision(0) << wall << " s of wall time in all";
-  s.heading = what.str();
+  s.heading = summary_heading(config, data_name, results, s.machine);
   return s;
 }
 

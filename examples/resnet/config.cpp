@@ -41,7 +41,9 @@ std::string fogo_text(const std::vector<std::string>& assignments) {
 
 }  // namespace
 
-void add_flags(trainer::Cli& cli, Config& c) {
+namespace {
+
+void add_scenario_flags(trainer::Cli& cli, Config& c) {
   cli.section("Scenario and data");
   cli.choice("scenario", &c.scenario, {"class-imbalanced", "class-il", "domain-il"},
              "experiment protocol");
@@ -72,6 +74,10 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.flag("replay-alpha", &c.replay_alpha,
            "weight of the replay term: ER cross-entropy (1.0), DER++ logit MSE (0.1)");
   cli.flag("der-beta", &c.der_beta, "DER++: weight of the replayed-label cross-entropy");
+}
+
+// The evaluation split, the lr sweep and augmentation (still the "Scenario and data" section).
+void add_evaluation_flags(trainer::Cli& cli, Config& c) {
   cli.choice("eval-split", &c.eval_split, {"test", "val"},
              "evaluate on the test set, or on a validation split held out from the training "
              "images (--val-fraction per class, the same for every seed)");
@@ -91,14 +97,18 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "beyond it (the grid's step at that edge), at most this many per optimizer (0 = never)");
   cli.flag("augment", &c.augment, "random crop and horizontal flip of training batches");
   cli.flag("crop-pad", &c.crop_pad, "padding of the random crop (cifar10 4, fashion-mnist 2)");
+}
 
+void add_model_flags(trainer::Cli& cli, Config& c) {
   cli.section("Model");
   cli.flag("width", &c.width,
            "channels of the first stage (64 = the standard ResNet-18; 8 or 16 for a CPU)");
   cli.flag("head-fc", &c.head_fc,
            "width of an extra ReLU FC layer before the classifier (class-il: 8 * width, the "
            "paper's head; otherwise 0 = none)");
+}
 
+void add_optimizer_flags(trainer::Cli& cli, Config& c) {
   cli.section("Optimization");
   cli.flag("optimizers", &c.optimizers,
            "optimizers to run, each with every seed: adam, adamw, muon, fogo (muon and fogo are "
@@ -131,6 +141,10 @@ void add_flags(trainer::Cli& cli, Config& c) {
   cli.renamed("clip", "grad-clip");
   trainer::add_ns_dtype_flag(cli, &c.ns_dtype);
   trainer::add_fogo_flags(cli, &c.fogo_options, &c.ablation);
+}
+
+// The schedule and batches (still the "Optimization" section).
+void add_schedule_flags(trainer::Cli& cli, Config& c) {
   cli.flag("epochs", &c.epochs,
            "epochs (per task in class-il/domain-il; class-imbalanced 50, class-il 20, "
            "domain-il 15)");
@@ -143,7 +157,9 @@ void add_flags(trainer::Cli& cli, Config& c) {
              "bf16 autocast of forward passes, CUDA only (auto: on CUDA, off on the CPU)");
   cli.flag("batch-size", &c.batch_size, "training batch size (per rank under torchrun)");
   cli.flag("eval-batch-size", &c.eval_batch_size, "evaluation batch size");
+}
 
+void add_run_flags(trainer::Cli& cli, Config& c) {
   cli.section("Run control and output");
   cli.flag("out", &c.out, "output folder (one sub-folder per run, summary and plots at the top)");
   cli.choice("metrics-format", &c.metrics_format, {"jsonl", "csv"}, "format of the metric files");
@@ -171,6 +187,17 @@ void add_flags(trainer::Cli& cli, Config& c) {
            "DistributedDataParallel (no effect in one process)");
 }
 
+}  // namespace
+
+void add_flags(trainer::Cli& cli, Config& c) {
+  add_scenario_flags(cli, c);
+  add_evaluation_flags(cli, c);
+  add_model_flags(cli, c);
+  add_optimizer_flags(cli, c);
+  add_schedule_flags(cli, c);
+  add_run_flags(cli, c);
+}
+
 double cosine_factor(int64_t step, int64_t steps, int64_t warmup, double min_factor) {
   if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
   const double span = static_cast<double>(std::max<int64_t>(1, steps - warmup));
@@ -184,17 +211,18 @@ Augmentation augmentation(const Config& c) {
   return {c.domains == "permute" ? 0 : c.crop_pad.value_or(0), false};
 }
 
-Config resolve(const Config& config, const std::string& optimizer, int64_t seed) {
-  Config c = config;
-  c.optimizer = optimizer;
-  c.seed = seed;
-  const bool class_il = c.scenario == "class-il", domain_il = c.scenario == "domain-il";
-  const bool continual = class_il || domain_il;
+namespace {
+
+void check_optimizer_name(const std::string& optimizer) {
   if (optimizer != "adam" && optimizer != "adamw" && optimizer != "muon" && optimizer != "fogo") {
     throw trainer::Cli::error("optimizers",
                               "unknown optimizer '" + optimizer + "' (adam, adamw, muon, fogo)");
   }
+}
 
+// The defaults that depend on the scenario and dataset.
+void fill_scenario_defaults(Config& c) {
+  const bool class_il = c.scenario == "class-il", domain_il = c.scenario == "domain-il";
   if (c.data_dir.empty()) {
     if (c.dataset == "cifar10") {
       throw trainer::Cli::error(
@@ -206,6 +234,10 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.head_fc) c.head_fc = class_il ? 8 * c.width : 0;
   if (!c.epochs) c.epochs = class_il ? 20 : domain_il ? 15 : 50;
   if (!c.grad_clip) c.grad_clip = class_il ? 2.0 : 0.0;
+}
+
+// --optimizer-lr: every entry checked, the one naming `optimizer` moved into --lr.
+void apply_optimizer_lr(Config& c, const std::string& optimizer) {
   for (const auto& entry : c.optimizer_lr) {
     const auto eq = entry.find('=');
     const std::string name = entry.substr(0, eq);
@@ -235,6 +267,11 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
     c.lr = v;
   }
   c.optimizer_lr.clear();  // applied: a resolved config carries its lr in --lr alone
+}
+
+// The learning rates' defaults and the classifier's, weight decay, schedule and replay weight.
+void fill_optimizer_defaults(Config& c, const std::string& optimizer) {
+  const bool class_il = c.scenario == "class-il";
   if (!c.lr) c.lr = class_il ? 2e-3 : optimizer == "muon" ? 1e-2 : 1e-3;
   if (!c.adamw_lr) c.adamw_lr = class_il ? (optimizer == "fogo" ? 5e-4 : 2e-3) : 1e-3;
   if (!c.head_lr) c.head_lr = class_il ? 5e-4 : *c.lr;
@@ -252,7 +289,9 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
   if (c.lr_schedule == "auto") c.lr_schedule = c.width >= 64 ? "cosine" : "constant";
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
+}
 
+void check_data(Config& c) {
   if (c.train_per_class < 0) throw trainer::Cli::error("train-per-class", "must be >= 0");
   if (c.eval_split != "test" && c.eval_split != "val") {
     throw trainer::Cli::error("eval-split", "expected test or val, got '" + c.eval_split + "'");
@@ -288,6 +327,10 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
       }
     }
   }
+}
+
+void check_replay_and_model(const Config& c) {
+  const bool continual = c.scenario == "class-il" || c.scenario == "domain-il";
   if (c.replay != "none" && !continual) {
     throw trainer::Cli::error("replay",
                               "replay applies to the continual scenarios (class-il, domain-il)");
@@ -300,6 +343,9 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
     throw trainer::Cli::error("crop-pad", "must be in 0..16");
   if (c.width < 1 || c.width > 1024) throw trainer::Cli::error("width", "must be in 1..1024");
   if (*c.head_fc < 0) throw trainer::Cli::error("head-fc", "must be >= 0");
+}
+
+void check_optimization(const Config& c, const std::string& optimizer) {
   for (const auto& [flag, v] : {std::pair<const char*, double>{"lr", *c.lr},
                                 {"adamw-lr", *c.adamw_lr},
                                 {"head-lr", *c.head_lr},
@@ -331,6 +377,9 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
     fogo::FOGOOptions unused;  // the flags are checked even where they do not apply
     trainer::apply_fogo_flags(unused, c.ablation, c.fogo_options);
   }
+}
+
+void check_run_control(const Config& c) {
   if (*c.epochs < 1) throw trainer::Cli::error("epochs", "must be >= 1");
   if (c.batch_size < 2)
     throw trainer::Cli::error("batch-size", "must be >= 2 (BatchNorm needs 2 samples)");
@@ -342,6 +391,22 @@ Config resolve(const Config& config, const std::string& optimizer, int64_t seed)
   if (c.threads < 0) throw trainer::Cli::error("threads", "must be >= 0");
   trainer::validate_data_parallel_flags(c.data_parallel);
   if (c.out.empty()) throw trainer::Cli::error("out", "must not be empty");
+}
+
+}  // namespace
+
+Config resolve(const Config& config, const std::string& optimizer, int64_t seed) {
+  Config c = config;
+  c.optimizer = optimizer;
+  c.seed = seed;
+  check_optimizer_name(optimizer);
+  fill_scenario_defaults(c);
+  apply_optimizer_lr(c, optimizer);
+  fill_optimizer_defaults(c, optimizer);
+  check_data(c);
+  check_replay_and_model(c);
+  check_optimization(c, optimizer);
+  check_run_control(c);
   return c;
 }
 

@@ -69,9 +69,64 @@ fogo::FOGOOptions fogo_group_options(const Config& c, const std::string& stage) 
   return options;
 }
 
-TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optimizer) {
+namespace {
+
+// What an adam or adamw run trains, for the run's header.
+std::string single_description(const Config& c, size_t tensors) {
+  std::string text =
+      c.optimizer + " lr " + lr_text(*c.lr) + " on all " + std::to_string(tensors) + " tensors";
+  if (c.classifier == "adamw")
+    text += " but the classifier's (lr " + lr_text(*c.classifier_lr) + ")";
+  return text;
+}
+
+// The matrix side of a muon run; its description goes to `desc`.
+std::unique_ptr<torch::optim::Optimizer> make_muon(const Config& c,
+                                                   const fogo::NamedParams& matrices,
+                                                   const std::string& ns_text,
+                                                   std::ostringstream& desc) {
   const double lr = *c.lr, wd = *c.weight_decay;
   const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
+  const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
+                                                   : fogo::MuonAdjustLR::Original;
+  auto muon = std::make_unique<fogo::Muon>(
+      matrices.params,
+      fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust).normuon(
+          c.muon_normuon));
+  desc << "muon lr " << lr << " (" << c.muon_adjust << (c.muon_normuon ? ", NorMuon" : "")
+       << "), NS " << ns_text << ", on " << matrices.size() << " matrices";
+  return muon;
+}
+
+// The matrix side of a fogo run: one codebook group per network stage, named by it (into
+// `group_names`); its description goes to `desc`.
+std::unique_ptr<torch::optim::Optimizer> make_fogo(const Config& c,
+                                                   const fogo::NamedParams& matrices,
+                                                   const std::string& ns_text,
+                                                   std::ostringstream& desc,
+                                                   std::vector<std::string>& group_names) {
+  fogo::NamedGroups stages = fogo::group_by(
+      matrices, [](const std::string& name, const torch::Tensor&) { return stage(name); });
+  desc << "fogo, NS " << ns_text << ":";
+  for (size_t g = 0; g < stages.groups.size(); ++g) {
+    const std::string& s = stages.names[g];
+    const auto options = fogo_group_options(c, s);
+    const double group_lr = options.lr();
+    stages.groups[g].set_options(std::make_unique<fogo::FOGOOptions>(options));
+    desc << (g ? ", " : " ") << s << " (" << stages.groups[g].params().size() << ", C "
+         << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
+  }
+  auto fogo = std::make_unique<fogo::FOGO>(stages.groups, fogo_group_options(c, "stem"));
+  if (c.ablation != "full") desc << "; ablation " << c.ablation;
+  for (const auto& a : c.fogo_options) desc << "; " << a;
+  group_names = std::move(stages.names);
+  return fogo;
+}
+
+}  // namespace
+
+TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optimizer) {
+  const double lr = *c.lr, wd = *c.weight_decay;
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
     std::vector<std::string> names;
     std::vector<torch::Tensor> params;
@@ -91,10 +146,7 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
           with_classifier_group(names, params, options, c), options);
     }
     for (const auto& g : single_->param_groups()) base_lrs_.push_back(g.options().get_lr());
-    description_ = c.optimizer + " lr " + lr_text(lr) + " on all " + std::to_string(params.size()) +
-                   " tensors";
-    if (c.classifier == "adamw")
-      description_ += " but the classifier's (lr " + lr_text(*c.classifier_lr) + ")";
+    description_ = single_description(c, params.size());
     return;
   }
 
@@ -114,31 +166,9 @@ TrainOptimizer::TrainOptimizer(const Config& c, ResNet18& model) : name_(c.optim
   const std::string ns_text =
       trainer::describe_ns_dtype(c.ns_dtype, model->parameters().front().device());
   if (c.optimizer == "muon") {
-    const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
-                                                     : fogo::MuonAdjustLR::Original;
-    matrix = std::make_unique<fogo::Muon>(
-        split.matrix.params,
-        fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust).normuon(
-            c.muon_normuon));
-    desc << "muon lr " << lr << " (" << c.muon_adjust << (c.muon_normuon ? ", NorMuon" : "")
-         << "), NS " << ns_text << ", on " << split.matrix.size() << " matrices";
+    matrix = make_muon(c, split.matrix, ns_text, desc);
   } else if (c.optimizer == "fogo") {
-    // One codebook group per network stage, named by it.
-    fogo::NamedGroups stages = fogo::group_by(
-        split.matrix, [](const std::string& name, const torch::Tensor&) { return stage(name); });
-    desc << "fogo, NS " << ns_text << ":";
-    for (size_t g = 0; g < stages.groups.size(); ++g) {
-      const std::string& s = stages.names[g];
-      const auto options = fogo_group_options(c, s);
-      const double group_lr = options.lr();
-      stages.groups[g].set_options(std::make_unique<fogo::FOGOOptions>(options));
-      desc << (g ? ", " : " ") << s << " (" << stages.groups[g].params().size() << ", C "
-           << options.codebook_size() << ", d " << options.proj_dim() << ", lr " << group_lr << ")";
-    }
-    matrix = std::make_unique<fogo::FOGO>(stages.groups, fogo_group_options(c, "stem"));
-    if (c.ablation != "full") desc << "; ablation " << c.ablation;
-    for (const auto& a : c.fogo_options) desc << "; " << a;
-    group_names = std::move(stages.names);
+    matrix = make_fogo(c, split.matrix, ns_text, desc, group_names);
   } else {
     throw std::invalid_argument("--optimizers: unknown optimizer '" + c.optimizer + "'");
   }

@@ -47,7 +47,7 @@ struct FOGOParamState : public torch::optim::OptimizerCloneableParamState<FOGOPa
 // clang-format off
 /// FOGO's telemetry, per param group, the one list of it: X(type, name, source, logged).
 /// source: Device, a statistic the step records on the device (GroupMemory::stats, in this
-/// order; computed in record_telemetry, src/fogo_stages.cpp), or Host, known on the host
+/// order; computed in record_telemetry, src/fogo/stages.cpp), or Host, known on the host
 /// (computed in FOGO::telemetry). logged: whether the trainers record it each step
 /// (examples/common/optimizers.cpp). FOGOTelemetry, telemetry()'s read-back, the trainers'
 /// records and Python's telemetry dicts are made from it.

@@ -1,7 +1,7 @@
 #pragma once
 // FOGOOptions: every hyper-parameter of docs/algorithm.md, defined once in the table below. Each
 // row generates the builder field (TORCH_ARG) here and, through
-// src/fogo_private/detail/options_table.h (the machinery MuonOptions' table shares), its
+// src/fogo_private/frame/options_table.h (the machinery MuonOptions' table shares), its
 // validation, its serialization both ways, its part in operator== and in a checkpoint's checksum
 // and format, the docs table (docs/algorithm.md), the Python keyword and the trainers' --fogo
 // name=value; FOGO's step reads the fields and hands the stage functions their own small parameter
@@ -30,7 +30,7 @@ enum class ProjectionScale : int64_t {
 
 // clang-format off
 /// X(type, name, default, valid values, checkpoint): every option of FOGO, symbols of
-/// docs/algorithm.md in the comments. The columns are read by src/fogo_private/detail/options_table.h,
+/// docs/algorithm.md in the comments. The columns are read by src/fogo_private/frame/options_table.h,
 /// which says what they mean (in `valid`, `o` is the options being checked). The rows' order is
 /// the checkpoint checksum's: a row never moves, and a new one is since(N), N the next format.
 #define FOGO_OPTIONS(X)                                                                           \
@@ -153,7 +153,7 @@ MatrixLayout matrix_layout(const FOGOOptions& o);
 /// The paper's configurations ("Detailed Experimental Setup"; docs/algorithm.md's table), one row
 /// each: X(name, what it is for). The only list of them: it declares fogo::presets::name(),
 /// makes fogo::presets::table, and through the table Python's fogo.presets; README's list is
-/// checked against it (tests/test_fogo.cpp). The values are in src/fogo_options.cpp.
+/// checked against it (tests/test_fogo.cpp). The values are in src/fogo/options.cpp.
 #define FOGO_PRESETS(X)                                                                           \
   X(class_imbalanced_backbone, "class-imbalanced learning: the backbone's layers")               \
   X(class_imbalanced_head,     "class-imbalanced learning: the head's layers")                  \

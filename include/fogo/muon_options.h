@@ -1,6 +1,6 @@
 #pragma once
 // MuonOptions: every option of fogo::Muon, defined once in the table below. Each row generates
-// the builder field (TORCH_ARG) here and, through src/fogo_private/detail/options_table.h (the
+// the builder field (TORCH_ARG) here and, through src/fogo_private/frame/options_table.h (the
 // machinery FOGOOptions' table shares), its validation, its serialization both ways, its part in
 // operator== and in a checkpoint's checksum and format, the docs table (docs/muon.md) and the
 // Python keyword (python/src/traits.h). Defaults are torch.optim.Muon's but ns_dtype's (auto,
@@ -29,7 +29,7 @@ enum class MuonAdjustLR : int64_t {
 
 // clang-format off
 /// X(type, name, default, valid values, checkpoint). The columns are read by
-/// src/fogo_private/detail/options_table.h, which says what they mean (FOGO's table shares it). The
+/// src/fogo_private/frame/options_table.h, which says what they mean (FOGO's table shares it). The
 /// rows' order is the checkpoint checksum's: a row never moves, and a new one is since(N), N the
 /// next format.
 #define FOGO_MUON_OPTIONS(X)                                                                       \

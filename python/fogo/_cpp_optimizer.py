@@ -6,8 +6,9 @@ their local shards with state laid out as the parameter (the owner-computes step
 ``param_groups`` (Python) hold the parameters and every option, ``opt.state`` every parameter's
 state tensors, which the C++ optimizer steps in place (the same storage). Before each C++ call
 both are handed over (the same tensors, checked by identity; tensors that changed are checked and
-adopted; every option), so learning-rate schedulers, hand-edited options and state written by
-other code take effect at the next step, as with torch's own optimizers.
+adopted; the options when they changed since the last hand-over: a scheduler's lr, a user's
+edit), so learning-rate schedulers, hand-edited options and state written by other code take
+effect at the next step, as with torch's own optimizers.
 """
 
 
@@ -63,6 +64,7 @@ class _CppOptimizer(torch.optim.Optimizer):
         self._shadows: dict[int, torch.Tensor] = {}  # id(DTensor parameter) -> full shadow
         self._written: dict[int, torch.Tensor] = {}  # ... -> the local shard the shadow holds
         self._locals: dict[int, torch.Tensor] = {}  # id(owner-computed parameter) -> its shard
+        self._synced: Optional[tuple] = None  # the options last handed over (_options_key)
         super().__init__(params, defaults)
 
     @classmethod
@@ -270,9 +272,13 @@ class _CppOptimizer(torch.optim.Optimizer):
             shadow.grad = None
 
     def _sync(self) -> None:
-        """The param groups' options and opt.state into the C++ optimizer."""
+        """The param groups' options (when they changed) and opt.state into the C++ optimizer."""
         self._check_listed_once()
-        self._cpp.sync(self._cpp_groups())
+        groups = self._cpp_groups()
+        key = _options_key(groups, self.defaults)
+        if key is None or key != self._synced:
+            self._cpp.sync(groups)  # converts and checks every option of every group
+        self._synced = key
         self._adopt()
 
     def _check_listed_once(self) -> None:
@@ -418,6 +424,7 @@ class _CppOptimizer(torch.optim.Optimizer):
                 if k != "memory":
                     saved.setdefault(k, v)
             saved["params"] = group["params"]
+        self._synced = None  # the load sets the C++ options: hand them over again next step
         self._cpp.sync(self._cpp_groups())
         self._cpp.load_state_dict(saved_groups, state, memory)  # checked; all or nothing
         self.param_groups[:] = saved_groups
@@ -446,12 +453,50 @@ class _CppOptimizer(torch.optim.Optimizer):
         # copy.deepcopy and pickle: a new C++ optimizer over the copied parameters, holding the
         # copied state.
         super().__setstate__(state)
+        self._synced = None  # a new C++ optimizer: nothing handed over yet
         self._cpp = self._Cpp(self.defaults)
         self._shadows, self._written, self._locals = {}, {}, {}
         for group in listed_once(self.param_groups):  # a group listed twice is one C++ group
             self._cpp.add_param_group(self._bind(group["params"]), group,
                                       self._shape_probes(group["params"]))
         self._restore()
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as an immutable copy to compare with a later one, or _UNKNOWN for a value that
+    may change without compare-visible change (a tensor, which a scheduler may update in place;
+    an object of a type not listed here)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = tuple(_frozen(v) for v in value)
+        return _UNKNOWN if _UNKNOWN in items else (type(value).__name__, items)
+    if isinstance(value, dict):
+        items = tuple((k, _frozen(v)) for k, v in value.items())
+        return _UNKNOWN if any(v is _UNKNOWN for _, v in items) else ("dict", items)
+    return _UNKNOWN
+
+
+_UNKNOWN = object()
+
+
+def _options_key(groups: list[dict[str, Any]], options: dict[str, Any]) -> Optional[tuple]:
+    """What a sync hands over, as one value to compare with the last: each group's parameters
+    (by identity) and `options` (the names; a group's other keys, FOGO's memory, parameter names,
+    are not the C++ options). None (hand over at every step) when some option cannot be compared
+    so: a Tensor lr, which a scheduler may change in place."""
+    key = []
+    for group in groups:
+        entries = []
+        for name, value in group.items():
+            if name != "params" and name not in options:
+                continue
+            frozen = tuple(map(id, value)) if name == "params" else _frozen(value)
+            if frozen is _UNKNOWN:
+                return None
+            entries.append((name, frozen))
+        key.append(tuple(entries))
+    return tuple(key)
 
 
 def normuon_dtype(p: torch.Tensor) -> torch.dtype:

@@ -1,6 +1,6 @@
 """FOGO's group-level memory as a param-group entry of the state_dict (``group["memory"]``).
 
-The C++ checkpoint (fogo_checkpoint.cpp) keeps each group's memory under "fogo/group/<g>". In
+The C++ checkpoint (src/fogo/checkpoint.cpp) keeps each group's memory under "fogo/group/<g>". In
 the Python state_dict it sits in its group, laid out so that torch.distributed.checkpoint can
 load it into the state_dict of a fresh optimizer: DCP loads a tensor in place and refuses one of
 another shape, so every tensor here has the same shape from construction on (zeros until the
@@ -11,7 +11,7 @@ DCP stores whole. fp32 values round-trip exactly through Python floats.
 Keys: ``created`` (the group has stepped, or loaded memory; before that the C++ optimizer seeds
 its generator afresh), ``initialized``, ``consolidated``, ``step``, ``generator`` (the CPU
 generator's state), ``undefined``, and one per tensor the C++ checkpoint saves, from its one list
-(``GroupMemory::visit``, src/fogo_state.h, through ``fogo._C.memory_fields()``): a tensor where its
+(``GroupMemory::visit``, src/fogo_private/fogo/state.h, through ``fogo._C.memory_fields()``): a tensor where its
 shape comes from the group's options alone (``centroids`` [C, d], ``S`` [C, d], ``N`` [C],
 ``start`` [C, d], ``rbar`` []), else a list (``frozen`` [F][d], ``frozen_nu`` [F], ``stats`` [K];
 None: undefined).

@@ -1,10 +1,10 @@
 // Optimizer archives <-> plain Python (archive.h).
 #include "archive.h"
 
-#include <fogo_private/detail/integrity.h>
-
 #include <sstream>
 #include <stdexcept>
+
+#include "fogo_private/frame/integrity.h"
 
 namespace fogo_py {
 

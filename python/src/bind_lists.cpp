@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bindings.h"
-#include "fogo_state.h"
+#include "fogo_private/fogo/state.h"
 #include "traits.h"
 
 namespace fogo_py {

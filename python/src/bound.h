@@ -14,8 +14,6 @@
 // LibTorch archive from the state, options and those entries and goes through the C++ load(), so
 // its checks and its all-or-nothing behaviour apply unchanged.
 #include <fogo/fogo.h>
-#include <fogo_private/detail/checks.h>
-#include <fogo_private/detail/integrity.h>
 #include <torch/extension.h>
 #include <torch/serialize/archive.h>
 
@@ -26,6 +24,8 @@
 #include <vector>
 
 #include "archive.h"
+#include "fogo_private/frame/checks.h"
+#include "fogo_private/frame/integrity.h"
 #include "traits.h"
 
 namespace fogo_py {

@@ -2,10 +2,10 @@
 // (fogo::decide_nonfinite) and its machinery, for the steps Python assembles from several
 // optimizers (fogo.Hybrid) or from the C++ step and its own work (fogo.Muon's owner-computed
 // DTensor parameters). The C++ rule, its test and its error are used as they are.
+#include "fogo_private/frame/nonfinite.h"
+
 #include <fogo/enum_names.h>
 #include <fogo/nonfinite.h>
-#include <fogo_private/detail/checks.h>
-#include <fogo_private/detail/nonfinite.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -14,6 +14,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "fogo_private/frame/checks.h"
 
 namespace fogo_py {
 

@@ -6,7 +6,6 @@
 // optional one (required false: Muon's NorMuon second moment) may be absent (undefined in C++).
 #include <fogo/fogo.h>
 #include <fogo/matrix_view.h>
-#include <fogo_private/normuon.h>
 #include <torch/extension.h>
 
 #include <array>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "fogo_private/muon/normuon.h"
 
 namespace fogo_py {
 

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <map>
 
-#include "internal.h"
+#include "fogo_private/distributed/internal.h"
 
 namespace fogo::dist {
 

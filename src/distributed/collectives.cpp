@@ -6,7 +6,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "internal.h"
+#include "fogo_private/distributed/internal.h"
 
 namespace fogo::dist {
 namespace {

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <utility>
 
-#include "internal.h"
+#include "fogo_private/distributed/internal.h"
 
 namespace fogo::dist {
 

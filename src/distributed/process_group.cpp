@@ -21,8 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include "fogo_private/detail/agreement.h"
-#include "internal.h"
+#include "fogo_private/distributed/internal.h"
+#include "fogo_private/frame/agreement.h"
 
 namespace fogo::dist {
 namespace detail {

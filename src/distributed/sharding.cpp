@@ -8,7 +8,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "internal.h"
+#include "fogo_private/distributed/internal.h"
 
 namespace fogo::dist {
 
