@@ -103,7 +103,7 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
     bufs.push_back(m.buf);
     if (o.normuon()) second.push_back(m.second_moment);
   }
-  std::vector<at::Tensor> changed;  // Mask: what the step changes (as update_group)
+  std::vector<at::Tensor> changed;  // Mask: what the step changes (as Muon::masked_tensors)
   if (ok.defined()) {
     changed = params;
     changed.insert(changed.end(), bufs.begin(), bufs.end());
@@ -145,8 +145,11 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                          view.rows_of(b), view.cols});
     }
   }
-  ops::muon_update(
-      updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype, {}, o.extra_scale_factor()});
+  ops::muon_update(updates, {detail::LearningRate(o.lr(), lr_dtype),
+                             o.weight_decay(),
+                             o.adjust_lr(),
+                             {},
+                             o.extra_scale_factor()});
   keep.restore();
 }
 
