@@ -9,10 +9,47 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <stdexcept>
 
 #include "fogo_private/distributed/internal.h"
 
 namespace fogo::dist {
+
+namespace {
+
+// This rank's GPU (-1: none). A process that sees exactly one was given its own by the launcher
+// (CUDA_VISIBLE_DEVICES per rank: SLURM, many launchers); one that sees several sees the node's,
+// numbered as LOCAL_RANK numbers the ranks. Two ranks that end on one GPU are found at start-up
+// (settle_backends).
+int64_t rank_cuda_device(const std::optional<torch::Device>& device, const Launch& launch,
+                         int64_t cuda_devices) {
+  if (device && device->is_cuda() && device->has_index()) {
+    TORCH_CHECK(device->index() < cuda_devices, "fogo::dist: ProcessGroupOptions::device is ",
+                *device, " but this process sees ", cuda_devices, " CUDA device(s)");
+    return device->index();
+  }
+  if (cuda_devices == 1) return 0;
+  if (launch.local_rank < cuda_devices) return launch.local_rank;
+  return -1;
+}
+
+[[noreturn]] void no_gpu_for_this_rank(const char* why, const Launch& launch,
+                                       int64_t cuda_devices) {
+  const int64_t local_world =
+      launch.local_world_size > 0 ? launch.local_world_size : launch.world_size;
+  TORCH_CHECK(false, "fogo::dist: ", why,
+              " needs a GPU of its own for each rank (cuda:0 when the process sees one, as "
+              "CUDA_VISIBLE_DEVICES per rank gives it; else cuda:LOCAL_RANK), but LOCAL_RANK=",
+              launch.local_rank, " of ", local_world, " local rank(s) finds ", cuda_devices,
+              " CUDA device(s) visible. Launch at most ", cuda_devices,
+              " rank(s) per node (torchrun --nproc-per-node ", std::max<int64_t>(cuda_devices, 1),
+              "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU);"
+              " the trainers' --device cpu), which communicates through Gloo");
+  throw std::logic_error("unreachable");  // TORCH_CHECK(false) throws
+}
+
+}  // namespace
 
 Backends choose_backends(const ProcessGroupOptions& options, const Launch& launch,
                          int64_t cuda_devices, bool nccl_built) {
@@ -22,31 +59,8 @@ Backends choose_backends(const ProcessGroupOptions& options, const Launch& launc
               "fogo::dist: ProcessGroupOptions::device must be a CPU or CUDA device, got ",
               *device);
   Backends b;
-  // This rank's GPU. A process that sees exactly one was given its own by the launcher
-  // (CUDA_VISIBLE_DEVICES per rank: SLURM, many launchers); one that sees several sees the
-  // node's, numbered as LOCAL_RANK numbers the ranks. Two ranks that end on one GPU are found
-  // at start-up (settle_backends).
-  if (device && device->is_cuda() && device->has_index()) {
-    TORCH_CHECK(device->index() < cuda_devices, "fogo::dist: ProcessGroupOptions::device is ",
-                *device, " but this process sees ", cuda_devices, " CUDA device(s)");
-    b.cuda_device = device->index();
-  } else if (cuda_devices == 1) {
-    b.cuda_device = 0;
-  } else if (launch.local_rank < cuda_devices) {
-    b.cuda_device = launch.local_rank;
-  }
-  const int64_t local_world =
-      launch.local_world_size > 0 ? launch.local_world_size : launch.world_size;
-  const auto no_gpu_for_this_rank = [&](const char* why) {
-    TORCH_CHECK(false, "fogo::dist: ", why,
-                " needs a GPU of its own for each rank (cuda:0 when the process sees one, as "
-                "CUDA_VISIBLE_DEVICES per rank gives it; else cuda:LOCAL_RANK), but LOCAL_RANK=",
-                launch.local_rank, " of ", local_world, " local rank(s) finds ", cuda_devices,
-                " CUDA device(s) visible. Launch at most ", cuda_devices,
-                " rank(s) per node (torchrun --nproc-per-node ", std::max<int64_t>(cuda_devices, 1),
-                "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU);"
-                " the trainers' --device cpu), which communicates through Gloo");
-  };
+  b.cuda_device = rank_cuda_device(device, launch, cuda_devices);
+  const auto no_gpu = [&](const char* why) { no_gpu_for_this_rank(why, launch, cuda_devices); };
   switch (backend) {
     case Backend::Gloo:
       b.gloo = true;
@@ -56,7 +70,7 @@ Backends choose_backends(const ProcessGroupOptions& options, const Launch& launc
       TORCH_CHECK(!device || device->is_cuda(), "fogo::dist: backend Nccl communicates CUDA ",
                   "tensors, but ProcessGroupOptions::device is ", *device,
                   " (use Backend::Gloo or Auto for a CPU job)");
-      if (b.cuda_device < 0) no_gpu_for_this_rank("backend Nccl");
+      if (b.cuda_device < 0) no_gpu("backend Nccl");
       b.nccl = true;
       return b;
     case Backend::Auto:
@@ -67,11 +81,11 @@ Backends choose_backends(const ProcessGroupOptions& options, const Launch& launc
   if (!nccl_built) {
     // Gloo carries the CUDA tensors too (through host memory: the group registers it for both
     // device types), and ranks may share a GPU; but a CUDA job needs one.
-    if (device && cuda_devices == 0) no_gpu_for_this_rank("a CUDA job");
+    if (device && cuda_devices == 0) no_gpu("a CUDA job");
     return b;
   }
   if (device) {
-    if (b.cuda_device < 0) no_gpu_for_this_rank("a CUDA job (ProcessGroupOptions::device cuda)");
+    if (b.cuda_device < 0) no_gpu("a CUDA job (ProcessGroupOptions::device cuda)");
     b.nccl = true;
     return b;
   }
