@@ -280,11 +280,7 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
         "fogo CUDA muon_update: a contiguous parameter and O [rows, numel / rows], all on ", device,
         ", expected, got ", item.param.sizes(), " and ", item.O.sizes(), " on ", item.O.device());
   }
-  if (p.device_lr.defined()) {
-    TORCH_CHECK(p.device_lr.dim() == 0 && p.device_lr.scalar_type() == at::kDouble &&
-                    p.device_lr.device() == device,
-                "fogo CUDA muon_update: device_lr must be a 0-d float64 tensor on ", device);
-  }
+  p.lr.check_device(device, "fogo CUDA muon_update");
   if (p.ok.defined()) {
     TORCH_CHECK(p.ok.is_cuda() && p.ok.device() == device && p.ok.scalar_type() == at::kBool &&
                     p.ok.numel() == 1,
@@ -292,8 +288,7 @@ void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParam
   }
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const MuonArgs args{p.lr, p.weight_decay,
-                      p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr,
+  const MuonArgs args{p.lr.value, p.weight_decay, p.lr.device_ptr(),
                       p.ok.defined() ? p.ok.data_ptr<bool>() : nullptr};
   std::vector<at::Tensor> inputs;  // O made contiguous, alive until the launches are queued
   for_each_launch(types, kMuonChunk, [&](size_t begin, size_t end) {
@@ -336,7 +331,7 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
                 "elements, all on ",
                 device, ", expected, got ", item.Os.sizes(), ", ", item.delta.sizes(), ", ",
                 item.param.sizes(), " on ", item.param.device());
-    check_device_lr(item.param, p);
+    p.lr.check_device(item.param.device(), "fogo CUDA apply_rms_update");
   }
   if (ok.defined()) {
     TORCH_CHECK(
@@ -345,12 +340,9 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
   }
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const UpdateArgs args{p.lr,
-                        p.weight_decay,
-                        p.sigma,
-                        p.eps,
-                        p.device_lr.defined() ? p.device_lr.data_ptr<double>() : nullptr,
-                        ok.defined() ? ok.data_ptr<bool>() : nullptr};
+  const UpdateArgs args{p.lr.value,        p.weight_decay,
+                        p.sigma,           p.eps,
+                        p.lr.device_ptr(), ok.defined() ? ok.data_ptr<bool>() : nullptr};
   const at::Tensor ratios =
       at::empty({static_cast<int64_t>(items.size())}, items.front().delta.options());
   std::vector<at::Tensor> inputs;  // contiguous O_s and delta, alive until the launches are queued

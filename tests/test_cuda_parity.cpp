@@ -404,7 +404,9 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
       const auto got_ratio = fogo::ops::apply_rms_update(got, p);
       // The learning rate read from the device (a CUDA graph's): the same bits.
       fogo::UpdateParams pd = p;
-      pd.device_lr = torch::full({}, p.lr, torch::dtype(torch::kDouble).device(torch::kCUDA));
+      pd.lr = fogo::detail::LearningRate(
+          p.lr.value, at::kDouble,
+          torch::full({}, p.lr.value, torch::dtype(torch::kDouble).device(torch::kCUDA)));
       fogo::ops::apply_rms_update(on_device, pd);
       for (size_t k = 0; k < shapes.size(); ++k) {
         const auto& base = bases[k];
@@ -426,7 +428,7 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
           const double u = std::ldexp(1.0, -24);
           const double D = 2 * std::log2(static_cast<double>(base.numel())) + 8;
           const double e = (D / 2 + 1) * u;
-          const auto update = (cpu64(base) * (1.0 - p.lr * p.weight_decay) - ref64).abs();
+          const auto update = (cpu64(base) * (1.0 - p.lr.value * p.weight_decay) - ref64).abs();
           const auto bound = update * (e + 2 * u) + 2 * u * ref64.abs() + 1e-30;
           EXPECT_LE(max_abs((got64 - ref64).abs() / bound), 1.0) << where;
         } else {
@@ -639,8 +641,9 @@ TEST(CudaParity, MuonUpdateKernelRoundsAsTheEagerOpsAndReadsTheLrOnTheDevice) {
           aten.push_back({base.clone(), O});
         }
         fogo::ops::muon_update(got, {lr, wd, rule, {}});
-        fogo::ops::muon_update(on_device,
-                               {0.0, wd, rule, torch::full({}, lr, on_cuda.dtype(torch::kDouble))});
+        const fogo::detail::LearningRate device_lr(
+            0.0, at::kDouble, torch::full({}, lr, on_cuda.dtype(torch::kDouble)));
+        fogo::ops::muon_update(on_device, {device_lr, wd, rule, {}});
         fogo::ref::muon_update(aten, {lr, wd, rule, {}});
         const double ulp = dtype == torch::kFloat  ? std::ldexp(1.0, -23)
                            : dtype == torch::kHalf ? 1.0 / 1024

@@ -448,8 +448,8 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
         const auto delta = 0.1 * torch::randn(Os.sizes());
         const fogo::UpdateParams host{lr, 0.1, 0.2, 1e-8};
         fogo::UpdateParams device = host;
-        device.lr = 123.0;  // ignored
-        device.device_lr = torch::full({}, lr, torch::kDouble);
+        device.lr = fogo::detail::LearningRate(123.0 /* ignored */, at::kDouble,
+                                               torch::full({}, lr, torch::kDouble));
         auto a = base.clone(), b = base.clone();
         const auto ra = fogo::ref::apply_rms_update({{a, Os, delta, transposed}}, host);
         const auto rb = fogo::ref::apply_rms_update({{b, Os, delta, transposed}}, device);
@@ -463,7 +463,7 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
   const auto Os = torch::randn({4, 6}), delta = torch::zeros({4, 6});
   fogo::UpdateParams bad{0.1, 0.0, 0.2, 1e-8};
   for (const auto& lr : {torch::full({}, 0.1), torch::full({1}, 0.1, torch::kDouble)}) {
-    bad.device_lr = lr;
+    bad.lr = fogo::detail::LearningRate(0.1, at::kDouble, lr);
     fogo::test::expect_error(
         [&] {
           fogo::ref::apply_rms_update({{p, Os, delta, false}}, bad);
@@ -504,10 +504,10 @@ TEST(Update, AGroupIsEachParametersOwnUpdateAndMaskKeepsEveryBit) {
     const auto ratio = fogo::ref::apply_rms_update({alone}, p);
     // gamma_t from this parameter's own O_s and delta: |Ohat_k|_F scales the step.
     const auto Ohat = together[k].Os + together[k].delta;
-    const double step = p.lr * p.sigma * std::sqrt(static_cast<double>(Ohat.numel())) /
+    const double step = p.lr.value * p.sigma * std::sqrt(static_cast<double>(Ohat.numel())) /
                         (Ohat.norm().item<double>() + p.eps);
     const auto expected =
-        bases[k].to(torch::kDouble) * (1 - p.lr * p.weight_decay) -
+        bases[k].to(torch::kDouble) * (1 - p.lr.value * p.weight_decay) -
         step *
             (together[k].transposed ? Ohat.t() : Ohat).reshape(bases[k].sizes()).to(torch::kDouble);
     const double tol = bases[k].scalar_type() == torch::kBFloat16 ? 1e-2 : 1e-5;

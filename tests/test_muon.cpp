@@ -591,7 +591,9 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
       std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
       std::vector<fogo::MuonUpdateItem> dev = {{p0.clone(), O1}, {q0.clone(), O2}};
       fogo::ref::muon_update(host, {0.02, 0.1, rule, {}});
-      fogo::ref::muon_update(dev, {0.0, 0.1, rule, torch::full({}, 0.02, torch::kDouble)});
+      const fogo::detail::LearningRate on_device(0.0, at::kDouble,
+                                                 torch::full({}, 0.02, torch::kDouble));
+      fogo::ref::muon_update(dev, {on_device, 0.1, rule, {}});
       for (size_t k = 0; k < host.size(); ++k) {
         EXPECT_FALSE(torch::equal(host[k].param, k == 0 ? p0 : q0));  // it moved
         // fp32: separate products against add_'s alpha, a few units of 2^-24 of |p|.

@@ -84,7 +84,7 @@ struct FOGOTelemetry {
 /// devices, gradient shapes and kinds, NaN/Inf in the gradients under NonFinitePolicy::Raise), so
 /// such an error leaves the optimizer and the parameters as they were. FOGO's own part is one
 /// param group's step.
-class FOGO : public MatrixOptimizer {
+class FOGO : public MatrixOptimizerOf<FOGOOptions> {
  public:
   explicit FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 FOGOOptions defaults = {});
@@ -116,29 +116,13 @@ class FOGO : public MatrixOptimizer {
   /// leaves this optimizer as it was.
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h). The
-  /// per-matrix work runs only on each matrix's owner (a parameter's matrix view, or each matrix
-  /// of it: matrix_view), for the matrices `owns` accepts: Newton–Schulz and the projection
-  /// (steps 2-3), the lift and the update (steps 8-9). The step calls `exchange` twice per group
-  /// with the matrices of its parameters with gradients, in the step's order:
-  ///   - after step 3, values[i] = {P_s, P_f} ([m, d] fp32): the projected-space step (4-7) and
-  ///     the codebook flush then run on every rank over all rows, so the codebooks, r-bar and
-  ///     statistics stay identical with no reduction;
-  ///   - after step 9, values[i] = {the matrix's view of the parameter, its |delta|_F / |O_s|_F
-  ///     (0-d fp32)}.
-  /// Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
-  /// on the sharding. An empty StepShard turns sharding off.
-  void set_step_shard(StepShard shard) override;
   /// The matrices of `param` under group `group`'s batch_dims, heads and blocks (matrix_view.h):
   /// each its own rows in the projected space, as a parameter of its own.
   MatrixView matrix_view(size_t group, const at::Tensor& param) const override;
 
-  NonFinitePolicy nonfinite(size_t group) const override;
-  NonFinitePolicy default_nonfinite() const override;
   /// Not a group's first step: its codebook is built from that step, and there is no earlier
   /// memory to keep (a step that cannot be masked is checked on the host, as Skip).
   bool maskable(size_t g) const override;
-  double weight_decay(size_t g) const override;
 
   /// A copy of a group's memory, for inspection and tests (writing into it changes nothing):
   /// unit centroids [C, d], the EMA sums S [C, d] and counts N [C] (all undefined before the
@@ -150,16 +134,34 @@ class FOGO : public MatrixOptimizer {
 
  private:
   const char* name() const override { return "FOGO"; }
-  void check_group(size_t g) const override;
   void check_param(size_t g, size_t i, const at::Tensor& p) const override;
-  /// Param group `s.group`'s step: what the host decides (random draws, the re-seeding cadence,
-  /// counters), then the stages, from the group's CUDA graph or eagerly. `s.ok` (Mask): where it
+  // The frame's hooks. Data-parallel sharding of the step (set_step_shard; step_shard.h): the
+  // per-matrix work runs only on each matrix's owner (a parameter's matrix view, or each matrix
+  // of it: matrix_view), for the matrices `owns` accepts: Newton–Schulz and the projection
+  // (steps 2-3), the lift and the update (steps 8-9). The step calls `exchange` twice per group
+  // with the matrices of its parameters with gradients, in the step's order:
+  //   - after step 3, values[i] = {P_s, P_f} ([m, d] fp32): the projected-space step (4-7) and
+  //     the codebook flush then run on every rank over all rows, so the codebooks, r-bar and
+  //     statistics stay identical with no reduction;
+  //   - after step 9, values[i] = {the matrix's view of the parameter, its |delta|_F / |O_s|_F
+  //     (0-d fp32)}.
+  // Momenta (step 1) are kept for every parameter on every rank, so checkpoints do not depend
+  // on the sharding.
+  /// The group's memory, its Mask bookkeeping and NorMuon's second moments.
+  void create_state(const GroupStep& s) override;
+  /// The host's decisions (random draws: the long-term candidates' keys; the re-seeding cadence).
+  HostStep prepare_step(const GroupStep& s) override;
+  std::vector<at::Tensor> touched(const GroupStep& s) const override;
+  /// Steps 1-9 and the flush: device work only, every state tensor updated in place. Where in.ok
   /// is false the step leaves every tensor as it was.
-  void step_group(const GroupStep& s) override;
-  struct StepInputs;
-  /// Steps 1-9 and the flush: device work only, every state tensor updated in place.
-  void step_stages(size_t g, const StepInputs& in);
-  const FOGOOptions& options(size_t g) const;
+  void device_step(const detail::StepInputs& in) override;
+  /// The parameters' states, the group's memory and the projections.
+  std::function<void()> save_host_state(const GroupStep& s) override;
+  /// The group's step counter.
+  void finish_group(const GroupStep& s) override;
+  /// Nothing: FOGO's exchanges are inside its stages (above).
+  void finish_step(const std::vector<GroupStep>& groups) override { (void)groups; }
+  bool reseeds_now(size_t g) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   template <typename Self, typename Archive>

@@ -102,7 +102,7 @@ struct RowExchange {
 /// (`o.normuon()`) normalizes O on the rank holding it, with the whole second moment gathered
 /// there (normuon.h), as fogo::Muon does. `batch_dims` is refused (a stack sharded along its
 /// experts steps where it lies: fogo.Muon). `o`: the group's options (validated here);
-/// `lr_dtype`: as Muon::set_lr_dtype; `ok` (Mask): where false, the parameters, buffers and second
+/// `lr_dtype`: as set_lr_dtype (GroupFrame); `ok` (Mask): where false, the parameters, buffers and second
 /// moments keep their bits. Every check runs before the first collective, alike on every rank.
 void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange);
@@ -122,9 +122,9 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   friend bool operator==(const MuonParamState& a, const MuonParamState& b);
 };
 
-/// The step (step(), step_with()) is MatrixOptimizer's frame (matrix_optimizer.h); Muon's own
-/// part is one param group's work.
-class Muon : public MatrixOptimizer {
+/// The step (step(), step_with()) and each group's step are the frame's (matrix_optimizer.h);
+/// Muon's own part is its state and one param group's device work.
+class Muon : public MatrixOptimizerOf<MuonOptions> {
  public:
   explicit Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 MuonOptions defaults = {});
@@ -140,54 +140,27 @@ class Muon : public MatrixOptimizer {
   /// was.
   void load(torch::serialize::InputArchive& archive) override;
 
-  NonFinitePolicy nonfinite(size_t group) const override;
-  NonFinitePolicy default_nonfinite() const override;
-  double weight_decay(size_t g) const override;
-
-  /// Data-parallel sharding of the step (fogo::dist::shard_step sets it; step_shard.h): every
-  /// rank updates every momentum buffer (so checkpoints do not depend on the sharding), but runs
-  /// Newton–Schulz and the update only for the matrices `owns` accepts (each matrix of a
-  /// parameter's matrix view: every expert of a stack, every block of a fused weight); at the end
-  /// of the step `exchange` gets every matrix of every parameter with a gradient, values[i] =
-  /// {the matrix's view of the parameter} (and of NorMuon's second moment). An empty StepShard
-  /// turns sharding off.
-  void set_step_shard(StepShard shard) override;
   /// The matrices of `param` under group `group`'s batch_dims, heads and blocks (matrix_view.h).
   MatrixView matrix_view(size_t group, const at::Tensor& param) const override;
 
-  /// MuonOptions::cuda_graph: how often group `group`'s step was captured (its first step, and
-  /// again when its parameters, state or options other than lr change) and run from a graph.
-  struct GraphStats {
-    int64_t captures = 0, replays = 0;
-  };
-  GraphStats graph_stats(size_t group) const;
-
-  /// The dtype of group `group`'s learning-rate arithmetic (muon_decay, muon_adjusted_lr):
-  /// double by default; a Tensor lr's dtype for torch.optim.Muon's bits with one (fogo.Muon in
-  /// Python sets it from the group's lr at every step). A CUDA graph's step (cuda_graph) reads
-  /// lr on the device in double whatever this says.
-  void set_lr_dtype(size_t group, at::ScalarType dtype);
-
  private:
-  StepShard shard_;
-  std::vector<at::ScalarType> lr_dtypes_;  // per group; missing ones double
-  struct Graphs;
-  std::unique_ptr<Graphs> graphs_;
-
   const char* name() const override { return "Muon"; }
-  void check_group(size_t g) const override;
   void check_param(size_t g, size_t i, const at::Tensor& p) const override;
-  /// Creates the group's state, then runs update_group from the group's CUDA graph or eagerly.
-  void step_group(const GroupStep& s) override;
-  /// Sharded: every parameter from its owner.
-  void finish_step(const std::vector<GroupStep>& groups) override;
-  /// One group's device work: the momenta, Newton–Schulz and the update. `ok` (Mask): where
-  /// false, the parameters and buffers keep their bits. `device_lr` (a CUDA graph's, 0-d
-  /// float64) replaces options().lr().
-  void update_group(size_t g, const std::vector<at::Tensor>& params,
-                    const std::vector<at::Tensor>& grads, const at::Tensor& ok,
-                    const at::Tensor& device_lr);
-  const MuonOptions& options(size_t g) const;
+  void create_state(const GroupStep& s) override;
+  std::vector<at::Tensor> touched(const GroupStep& s) const override;
+  /// Its momentum buffers (and NorMuon's second moments).
+  std::vector<at::Tensor> masked_tensors(const detail::StepInputs& in) const override;
+  /// One group's device work: the momenta, Newton–Schulz and the update (sharded: Newton–Schulz
+  /// and the update of the matrices this rank owns). Where in.ok is false the parameters keep
+  /// their bits.
+  void device_step(const detail::StepInputs& in) override;
+  /// Sharded (set_step_shard): every rank updates every momentum buffer (so checkpoints do not
+  /// depend on the sharding), but runs Newton–Schulz and the update only for the matrices it
+  /// owns (each matrix of a parameter's matrix view: every expert of a stack, every block of a
+  /// fused weight); the frame's finish_step then exchanges every matrix with its rows of NorMuon's
+  /// second moment (these).
+  std::vector<at::Tensor> shard_values(size_t g, const at::Tensor& param, const MatrixView& view,
+                                       int64_t k) const override;
   /// The momentum buffers of `params` (their state exists), or their NorMuon second moments
   /// (undefined where there is none).
   std::vector<at::Tensor> buffers(const std::vector<at::Tensor>& params,

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 #include "fogo_private/distributed/internal.h"
 
@@ -22,7 +22,7 @@ namespace {
 // (CUDA_VISIBLE_DEVICES per rank: SLURM, many launchers); one that sees several sees the node's,
 // numbered as LOCAL_RANK numbers the ranks. Two ranks that end on one GPU are found at start-up
 // (settle_backends).
-int64_t rank_cuda_device(const std::optional<c10::Device>& device, const Launch& launch,
+int64_t rank_cuda_device(const std::optional<torch::Device>& device, const Launch& launch,
                          int64_t cuda_devices) {
   if (device && device->is_cuda() && device->has_index()) {
     TORCH_CHECK(device->index() < cuda_devices, "fogo::dist: ProcessGroupOptions::device is ",
@@ -30,7 +30,8 @@ int64_t rank_cuda_device(const std::optional<c10::Device>& device, const Launch&
     return device->index();
   }
   if (cuda_devices == 1) return 0;
-  return launch.local_rank < cuda_devices ? launch.local_rank : -1;
+  if (launch.local_rank < cuda_devices) return launch.local_rank;
+  return -1;
 }
 
 [[noreturn]] void no_gpu_for_this_rank(const char* why, const Launch& launch,
@@ -45,7 +46,7 @@ int64_t rank_cuda_device(const std::optional<c10::Device>& device, const Launch&
               " rank(s) per node (torchrun --nproc-per-node ", std::max<int64_t>(cuda_devices, 1),
               "), or keep the job's tensors on the CPU (ProcessGroupOptions::device(torch::kCPU);"
               " the trainers' --device cpu), which communicates through Gloo");
-  abort();  // not reached: TORCH_CHECK(false) throws
+  throw std::logic_error("unreachable");  // TORCH_CHECK(false) throws
 }
 
 }  // namespace

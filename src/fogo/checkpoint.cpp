@@ -148,6 +148,35 @@ GroupMemory read_memory(torch::serialize::InputArchive& a, size_t g, const FOGOO
   return mem;
 }
 
+// A loaded parameter state (parameter i of group g, options `o`): checked and moved to the
+// parameter's device.
+void check_loaded_state(FOGOParamState& st, size_t g, size_t i, const at::Tensor& p,
+                        const FOGOOptions& o) {
+  for (const at::Tensor& t : {st.slow_momentum(), st.fast_momentum()}) {
+    TORCH_CHECK(t.defined() && t.sizes() == p.sizes(), "FOGO::load: the checkpoint's momentum for ",
+                detail::describe_param(g, i, p), " has shape ",
+                t.defined() ? t.sizes() : at::IntArrayRef{},
+                "; the checkpoint was made for a different model");
+  }
+  detail::check_finite_state("FOGO", "slow momentum for " + detail::describe_param(g, i, p),
+                             st.slow_momentum());
+  detail::check_finite_state("FOGO", "fast momentum for " + detail::describe_param(g, i, p),
+                             st.fast_momentum());
+  st.slow_momentum(st.slow_momentum().to(p.device()));
+  st.fast_momentum(st.fast_momentum().to(p.device()));
+  const at::Tensor& v = st.second_moment();
+  if (!v.defined()) return;
+  // One per row of each matrix (batch_dims: of each matrix of the stack).
+  const std::vector<int64_t> rows = row_state_sizes(p.sizes(), o.batch_dims());
+  TORCH_CHECK(v.sizes() == at::IntArrayRef(rows), "FOGO::load: the checkpoint's second_moment for ",
+              detail::describe_param(g, i, p), " has shape ", v.sizes(), ", expected ",
+              at::IntArrayRef(rows),
+              " (one per row of each matrix); the checkpoint was made for a different "
+              "model or another batch_dims");
+  detail::check_finite_state("FOGO", "second moment for " + detail::describe_param(g, i, p), v);
+  st.second_moment(v.to(p.device(), normuon_dtype(p)));
+}
+
 }  // namespace
 
 void FOGO::load(torch::serialize::InputArchive& archive) {
@@ -185,35 +214,10 @@ void FOGO::load(torch::serialize::InputArchive& archive) {
         detail::verify_checksum(archive, "FOGO", kChecksum, sum.value());
       },
       [&](size_t g, size_t i, const torch::Tensor& p) {
-        auto it = state_.find(p.unsafeGetTensorImpl());
+        const auto it = state_.find(p.unsafeGetTensorImpl());
         if (it == state_.end()) return;
-        auto& st = static_cast<FOGOParamState&>(*it->second);
-        for (const at::Tensor& t : {st.slow_momentum(), st.fast_momentum()}) {
-          TORCH_CHECK(t.defined() && t.sizes() == p.sizes(),
-                      "FOGO::load: the checkpoint's momentum for ", detail::describe_param(g, i, p),
-                      " has shape ", t.defined() ? t.sizes() : at::IntArrayRef{},
-                      "; the checkpoint was made for a different model");
-        }
-        detail::check_finite_state("FOGO", "slow momentum for " + detail::describe_param(g, i, p),
-                                   st.slow_momentum());
-        detail::check_finite_state("FOGO", "fast momentum for " + detail::describe_param(g, i, p),
-                                   st.fast_momentum());
-        st.slow_momentum(st.slow_momentum().to(p.device()));
-        st.fast_momentum(st.fast_momentum().to(p.device()));
-        if (const at::Tensor& v = st.second_moment(); v.defined()) {
-          // One per row of each matrix (batch_dims: of each matrix of the stack).
-          const auto& o = static_cast<const FOGOOptions&>(param_groups_[g].options());
-          const std::vector<int64_t> rows = row_state_sizes(p.sizes(), o.batch_dims());
-          TORCH_CHECK(v.sizes() == at::IntArrayRef(rows),
-                      "FOGO::load: the checkpoint's second_moment for ",
-                      detail::describe_param(g, i, p), " has shape ", v.sizes(), ", expected ",
-                      at::IntArrayRef(rows),
-                      " (one per row of each matrix); the checkpoint was made for a different "
-                      "model or another batch_dims");
-          detail::check_finite_state("FOGO", "second moment for " + detail::describe_param(g, i, p),
-                                     v);
-          st.second_moment(v.to(p.device(), normuon_dtype(p)));
-        }
+        check_loaded_state(static_cast<FOGOParamState&>(*it->second), g, i, p,
+                           static_cast<const FOGOOptions&>(param_groups_[g].options()));
       });
   impl_->groups = std::move(loaded);
   detail::warn_on_changed_ns_dtypes(archive, kNSDtypes, "FOGO",

@@ -1,4 +1,4 @@
-// fogo::FOGO: the step of docs/algorithm.md per param group (step_stages, in its order), the task
+// fogo::FOGO: the step of docs/algorithm.md per param group (device_step, in its order), the task
 // boundaries, telemetry and the state. The stages' routing over a group's parameters is in
 // stages.cpp, the stage functions in projection.h (Pi, lift), projected.h (slerp, filters),
 // codebook.h (memory) and update.h, dispatched by ops.h; checkpoints in checkpoint.cpp.
@@ -21,6 +21,7 @@
 #include "fogo_private/fogo/stages.h"
 #include "fogo_private/fogo/state.h"
 #include "fogo_private/frame/checks.h"
+#include "fogo_private/frame/graphed_step.h"
 #include "fogo_private/ops/ops.h"
 
 namespace fogo {
@@ -66,8 +67,7 @@ void check_matrix(size_t group, size_t index, const at::Tensor& p, const at::Ten
 }  // namespace
 
 FOGO::FOGO(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, FOGOOptions defaults)
-    : MatrixOptimizer(param_groups, std::make_unique<FOGOOptions>(defaults)),
-      impl_(std::make_unique<Impl>()) {
+    : MatrixOptimizerOf(param_groups, defaults), impl_(std::make_unique<Impl>()) {
   defaults.validate();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& options = static_cast<const FOGOOptions&>(param_groups_[g].options());
@@ -85,27 +85,9 @@ FOGO& FOGO::operator=(FOGO&&) noexcept = default;
 // ---------------------------------------------------------------------------------------------
 // The step (MatrixOptimizer's frame around step_group)
 
-const FOGOOptions& FOGO::options(size_t g) const {
-  return static_cast<const FOGOOptions&>(param_groups_[g].options());
-}
-
-NonFinitePolicy FOGO::nonfinite(size_t group) const {
-  TORCH_CHECK(group < param_groups_.size(), "FOGO::nonfinite: group ", group, " does not exist (",
-              param_groups_.size(), " groups)");
-  return options(group).nonfinite();
-}
-
-NonFinitePolicy FOGO::default_nonfinite() const {
-  return static_cast<const FOGOOptions&>(defaults()).nonfinite();
-}
-
 bool FOGO::maskable(size_t g) const {
   return g < impl_->groups.size() && impl_->groups[g].initialized;
 }
-
-double FOGO::weight_decay(size_t g) const { return options(g).weight_decay(); }
-
-void FOGO::check_group(size_t g) const { options(g).validate(); }
 
 void FOGO::check_param(size_t g, size_t i, const at::Tensor& p) const {
   check_matrix(g, i, p, param_groups_[g].params()[0], options(g));
@@ -116,73 +98,72 @@ void FOGO::check_param(size_t g, size_t i, const at::Tensor& p) const {
   }
 }
 
-// What a group's step reads besides its memory and options, prepared on the host: the stages
-// (step_stages) decide nothing on the host, so a CUDA graph can capture and replay them.
-struct FOGO::StepInputs {
-  std::vector<at::Tensor> params, grads;
-  at::Tensor ok;    ///< NonFinitePolicy::Mask: 0-d bool on the group's device, else undefined
-  at::Tensor keys;  ///< step 7's candidate keys (draw_candidate_keys), or undefined
-  bool reseed_now = false;
-  at::Tensor lr;  ///< a CUDA graph's learning rate (0-d float64 on the device); else o.lr()
-};
-
-void FOGO::step_group(const GroupStep& s) {
-  const size_t g = s.group;
+bool FOGO::reseeds_now(size_t g) const {
   const auto& o = options(g);
-  GroupMemory& mem = impl_->group(g, o);
-  const at::Tensor keys = stages::draw_candidate_keys(mem, o, s.params.front().device());
-  const bool reseed_now = o.reseed_every() > 0 && (mem.step + 1) % o.reseed_every() == 0;
-  stages::prepare_mask_state(mem, s.ok);
+  return o.reseed_every() > 0 && (impl_->groups[g].step + 1) % o.reseed_every() == 0;
+}
+
+void FOGO::create_state(const GroupStep& s) {
+  const auto& o = options(s.group);
+  stages::prepare_mask_state(impl_->group(s.group, o), s.ok);
   // NorMuon's second moments exist before a CUDA graph's layout is taken (normuon turned on
   // between steps, a checkpoint without them): working_set makes those of new states.
   if (o.normuon()) stages::add_second_moments(state_, s.params, matrix_layout(o));
-  // A CUDA graph takes the steady-state steps: not the first (it builds the codebook), not a
-  // re-seeding one (it reads the queries back), not a sharded one (it exchanges with the ranks).
-  auto& graph = impl_->graphs[g];
-  const bool graphed = o.cuda_graph() && mem.initialized && !reseed_now && !impl_->shard.owns &&
-                       !graph.step.failed();
-  detail::run_group(
-      graph, graphed, o,
-      [&] {  // what the stages touch besides the static inputs
-        std::vector<at::Tensor> touched = s.params;
-        for (const at::Tensor& p : s.params) {
-          const auto it = state_.find(p.unsafeGetTensorImpl());
-          if (it == state_.end()) continue;
-          const auto& st = static_cast<const FOGOParamState&>(*it->second);
-          touched.push_back(st.slow_momentum());
-          touched.push_back(st.fast_momentum());
-          if (st.second_moment().defined()) touched.push_back(st.second_moment());
-        }
-        mem.visit([&](const char*, const at::Tensor& t, unsigned use) {
-          if (use & GroupMemory::kStep) touched.push_back(t);
-        });
-        return touched;
-      },
-      {s.grads, {s.ok, keys}, {}}, s.params.front().device(),
-      [&](const detail::GraphedStep::Inputs& in) {
-        step_stages(g, {s.params, in.grads, in.tensors[0], in.tensors[1], reseed_now, in.lr});
-      },
-      [&] {  // what the stages' host code may change, for a failed capture to put back
-        auto states = std::make_shared<detail::SavedStates>(*this, s.params);
-        auto memory = std::make_shared<GroupMemory>(mem);
-        memory->gen = mem.gen.clone();
-        auto projections = std::make_shared<decltype(impl_->projections)>(impl_->projections);
-        return std::function<void()>([this, g, states, memory, projections] {
-          states->restore();
-          impl_->groups[g] = *memory;
-          impl_->projections = *projections;
-        });
-      },
-      "FOGO", g);
+}
+
+// What the step reads besides its memory and options, prepared on the host: the stages
+// (device_step) decide nothing on the host, so a CUDA graph can capture and replay them. A graph
+// takes the steady-state steps: not the first (it builds the codebook), not a re-seeding one (it
+// reads the queries back); the frame never graphs a sharded one (it exchanges with the ranks).
+FOGO::HostStep FOGO::prepare_step(const GroupStep& s) {
+  GroupMemory& mem = impl_->groups[s.group];
+  const at::Tensor keys =
+      stages::draw_candidate_keys(mem, options(s.group), s.params.front().device());
+  return {{keys}, mem.initialized && !reseeds_now(s.group)};
+}
+
+std::vector<at::Tensor> FOGO::touched(const GroupStep& s) const {
+  std::vector<at::Tensor> touched = s.params;
+  for (const at::Tensor& p : s.params) {
+    const auto it = state_.find(p.unsafeGetTensorImpl());
+    if (it == state_.end()) continue;
+    const auto& st = static_cast<const FOGOParamState&>(*it->second);
+    touched.push_back(st.slow_momentum());
+    touched.push_back(st.fast_momentum());
+    if (st.second_moment().defined()) touched.push_back(st.second_moment());
+  }
+  impl_->groups[s.group].visit([&](const char*, const at::Tensor& t, unsigned use) {
+    if (use & GroupMemory::kStep) touched.push_back(t);
+  });
+  return touched;
+}
+
+std::function<void()> FOGO::save_host_state(const GroupStep& s) {
+  const size_t g = s.group;
+  auto states = std::make_shared<detail::SavedStates>(*this, s.params);
+  auto memory = std::make_shared<GroupMemory>(impl_->groups[g]);
+  memory->gen = impl_->groups[g].gen.clone();
+  auto projections = std::make_shared<decltype(impl_->projections)>(impl_->projections);
+  return [this, g, states, memory, projections] {
+    states->restore();
+    impl_->groups[g] = *memory;
+    impl_->projections = *projections;
+  };
+}
+
+void FOGO::finish_group(const GroupStep& s) {
+  GroupMemory& mem = impl_->groups[s.group];
   ++mem.step;
   mem.consolidated = false;
 }
 
 // Steps 1-9 and the flush, as docs/algorithm.md lists them; sharding is the exchange hook `share`
 // (the identity unsharded), Mask the scope around the memory.
-void FOGO::step_stages(size_t g, const StepInputs& in) {
+void FOGO::device_step(const detail::StepInputs& in) {
   using namespace stages;
+  const size_t g = in.group;
   const auto& o = options(g);
+  const at::Tensor& keys = in.extra[0];  // prepare_step's
   GroupMemory& mem = impl_->groups[g];
   std::function<const Projection&(int64_t)> projection;  // fusion_only: none, Pi is never built
   if (!o.fusion_only()) {
@@ -195,7 +176,7 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
       working_set(in.params, in.grads, state_, projection, matrix_layout(o), o.normuon(), runs);
   if (work.empty()) return;
   const MaskedMemory masked(mem, in.ok);
-  Sharing share(work, runs, impl_->shard);  // this rank's parameters
+  Sharing share(work, runs, step_shard());  // this rank's parameters
   const std::vector<at::Tensor> inputs = ns_inputs(share, o);
   update_momenta(work, share, inputs, o, in.ok);  // 1 momenta
   if (o.fusion_only()) {  // 2, 4, 9 in parameter space; no memory is built or read
@@ -206,14 +187,14 @@ void FOGO::step_stages(size_t g, const StepInputs& in) {
       orthogonalize_and_project(share.work(), share.runs(), inputs, o), o);
   const bool first = !mem.initialized;
   if (first) initialize_memory(mem, Ps, Pf, o);  // the codebook, from the first step's queries
-  const auto [frozen, nu] = long_term_candidates(mem, o, in.keys);  // A_t of step 7
+  const auto [frozen, nu] = long_term_candidates(mem, o, keys);  // A_t of step 7
   const ProjectedStepResult r =  // 4 slerp, 5 memory read, 6 short-term, 7 long-term
       ops::projected_step(Ps, Pf, mem.book.centroids, frozen, nu, mem.rbar,
                           projected_step_params(o, /*filter=*/!first));
   mem.rbar.copy_(r.rbar);
   const std::vector<at::Tensor> ratios = share.updates(  // 8 lift, 9 update
       lift_and_update(share.work(), share.runs(), share.rows(r.dz), o, in.lr, in.ok));
-  flush_and_reseed(mem, r, o, in.reseed_now);  // the codebook flush
+  flush_and_reseed(mem, r, o, reseeds_now(g));  // the codebook flush
   record_telemetry(mem, r, ratios, o);
   masked.restore();
 }
@@ -271,11 +252,6 @@ MatrixView FOGO::matrix_view(size_t group, const at::Tensor& param) const {
   return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "FOGO", what.str());
 }
 
-void FOGO::set_step_shard(StepShard shard) {
-  shard.enabled("FOGO::set_step_shard");
-  impl_->shard = std::move(shard);
-}
-
 void FOGO::task_boundary() {
   consolidate();
   begin_task();
@@ -290,10 +266,9 @@ std::vector<FOGOTelemetry> FOGO::telemetry() const {
     const GroupMemory& mem = impl_->groups[g];
     out[g].step = mem.step;
     out[g].frozen = mem.frozen.defined() ? mem.frozen.size(0) : 0;
-    if (const auto it = impl_->graphs.find(g); it != impl_->graphs.end()) {
-      out[g].graph_captures = it->second.step.captures();
-      out[g].graph_replays = it->second.step.replays();
-    }
+    const GraphStats graphed = graph_stats(g);
+    out[g].graph_captures = graphed.captures;
+    out[g].graph_replays = graphed.replays;
     if (mem.stats.defined()) by_device[mem.stats.device().str()].push_back(g);
   }
   for (const auto& [device, groups] : by_device) {

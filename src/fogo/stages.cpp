@@ -337,12 +337,12 @@ void normuon_items(std::vector<RmsUpdateItem>& items, const std::vector<const Wo
 
 // Step 8, the proximal lift of dz = zbar - Ps (one GEMM per shape run, at the NS precision:
 // bf16 products when the NS computes in bf16), and step 9, the RMS-scaled update with decoupled
-// decay, with o.lr() or, when defined, `device_lr` (a CUDA graph's), all parameters in one call
+// decay, with the step's learning rate (a CUDA graph's on the device), all parameters in one call
 // (one set of launches per group on CUDA). Returns |delta|_F / |O_s|_F of each parameter, in
 // `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
 std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
-                                        const at::Tensor& device_lr, const at::Tensor& ok) {
+                                        const detail::LearningRate& lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
   std::vector<const Work*> order;  // each item's Work
   int64_t row = 0;
@@ -360,8 +360,7 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
     }
   }
   normuon_items(items, order, o, ok);
-  return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
-                               ok);
+  return ops::apply_rms_update(items, {lr, o.weight_decay(), o.sigma(), o.eps()}, ok);
 }
 
 // fusion_only: steps 2 and 4 in parameter space, then step 9; nothing is projected, remembered
@@ -375,7 +374,7 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
 // Pi^T ~ d I, not the same computation (it rounds differently even at xi = 0).
 std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
-                                        const at::Tensor& device_lr, const at::Tensor& ok) {
+                                        const detail::LearningRate& lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
   std::vector<const Work*> order;  // each item's Work
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -398,8 +397,7 @@ std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const Sha
     }
   }
   normuon_items(items, order, o, ok);
-  return ops::apply_rms_update(items, {o.lr(), o.weight_decay(), o.sigma(), o.eps(), device_lr},
-                               ok);
+  return ops::apply_rms_update(items, {lr, o.weight_decay(), o.sigma(), o.eps()}, ok);
 }
 
 // The codebook flush (after all parameters of the group have stepped), then re-seeding when

@@ -6,15 +6,6 @@
 
 namespace fogo {
 
-void check_device_lr(const at::Tensor& param, const UpdateParams& p) {
-  if (!p.device_lr.defined()) return;
-  TORCH_CHECK(p.device_lr.dim() == 0 && p.device_lr.scalar_type() == at::kDouble &&
-                  p.device_lr.device() == param.device(),
-              "apply_rms_update: device_lr must be a 0-d float64 tensor on ", param.device(),
-              ", got ", p.device_lr.sizes(), " ", p.device_lr.scalar_type(), " on ",
-              p.device_lr.device());
-}
-
 namespace {
 
 at::Tensor update_one(const RmsUpdateItem& item, const UpdateParams& p) {
@@ -27,14 +18,14 @@ at::Tensor update_one(const RmsUpdateItem& item, const UpdateParams& p) {
   const at::Tensor norm = Ohat.norm() + p.eps;
   // lr gamma_t and the decay 1 - lr wd: in double, rounded once to the working type (as a host
   // scalar is when an op takes it), whether lr is on the host or on the device.
-  const bool on_device = p.device_lr.defined();
-  check_device_lr(param, p);
+  const bool on_device = p.lr.on_device();
+  p.lr.check_device(param.device(), "apply_rms_update");
   const at::Tensor step =
-      on_device ? (p.device_lr * p.sigma * std::sqrt(mn)).to(norm.scalar_type()) / norm
-                : (p.lr * p.sigma * std::sqrt(mn)) / norm;
+      on_device ? p.lr.scaled_on_device(p.sigma, std::sqrt(mn)).to(norm.scalar_type()) / norm
+                : p.lr.scaled(p.sigma, std::sqrt(mn)) / norm;
   const auto decay = [&](at::Tensor x) {
-    return on_device ? x.mul_((1.0 - p.device_lr * p.weight_decay).to(x.scalar_type()))
-                     : x.mul_(1.0 - p.lr * p.weight_decay);
+    return on_device ? x.mul_(p.lr.decay_on_device(p.weight_decay).to(x.scalar_type()))
+                     : x.mul_(p.lr.decay(p.weight_decay));
   };
   const at::Tensor update = (item.transposed ? Ohat.t() : Ohat).reshape(param.sizes());
   const auto type = param.scalar_type();

@@ -58,34 +58,54 @@ void GraphedStep::describe(std::vector<int64_t>& layout, const at::Tensor& t) {
   layout.insert(layout.end(), t.strides().begin(), t.strides().end());
 }
 
-bool GraphedStep::run(std::vector<int64_t> layout, const std::vector<at::Tensor>& grads,
-                      const std::vector<at::Tensor>& tensors, double lr, const c10::Device& device,
-                      const std::function<void(const Inputs&)>& work, const std::string& who,
+namespace {
+
+// The per-step tensors of `in` the graph reads as static inputs, in order: the gradients, the
+// flag, the extra tensors.
+std::vector<const at::Tensor*> refreshed(const StepInputs& in) {
+  std::vector<const at::Tensor*> out;
+  for (const at::Tensor& t : in.grads) out.push_back(&t);
+  out.push_back(&in.ok);
+  for (const at::Tensor& t : in.extra) out.push_back(&t);
+  return out;
+}
+
+}  // namespace
+
+bool GraphedStep::run(std::vector<int64_t> layout, const StepInputs& in, const c10::Device& device,
+                      const std::function<void(const StepInputs&)>& work, const std::string& who,
                       const SaveHostState& save) {
 #ifdef FOGO_WITH_CUDA
   // The inputs' types and shapes (not their addresses: they are copied into the static ones).
-  for (const auto* list : {&grads, &tensors}) {
-    for (const at::Tensor& t : *list) {
-      layout.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1);
-      if (t.defined()) layout.insert(layout.end(), t.sizes().begin(), t.sizes().end());
-      layout.push_back(-2);  // separator: shapes of different ranks stay distinct
-    }
+  for (const at::Tensor* t : refreshed(in)) {
+    layout.push_back(t->defined() ? static_cast<int64_t>(t->scalar_type()) : -1);
+    if (t->defined()) layout.insert(layout.end(), t->sizes().begin(), t->sizes().end());
+    layout.push_back(-2);  // separator: shapes of different ranks stay distinct
   }
   if (graph_ && layout == layout_) {
-    for (size_t k = 0; k < grads.size(); ++k) {
-      if (!grads[k].is_same(inputs_.grads[k])) inputs_.grads[k].copy_(grads[k]);
+    for (size_t k = 0; k < in.grads.size(); ++k) {
+      if (!in.grads[k].is_same(inputs_.grads[k])) inputs_.grads[k].copy_(in.grads[k]);
     }
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      if (tensors[k].defined()) inputs_.tensors[k].copy_(tensors[k]);
+    if (in.ok.defined()) inputs_.ok.copy_(in.ok);
+    for (size_t k = 0; k < in.extra.size(); ++k) {
+      if (in.extra[k].defined()) inputs_.extra[k].copy_(in.extra[k]);
     }
-    inputs_.lr.fill_(lr);
+    inputs_.lr.device.fill_(in.lr.value);
     graph_->replay();
     ++replays_;
     return true;
   }
   graph_.reset();  // the old graph and its memory pool go
-  inputs_ = {grads, {}, at::full({}, lr, at::TensorOptions().dtype(at::kDouble).device(device))};
-  for (const at::Tensor& t : tensors) inputs_.tensors.push_back(t.defined() ? t.clone() : t);
+  const auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : t; };
+  inputs_ = {in.group,
+             in.params,
+             in.grads,
+             copy(in.ok),
+             LearningRate(
+                 in.lr.value, in.lr.dtype,
+                 at::full({}, in.lr.value, at::TensorOptions().dtype(at::kDouble).device(device))),
+             {}};
+  for (const at::Tensor& t : in.extra) inputs_.extra.push_back(copy(t));
   layout_ = std::move(layout);
   auto graph = std::make_unique<Graph>();
   const std::function<void()> restore = save ? save() : nullptr;
@@ -109,7 +129,7 @@ bool GraphedStep::run(std::vector<int64_t> layout, const std::vector<at::Tensor>
   ++replays_;
   return true;
 #else
-  (void)layout, (void)grads, (void)tensors, (void)lr, (void)device, (void)work, (void)save;
+  (void)layout, (void)in, (void)device, (void)work, (void)save;
   TORCH_CHECK(false, who, " asks for a CUDA graph in a build of fogo without CUDA");
   return false;
 #endif

@@ -4,7 +4,13 @@
 #include <ATen/ATen.h>
 #include <fogo/param_groups.h>
 
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
 #include "fogo_private/frame/checks.h"
+#include "fogo_private/frame/graphed_step.h"
 #include "fogo_private/frame/nonfinite.h"
 
 namespace fogo {
@@ -85,6 +91,115 @@ torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure
   // 4.
   finish_step(steps);
   return loss;
+}
+
+}  // namespace fogo
+
+// ---------------------------------------------------------------------------------------------
+// GroupFrame: one group's step, written once.
+
+namespace fogo {
+
+struct GroupFrame::Graphs {
+  std::map<size_t, detail::GroupGraph> groups;  // cuda_graph: each group's captured step
+};
+
+GroupFrame::GroupFrame(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                       std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : MatrixOptimizer(param_groups, std::move(defaults)), graphs_(std::make_unique<Graphs>()) {}
+
+GroupFrame::~GroupFrame() = default;
+GroupFrame::GroupFrame(GroupFrame&&) noexcept = default;
+GroupFrame& GroupFrame::operator=(GroupFrame&&) noexcept = default;
+
+void GroupFrame::set_step_shard(StepShard shard) {
+  shard.enabled((std::string(name()) + "::set_step_shard").c_str());
+  shard_ = std::move(shard);
+}
+
+void GroupFrame::set_lr_dtype(size_t group, at::ScalarType dtype) {
+  TORCH_CHECK(group < param_groups_.size(), name(), "::set_lr_dtype: group ", group,
+              " does not exist (", param_groups_.size(), " groups)");
+  if (lr_dtypes_.size() <= group) lr_dtypes_.resize(group + 1, at::kDouble);
+  lr_dtypes_[group] = dtype;
+}
+
+GroupFrame::GraphStats GroupFrame::graph_stats(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), name(), "::graph_stats: group ", group,
+              " does not exist (", param_groups_.size(), " groups)");
+  const auto it = graphs_->groups.find(group);
+  if (it == graphs_->groups.end()) return {};
+  return {it->second.step.captures(), it->second.step.replays()};
+}
+
+std::vector<at::Tensor> GroupFrame::shard_values(size_t g, const at::Tensor& param,
+                                                 const MatrixView& view, int64_t k) const {
+  (void)g, (void)param, (void)view, (void)k;
+  return {};
+}
+
+void GroupFrame::finish_step(const std::vector<GroupStep>& groups) {
+  if (!shard_.enabled(name())) return;
+  std::vector<ShardUnit> units;
+  std::vector<std::vector<at::Tensor>> values;
+  for (const GroupStep& s : groups) {
+    for (const at::Tensor& p : s.params) {
+      const MatrixView view = matrix_view(s.group, p);
+      for (int64_t k = 0; k < view.count(); ++k) {
+        units.push_back({p, k});
+        values.push_back({matrix_of(p, view, k)});
+        for (at::Tensor& t : shard_values(s.group, p, view, k)) values.back().push_back(t);
+      }
+    }
+  }
+  shard_.exchange(units, values);
+}
+
+std::vector<at::Tensor> GroupFrame::masked_tensors(const detail::StepInputs& in) const {
+  (void)in;
+  return {};
+}
+
+std::function<void()> GroupFrame::save_host_state(const GroupStep& s) {
+  auto states = std::make_shared<detail::SavedStates>(*this, s.params);
+  return [states] { states->restore(); };
+}
+
+void GroupFrame::run_device_step(const detail::StepInputs& in) {
+  // Mask: what the step changes besides the parameters, put back where the flag is false.
+  const detail::MaskScope keep(in.ok,
+                               in.ok.defined() ? masked_tensors(in) : std::vector<at::Tensor>{});
+  device_step(in);
+  keep.restore();
+}
+
+void GroupFrame::step_group(const GroupStep& s) {
+  create_state(s);
+  HostStep host = prepare_step(s);
+  const size_t g = s.group;
+  const at::ScalarType dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
+  const detail::StepInputs in{g,
+                              s.params,
+                              s.grads,
+                              s.ok,
+                              {param_groups_[g].options().get_lr(), dtype},
+                              std::move(host.extra)};
+  const auto work = [this](const detail::StepInputs& inputs) { run_device_step(inputs); };
+  detail::GroupGraph& graph = graphs_->groups[g];
+  // A sharded step exchanges with the ranks: never from a graph.
+  if (cuda_graph(g) && host.graphable && !shard_.enabled(name()) && !graph.step.failed()) {
+    std::vector<int64_t> layout{
+        graph.epoch(param_groups_[g].options(),
+                    [this](const auto& a, const auto& b) { return same_except_lr(a, b); })};
+    for (const at::Tensor& t : touched(s)) detail::GraphedStep::describe(layout, t);
+    const auto save = [&] { return save_host_state(s); };
+    if (graph.step.run(std::move(layout), in, s.params.front().device(), work,
+                       std::string(name()) + ": param group " + std::to_string(g), save)) {
+      return finish_group(s);
+    }
+  }
+  work(in);
+  finish_group(s);
 }
 
 }  // namespace fogo

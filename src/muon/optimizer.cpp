@@ -1,6 +1,6 @@
-// fogo::Muon: the frame's hooks (construction, checks, state, graph or eager) and the step of one
-// group: momenta, orthogonalization (orthogonalize.h), the update. Row-sharded steps: rows.cpp;
-// checkpoints: checkpoint.cpp.
+// fogo::Muon: the frame's hooks (construction, checks, state, the tensors the step touches) and
+// the device step of one group: momenta, orthogonalization (orthogonalize.h), the update.
+// Row-sharded steps: rows.cpp; checkpoints: checkpoint.cpp.
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 #include <torch/serialize/archive.h>
@@ -34,15 +34,8 @@ using detail::muon::Matrix;
 using detail::muon::momentum_updates;
 using detail::muon::orthogonalize_matrices;
 
-// MuonOptions::cuda_graph: each group's captured step.
-struct Muon::Graphs {
-  std::map<size_t, detail::GroupGraph<MuonOptions>> groups;
-  detail::GroupGraph<MuonOptions>& of(size_t g) { return groups[g]; }
-};
-
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
-    : MatrixOptimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
-      graphs_(std::make_unique<Graphs>()) {
+    : MatrixOptimizerOf(param_groups, defaults) {
   defaults.validate();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
@@ -76,24 +69,6 @@ void Muon::check_param_shape(size_t group, size_t index, const torch::Tensor& p,
                     detail::describe_param(group, index, p));
 }
 
-NonFinitePolicy Muon::nonfinite(size_t group) const {
-  TORCH_CHECK(group < param_groups_.size(), "Muon::nonfinite: group ", group, " does not exist (",
-              param_groups_.size(), " groups)");
-  return options(group).nonfinite();
-}
-
-NonFinitePolicy Muon::default_nonfinite() const {
-  return static_cast<const MuonOptions&>(defaults()).nonfinite();
-}
-
-double Muon::weight_decay(size_t g) const { return options(g).weight_decay(); }
-
-const MuonOptions& Muon::options(size_t g) const {
-  return static_cast<const MuonOptions&>(param_groups_[g].options());
-}
-
-void Muon::check_group(size_t g) const { options(g).validate(); }
-
 void Muon::check_param(size_t g, size_t i, const at::Tensor& p) const {
   check_param_shape(g, i, p, options(g));
   if (const auto it = state_.find(p.unsafeGetTensorImpl()); it != state_.end()) {
@@ -113,9 +88,9 @@ std::vector<at::Tensor> Muon::buffers(const std::vector<at::Tensor>& params,
   return out;
 }
 
-void Muon::step_group(const GroupStep& s) {
+void Muon::create_state(const GroupStep& s) {
   const auto& o = options(s.group);
-  for (size_t k = 0; k < s.params.size(); ++k) {  // state created on the host, before device work
+  for (size_t k = 0; k < s.params.size(); ++k) {
     const at::Tensor& p = s.params[k];
     auto& slot = state_[p.unsafeGetTensorImpl()];
     if (!slot) {
@@ -128,71 +103,50 @@ void Muon::step_group(const GroupStep& s) {
       st.second_moment(fresh_second_moment(p, o.batch_dims()));
     }
   }
-  auto& graph = graphs_->of(s.group);
-  const bool graphed = o.cuda_graph() && !shard_.enabled("Muon") && !graph.step.failed();
-  detail::run_group(
-      graph, graphed, o,
-      [&] {  // what the work touches besides the static inputs
-        std::vector<at::Tensor> touched = s.params;
-        for (const bool second : {false, true})
-          for (const at::Tensor& b : buffers(s.params, second))
-            if (b.defined()) touched.push_back(b);
-        return touched;
-      },
-      {s.grads, {s.ok}, {}}, s.params.front().device(),
-      [&](const detail::GraphedStep::Inputs& in) {
-        update_group(s.group, s.params, in.grads, in.tensors[0], in.lr);
-      },
-      [&] {  // what the update's host code may change, for a failed capture to put back
-        auto states = std::make_shared<detail::SavedStates>(*this, s.params);
-        return std::function<void()>([states] { states->restore(); });
-      },
-      "Muon", s.group);
 }
 
-void Muon::finish_step(const std::vector<GroupStep>& groups) {
-  if (!shard_.enabled("Muon")) return;
-  // Every matrix of every parameter with a gradient from its owner (a collective: every rank
-  // calls it; the experts of a stack may have several owners), with its rows of NorMuon's second
-  // moment, which only the owner updates (every rank holds one where normuon is on: the options
-  // and the state's keys are the same on every rank).
-  std::vector<ShardUnit> units;
-  std::vector<std::vector<at::Tensor>> values;
-  for (const GroupStep& s : groups) {
-    const std::vector<at::Tensor> second = buffers(s.params, true);
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      const MatrixView view = matrix_view(s.group, s.params[i]);
-      for (int64_t k = 0; k < view.count(); ++k) {
-        units.push_back({s.params[i], k});
-        values.push_back({matrix_of(s.params[i], view, k)});
-        if (options(s.group).normuon()) values.back().push_back(matrix_of(second[i], view, k));
-      }
-    }
-  }
-  shard_.exchange(units, values);
+std::vector<at::Tensor> Muon::touched(const GroupStep& s) const {
+  std::vector<at::Tensor> touched = s.params;
+  for (const bool second : {false, true})
+    for (const at::Tensor& b : buffers(s.params, second))
+      if (b.defined()) touched.push_back(b);
+  return touched;
 }
+
+std::vector<at::Tensor> Muon::masked_tensors(const detail::StepInputs& in) const {
+  // The parameters are not copied: the update takes the flag and leaves them as they are (issue
+  // 44).
+  std::vector<at::Tensor> changed = buffers(in.params);
+  if (options(in.group).normuon()) {
+    const std::vector<at::Tensor> second = buffers(in.params, true);
+    changed.insert(changed.end(), second.begin(), second.end());
+  }
+  return changed;
+}
+
+// Sharded: with its matrix, its rows of NorMuon's second moment, which only the owner updates
+// (every rank holds one where normuon is on: the options and the state's keys are the same on
+// every rank).
+std::vector<at::Tensor> Muon::shard_values(size_t g, const at::Tensor& param,
+                                           const MatrixView& view, int64_t k) const {
+  if (!options(g).normuon()) return {};
+  return {matrix_of(buffers({param}, true)[0], view, k)};
+}
+
 MatrixView Muon::matrix_view(size_t group, const at::Tensor& param) const {
   std::ostringstream what;
   what << "a parameter of group " << group << " (shape " << param.sizes() << ")";
   return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "Muon", what.str());
 }
 
-void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
-                        const std::vector<at::Tensor>& grads, const at::Tensor& ok,
-                        const at::Tensor& device_lr) {
+void Muon::device_step(const detail::StepInputs& in) {
+  const size_t g = in.group;
+  const std::vector<at::Tensor>& params = in.params;
   const auto& o = options(g);
   const std::vector<at::Tensor> bufs = buffers(params);
   const std::vector<at::Tensor> second = buffers(params, true);  // NorMuon's, or undefined
-  // Mask: what the step changes before the update (nothing to copy without it). The parameters
-  // are not copied: the update takes the flag and leaves them as they are (issue 44).
-  std::vector<at::Tensor> changed;
-  if (ok.defined()) {
-    changed = bufs;
-    if (o.normuon()) changed.insert(changed.end(), second.begin(), second.end());
-  }
-  const detail::MaskScope keep(ok, std::move(changed));
   // The momenta of every parameter, elementwise (the same bits however they are grouped).
-  const std::vector<at::Tensor> U = momentum_updates(bufs, grads, o);
+  const std::vector<at::Tensor> U = momentum_updates(bufs, in.grads, o);
   // Every matrix of every parameter (sharded: the owned ones only go through Newton–Schulz and
   // the update).
   std::vector<MatrixView> views;
@@ -200,8 +154,7 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   for (size_t i = 0; i < params.size(); ++i) {
     views.push_back(matrix_view(g, params[i]));
     for (int64_t k = 0; k < views[i].count(); ++k) {
-      if (!shard_.owns || shard_.owns(params[i], k))
-        matrices.push_back({i, k, views[i].rows_of(k), views[i].cols});
+      if (owns(params[i], k)) matrices.push_back({i, k, views[i].rows_of(k), views[i].cols});
     }
   }
   std::vector<MuonUpdateItem> updates;  // each (owned) matrix with its orthogonalized momentum
@@ -211,28 +164,7 @@ void Muon::update_group(size_t g, const std::vector<at::Tensor>& params,
   // Every run's update in one call: on CUDA one multi-tensor kernel per dtype pair (the learning
   // rate read on the device in a graph), elsewhere torch.optim.Muon's ops. Each matrix takes the
   // adjusted learning rate of its own shape.
-  const at::ScalarType lr_dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
-  ops::muon_update(updates, {o.lr(), o.weight_decay(), o.adjust_lr(), device_lr, lr_dtype, ok,
-                             o.extra_scale_factor()});
-  keep.restore();
-}
-Muon::GraphStats Muon::graph_stats(size_t group) const {
-  TORCH_CHECK(group < param_groups_.size(), "Muon::graph_stats: group ", group, " does not exist (",
-              param_groups_.size(), " groups)");
-  const auto it = graphs_->groups.find(group);
-  if (it == graphs_->groups.end()) return {};
-  return {it->second.step.captures(), it->second.step.replays()};
-}
-
-void Muon::set_lr_dtype(size_t group, at::ScalarType dtype) {
-  TORCH_CHECK(group < param_groups_.size(), "Muon::set_lr_dtype: group ", group,
-              " does not exist (", param_groups_.size(), " groups)");
-  if (lr_dtypes_.size() <= group) lr_dtypes_.resize(group + 1, at::kDouble);
-  lr_dtypes_[group] = dtype;
-}
-
-void Muon::set_step_shard(StepShard shard) {
-  shard.enabled("Muon::set_step_shard");
-  shard_ = std::move(shard);
+  ops::muon_update(updates,
+                   {in.lr, o.weight_decay(), o.adjust_lr(), in.ok, o.extra_scale_factor()});
 }
 }  // namespace fogo

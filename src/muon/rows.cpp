@@ -85,6 +85,21 @@ at::Tensor orthogonalize_whole(const at::Tensor& whole, const at::Tensor& whole_
   return Os.size() == 1 ? Os[0] : at::cat(Os);
 }
 
+// This rank's rows [first, first + size(0)) of `p` (and of its orthogonalized update `mine`) in
+// each block of `view` they meet, each with its block's shape for the adjusted learning rate (one
+// item, the whole matrix's, by default).
+void add_row_updates(std::vector<MuonUpdateItem>& updates, const at::Tensor& p,
+                     const at::Tensor& mine, const MatrixView& view, int64_t first) {
+  const int64_t last = first + p.size(0);
+  for (int64_t b = 0; b < view.count(); ++b) {
+    const int64_t start = view.offsets[static_cast<size_t>(b)];
+    const int64_t lo = std::max(first, start), hi = std::min(last, start + view.rows_of(b));
+    if (hi <= lo) continue;  // no row of block b here (an empty shard meets none)
+    updates.push_back({p.narrow(0, lo - first, hi - lo), mine.narrow(0, lo - first, hi - lo),
+                       view.rows_of(b), view.cols});
+  }
+}
+
 }  // namespace
 
 void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
@@ -103,7 +118,7 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
     bufs.push_back(m.buf);
     if (o.normuon()) second.push_back(m.second_moment);
   }
-  std::vector<at::Tensor> changed;  // Mask: what the step changes (as update_group)
+  std::vector<at::Tensor> changed;  // Mask: what the step changes (as Muon::masked_tensors)
   if (ok.defined()) {
     changed = params;
     changed.insert(changed.end(), bufs.begin(), bufs.end());
@@ -134,19 +149,10 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
     const at::Tensor mine = at::empty({p.size(0), view.cols}, p.options().dtype(dtype));
     exchange.scatter(k, O, mine);
     if (o.normuon()) exchange.scatter(k, whole_v, second[k]);
-    // This rank's rows [first_row, first_row + size(0)) of each block they meet, each with its
-    // block's shape for the adjusted learning rate (one item, the whole matrix's, by default).
-    const int64_t first = items[k].first_row, last = first + p.size(0);
-    for (int64_t b = 0; b < view.count(); ++b) {
-      const int64_t start = view.offsets[static_cast<size_t>(b)];
-      const int64_t lo = std::max(first, start), hi = std::min(last, start + view.rows_of(b));
-      if (hi <= lo) continue;  // no row of block b here (an empty shard meets none)
-      updates.push_back({p.narrow(0, lo - first, hi - lo), mine.narrow(0, lo - first, hi - lo),
-                         view.rows_of(b), view.cols});
-    }
+    add_row_updates(updates, p, mine, view, items[k].first_row);
   }
-  ops::muon_update(
-      updates, {o.lr(), o.weight_decay(), o.adjust_lr(), {}, lr_dtype, {}, o.extra_scale_factor()});
+  const detail::LearningRate lr(o.lr(), lr_dtype);
+  ops::muon_update(updates, {lr, o.weight_decay(), o.adjust_lr(), {}, o.extra_scale_factor()});
   keep.restore();
 }
 

@@ -29,29 +29,16 @@ std::pair<double, double> muon_adjusted_lr_factors(MuonAdjustLR rule, int64_t A,
   TORCH_CHECK(false, "Muon: unknown adjust_lr rule ", static_cast<int64_t>(rule));
 }
 
-namespace {
-
-// torch.optim.Muon's step with a Tensor lr: the value as a 0-d tensor of its dtype (exact: `lr`
-// is that tensor's value), whose products with Python floats are ATen's 0-d ops in that dtype.
-at::Tensor lr_tensor(double lr, at::ScalarType dtype) {
-  return at::scalar_tensor(lr, at::TensorOptions().dtype(dtype));
-}
-
-}  // namespace
-
 double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B, at::ScalarType lr_dtype,
                         double extra_scale_factor) {
   // lr f1 f2, left to right: lr * ratio * extra_scale_factor (times 1 by default, exact), as
   // torch.optim.Muon's _adjust_lr.
   const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B, extra_scale_factor);
-  if (lr_dtype == at::kDouble) return lr * f1 * f2;
-  return (lr_tensor(lr, lr_dtype) * f1 * f2).item<double>();
+  return detail::LearningRate(lr, lr_dtype).scaled(f1, f2);
 }
 
 double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype) {
-  if (lr_dtype == at::kDouble) return 1.0 - lr * weight_decay;
-  // Python's `1 - lr * weight_decay` on a tensor: mul by a wrapped double, then rsub.
-  return at::rsub(lr_tensor(lr, lr_dtype) * weight_decay, 1).item<double>();
+  return detail::LearningRate(lr, lr_dtype).decay(weight_decay);
 }
 
 void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
@@ -66,38 +53,35 @@ void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdate
       items[k].param.copy_(at::where(p.ok, items[k].param, before[k]));
     return;
   }
-  if (!p.device_lr.defined()) {
+  if (!p.lr.on_device()) {
     // torch.optim.Muon's ops, per tensor, as Python dispatches them: `param.mul_(float)` is
     // mul_.Tensor with a wrapped 0-d double on the CPU, whatever the parameter's device. C++'s
     // mul_(double) (mul_.Scalar) and _foreach_mul_ round a bf16 parameter's product differently
     // (1-4 bf16 ulps per step, measured). The same tensor on every device: a copy on a GPU is
     // no wrapped number (TensorIterator would round 1 - lr wd to a bf16 parameter's precision,
     // 0.998 to 0.99609375, doubling the decay) and a blocking host-to-device copy.
-    at::Tensor decay = at::scalar_tensor(muon_decay(p.lr, p.weight_decay, p.lr_dtype), at::kDouble);
+    at::Tensor decay = at::scalar_tensor(p.lr.decay(p.weight_decay), at::kDouble);
     decay.unsafeGetTensorImpl()->set_wrapped_number(true);
     for (const MuonUpdateItem& item : items) {
       item.param.mul_(decay);
       const auto [rows, cols] = adjusted_lr_shape(item);
-      item.param.add_(item.O.reshape(item.param.sizes()),
-                      -muon_adjusted_lr(p.lr, p.adjust_lr, rows, cols, p.lr_dtype, p.extra_scale));
+      const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols, p.extra_scale);
+      item.param.add_(item.O.reshape(item.param.sizes()), -p.lr.scaled(f1, f2));
     }
     return;
   }
   // A CUDA graph's learning rate, read on the device: the same update in the parameter's
   // precision (fp32 for bf16/fp16 ones, one rounding at the end), to rounding.
-  const at::Tensor decay = 1.0 - p.device_lr * p.weight_decay;
+  const at::Tensor decay = p.lr.decay_on_device(p.weight_decay);
   for (const MuonUpdateItem& item : items) {
     const at::Tensor& param = item.param;
     const auto [rows, cols] = adjusted_lr_shape(item);
     const auto [f1, f2] = muon_adjusted_lr_factors(p.adjust_lr, rows, cols, p.extra_scale);
-    const at::Tensor step = p.device_lr * f1 * f2;
+    const at::Tensor step = p.lr.scaled_on_device(f1, f2);
     const auto type = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const at::Tensor o = item.O.reshape(param.sizes()).to(type);
     param.copy_(param.to(type) * decay.to(type) - o * step.to(type));
   }
 }
-
-// ---------------------------------------------------------------------------------------------
-// State
 
 }  // namespace fogo

@@ -124,9 +124,10 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
     zeros.push_back(at::zeros({}, item.delta.options()));
   const std::vector<RmsUpdateItem>& rest = by_size.rest;
 #ifdef FOGO_WITH_CUDA
-  const auto fused = [](const RmsUpdateItem& item) {
-    return item.param.is_contiguous() && storable(item.param) && storable(item.Os) &&
-           cuda_f32({&item.delta});
+  // The kernel computes lr's scalars in double: another lr.dtype takes the reference (as Muon's).
+  const auto fused = [&p](const RmsUpdateItem& item) {
+    return (p.lr.dtype == at::kDouble || p.lr.on_device()) && item.param.is_contiguous() &&
+           storable(item.param) && storable(item.Os) && cuda_f32({&item.delta});
   };
   const auto parts = count(detail::split(rest, fused));
   return by_size.merge(zeros, parts.merge(cuda::apply_rms_update(parts.taken, p, ok),
@@ -139,9 +140,9 @@ std::vector<at::Tensor> apply_rms_update(const std::vector<RmsUpdateItem>& items
 
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {
 #ifdef FOGO_WITH_CUDA
-  // The kernel computes lr's scalars in double: another lr_dtype (a Tensor lr's) takes ATen's.
+  // The kernel computes lr's scalars in double: another lr.dtype (a Tensor lr's) takes ATen's.
   const auto fused = [&p](const MuonUpdateItem& item) {
-    return (p.lr_dtype == at::kDouble || p.device_lr.defined()) && item.param.is_contiguous() &&
+    return (p.lr.dtype == at::kDouble || p.lr.on_device()) && item.param.is_contiguous() &&
            item.param.dim() >= 1 && storable(item.param) && storable(item.O) && item.O.dim() == 2;
   };
   const auto parts = count(detail::split(items, fused));

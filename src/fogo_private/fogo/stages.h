@@ -1,5 +1,5 @@
 #pragma once
-// The stages of FOGO's step for one param group, as FOGO::step_stages calls them in
+// The stages of FOGO's step for one param group, as FOGO::device_step calls them in
 // docs/algorithm.md's order (private to src/; the benchmark's stage breakdown calls them too, so
 // that it times what the optimizer runs). Each takes the group's parameters in the working
 // orientation (Work), in runs of one shape that go through Newton–Schulz, the projection and the
@@ -14,6 +14,7 @@
 #include "fogo_private/fogo/projected.h"
 #include "fogo_private/fogo/state.h"
 #include "fogo_private/frame/batching.h"
+#include "fogo_private/frame/learning_rate.h"
 #include "fogo_private/frame/nonfinite.h"
 
 namespace fogo {
@@ -152,17 +153,17 @@ at::Tensor draw_candidate_keys(GroupMemory& mem, const FOGOOptions& o, const c10
 std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, const FOGOOptions& o,
                                                        const at::Tensor& keys);
 
-/// Steps 8 and 9 for the share: the proximal lift of its rows of dz and the RMS update (o.lr(), or
-/// `device_lr` when defined); |delta|_F / |O_s|_F of each parameter. `ok` (Mask): where false,
-/// the parameters keep their values.
+/// Steps 8 and 9 for the share: the proximal lift of its rows of dz and the RMS update with `lr`
+/// (the step's: o.lr(), or a CUDA graph's on the device); |delta|_F / |O_s|_F of each parameter.
+/// `ok` (Mask): where false, the parameters keep their values.
 std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
-                                        const at::Tensor& device_lr, const at::Tensor& ok);
+                                        const detail::LearningRate& lr, const at::Tensor& ok);
 
 /// fusion_only: steps 2, 4 and 9 in parameter space; nothing is projected, remembered or filtered.
 std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
-                                        const at::Tensor& device_lr, const at::Tensor& ok);
+                                        const detail::LearningRate& lr, const at::Tensor& ok);
 
 /// The codebook flush after the group has stepped, then re-seeding when `reseed_now`.
 void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGOOptions& o,

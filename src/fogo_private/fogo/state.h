@@ -123,8 +123,6 @@ inline Projection make_projection(const FOGOOptions& o, int64_t n, const at::Dev
 
 struct FOGO::Impl {
   std::vector<GroupMemory> groups;
-  std::map<size_t, detail::GroupGraph<FOGOOptions>> graphs;  // FOGOOptions::cuda_graph
-  StepShard shard;  // data-parallel sharding of steps 2-3 and 8-9 (empty: none)
   // One Pi per (n, d) shared by every parameter with that n (and its lift operator per lambda);
   // regenerated from the seed, never stored.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, double>, Projection>

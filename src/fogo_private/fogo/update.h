@@ -8,14 +8,15 @@
 
 #include <vector>
 
+#include "fogo_private/frame/learning_rate.h"
+
 namespace fogo {
 
 struct UpdateParams {
-  double lr, weight_decay, sigma, eps;
-  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
-  /// device, read when the update runs (a replayed CUDA graph uses its current value). The
-  /// arithmetic is the same as with `lr` (double, then one rounding), so the results are too.
-  at::Tensor device_lr = {};
+  /// On the host, or on the device (a replayed CUDA graph's, lr.device): the arithmetic is the
+  /// same either way (double, then one rounding), so the results are too.
+  detail::LearningRate lr;
+  double weight_decay, sigma, eps;
 };
 
 /// One parameter's update: `Os` (fp32, or the Newton–Schulz compute dtype, read as is) and
@@ -25,9 +26,6 @@ struct RmsUpdateItem {
   at::Tensor param, Os, delta;
   bool transposed = false;
 };
-
-/// Throws unless `p.device_lr` is undefined or a 0-d float64 tensor on param's device.
-void check_device_lr(const at::Tensor& param, const UpdateParams& p);
 
 /// Applies the update to every item's parameter, each with its own gamma_t. With `ok` (a 0-d
 /// bool on the parameters' device: NonFinitePolicy::Mask) a parameter keeps every bit where ok

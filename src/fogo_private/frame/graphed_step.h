@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA-graph mode of fogo's optimizers (FOGOOptions::cuda_graph, MuonOptions::cuda_graph): a
 // param group's device work captured once and replayed. What changes from step to step is a
-// static input of the graph, refreshed on the stream before each replay: the gradients (read in
-// place when they are the tensors seen at capture, else copied in), small per-step tensors (a
-// Mask flag, candidate keys) and the learning rate (a float64 device scalar). The work is
+// static input of the graph (StepInputs), refreshed on the stream before each replay: the
+// gradients (read in place when they are the tensors seen at capture, else copied in), small
+// per-step tensors (the Mask flag, FOGO's candidate keys) and the learning rate (its device
+// scalar, float64). The work is
 // captured again whenever its layout (every tensor it touches, by address, type and shape, and
 // whatever else the caller folds in) differs from the captured one.
 //
@@ -21,7 +22,24 @@
 #include <utility>
 #include <vector>
 
+#include "fogo_private/frame/learning_rate.h"
+
 namespace fogo::detail {
+
+/// What one param group's device step reads: the same for a step run eagerly and for one run from
+/// a CUDA graph (whose static inputs these are).
+struct StepInputs {
+  size_t group = 0;
+  std::vector<at::Tensor> params, grads;
+  /// NonFinitePolicy::Mask: the step's flag (0-d bool on the group's device), else undefined:
+  /// where it is false the step leaves every tensor as it was.
+  at::Tensor ok;
+  /// On the host eagerly; in a graph, on the device (lr.device).
+  LearningRate lr;
+  /// The optimizer's own per-step tensors, prepared on the host (FOGO's candidate keys); an
+  /// undefined one stays undefined.
+  std::vector<at::Tensor> extra;
+};
 
 /// What a step's host code may change, saved before a capture: returns what puts it back.
 using SaveHostState = std::function<std::function<void()>()>;
@@ -47,13 +65,6 @@ void set_capture_hook_for_testing(std::function<void()> hook);
 
 class GraphedStep {
  public:
-  /// The static inputs the captured work reads.
-  struct Inputs {
-    std::vector<at::Tensor> grads;
-    std::vector<at::Tensor> tensors;  ///< undefined entries stay undefined
-    at::Tensor lr;                    ///< 0-d float64 on the device
-  };
-
   GraphedStep();
   ~GraphedStep();
   GraphedStep(GraphedStep&&) noexcept;
@@ -64,16 +75,15 @@ class GraphedStep {
   static void describe(std::vector<int64_t>& layout, const at::Tensor& t);
 
   /// Runs `work` from the graph: captures it (and runs it once) when there is no graph or
-  /// `layout` differs from the captured one, else refreshes the static inputs from `grads`,
-  /// `tensors` and `lr` and replays. `layout` need not describe the gradients and tensors: their
-  /// types and shapes are added here. `save` (may be null) is called just before a capture. If
-  /// the capture fails nothing has run on the device: what `save` returned puts the host state
-  /// back, a warning names `who`, failed() turns true and false is returned, for the caller to
-  /// run the step eagerly (now and from then on). An error of the replay after a capture is the
-  /// step's own (the work may have run in part): it propagates.
-  bool run(std::vector<int64_t> layout, const std::vector<at::Tensor>& grads,
-           const std::vector<at::Tensor>& tensors, double lr, const c10::Device& device,
-           const std::function<void(const Inputs&)>& work, const std::string& who,
+  /// `layout` differs from the captured one, else refreshes the static inputs from `in` (its
+  /// gradients, flag, extra tensors and lr.value) and replays. `layout` need not describe the
+  /// inputs: their types and shapes are added here. `save` (may be null) is called just before a
+  /// capture. If the capture fails nothing has run on the device: what `save` returned puts the
+  /// host state back, a warning names `who`, failed() turns true and false is returned, for the
+  /// caller to run the step eagerly (now and from then on). An error of the replay after a
+  /// capture is the step's own (the work may have run in part): it propagates.
+  bool run(std::vector<int64_t> layout, const StepInputs& in, const c10::Device& device,
+           const std::function<void(const StepInputs&)>& work, const std::string& who,
            const SaveHostState& save = {});
 
   bool failed() const { return failed_; }
@@ -83,56 +93,33 @@ class GraphedStep {
  private:
   struct Graph;  // cuda::StepGraph in builds with CUDA
   std::unique_ptr<Graph> graph_;
-  Inputs inputs_;
+  StepInputs inputs_;
   std::vector<int64_t> layout_;
   int64_t captures_ = 0, replays_ = 0;
   bool failed_ = false;
 };
 
-/// A param group's GraphedStep and its options as last seen, lr aside (the graph reads it on the
-/// device): a change of any other option starts a new epoch, which begins the layout, so the step
-/// is captured again.
-template <class Options>
+/// A param group's GraphedStep and its options as last seen: a change of any option but lr (the
+/// graph reads lr on the device) starts a new epoch, which begins the layout, so the step is
+/// captured again.
 class GroupGraph {
  public:
   GraphedStep step;
-  /// The start of the layout of a step with options `o`.
-  std::vector<int64_t> layout(const Options& o) {
-    Options without_lr = o;
-    without_lr.set_lr(0.0);
-    if (!(without_lr == options_)) {
-      options_ = without_lr;
+  /// The epoch of a step with options `o`; `same_except_lr` compares two options of the
+  /// optimizer apart from lr.
+  int64_t epoch(const torch::optim::OptimizerOptions& o,
+                const std::function<bool(const torch::optim::OptimizerOptions&,
+                                         const torch::optim::OptimizerOptions&)>& same_except_lr) {
+    if (!last_ || !same_except_lr(o, *last_)) {
+      last_ = o.clone();
       ++epoch_;
     }
-    return {epoch_};
+    return epoch_;
   }
 
  private:
-  Options options_;
+  std::unique_ptr<torch::optim::OptimizerOptions> last_;
   int64_t epoch_ = 0;
 };
-
-/// One param group's step `work` of an optimizer with options type Options: from the group's
-/// CUDA graph when `graphed` (captured again when the layout changed: the options other than lr,
-/// or any of `touched()`, the tensors the work reads or writes besides the static inputs), else
-/// eagerly with `eager` (lr undefined: the work reads the options' lr). A capture that fails has
-/// run nothing on the device; `save`'s restore puts back what its host code changed, and the
-/// work runs eagerly, now and (graph.step.failed()) from then on.
-template <class Options>
-void run_group(GroupGraph<Options>& graph, bool graphed, const Options& o,
-               const std::function<std::vector<at::Tensor>()>& touched,
-               const GraphedStep::Inputs& eager, const c10::Device& device,
-               const std::function<void(const GraphedStep::Inputs&)>& work,
-               const SaveHostState& save, const char* optimizer, size_t group) {
-  if (graphed) {
-    std::vector<int64_t> layout = graph.layout(o);
-    for (const at::Tensor& t : touched()) GraphedStep::describe(layout, t);
-    if (graph.step.run(std::move(layout), eager.grads, eager.tensors, o.get_lr(), device, work,
-                       std::string(optimizer) + ": param group " + std::to_string(group), save)) {
-      return;
-    }
-  }
-  work(eager);
-}
 
 }  // namespace fogo::detail

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "fogo_private/frame/learning_rate.h"
+
 namespace fogo {
 
 /// One parameter of Muon's update: `param` (any shape, its matrix view [A, B] = [size(0),
@@ -28,13 +30,11 @@ inline std::pair<int64_t, int64_t> adjusted_lr_shape(const MuonUpdateItem& item)
 }
 
 struct MuonUpdateParams {
-  double lr = 0.0, weight_decay = 0.0;
+  /// The step's learning rate: on the host in its dtype (1 - lr wd and the adjusted lr rounded
+  /// as muon_decay and muon_adjusted_lr round them), or on the device (a replayed CUDA graph's).
+  detail::LearningRate lr;
+  double weight_decay = 0.0;
   MuonAdjustLR adjust_lr = MuonAdjustLR::Original;
-  /// When defined, the learning rate instead of `lr`: a 0-d float64 tensor on the parameters'
-  /// device, read when the update runs (a replayed CUDA graph uses its current value).
-  at::Tensor device_lr = {};
-  /// The precision of 1 - lr wd and the adjusted lr without `device_lr` (muon_decay).
-  at::ScalarType lr_dtype = at::kDouble;
   /// NonFinitePolicy::Mask: when defined (a 0-d bool on the parameters' device), where it is
   /// false every parameter keeps every bit. The CUDA kernel reads it and writes nothing (no copy
   /// of the parameters before the step: issue 44); the reference selects its result back.
@@ -47,8 +47,8 @@ struct MuonUpdateParams {
 /// kernel computing the same bits):
 ///   p *= 1 - lr wd                 (mul_ by a wrapped double, as torch.optim.Muon's Python does)
 ///   p += -muon_adjusted_lr(lr) O   (add_ with alpha)
-/// both scalars computed in `lr_dtype` (muon_decay, muon_adjusted_lr).
-/// With `device_lr` the same products in double, rounded once, in the parameter's precision
+/// both scalars computed in lr.dtype (muon_decay, muon_adjusted_lr).
+/// With lr on the device the same products in double, rounded once, in the parameter's precision
 /// (fp32 for bf16/fp16 parameters). With `ok` false, nothing changes.
 namespace ref {
 void muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p);
