@@ -52,9 +52,10 @@ fi
 failed=()
 leg "${FOGO_TORCH_VERSIONS[0]}" "$@" || failed+=("${FOGO_TORCH_VERSIONS[0]}")
 for version in "${FOGO_TORCH_VERSIONS[@]:1}"; do
-  # The scripts' own tests (gpu_check's rehearsal, its report, keep_runs) do not depend on torch.
+  # The scripts' own tests (gpu_check's rehearsal, its report, keep_runs, the include layers, the
+  # live progress lines, the docs' picture) do not depend on torch.
   FOGO_CMAKE_ARGS="${everything/EXAMPLES=ON -DFOGO_BUILD_BENCH=ON/EXAMPLES=OFF -DFOGO_BUILD_BENCH=OFF}" \
-    FOGO_SKIP_WHEEL=1 leg "$version" -E '^(gpu_report|keep_runs|gpu_check_rehearsal)$' "$@" || failed+=("$version")
+    FOGO_SKIP_WHEEL=1 leg "$version" -E '^(gpu_report|keep_runs|gpu_check_rehearsal|include_layers|live_progress|doc_tools)$' "$@" || failed+=("$version")
 done
 if ((${#failed[@]})); then
   echo "test.sh: failed on torch ${failed[*]}" >&2
