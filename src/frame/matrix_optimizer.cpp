@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fogo_private/frame/checks.h"
+#include "fogo_private/frame/closure.h"
 #include "fogo_private/frame/graphed_step.h"
 #include "fogo_private/frame/nonfinite.h"
 
@@ -39,11 +40,7 @@ MatrixView MatrixOptimizer::matrix_view(size_t group, const at::Tensor& param) c
 
 torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const torch::Tensor loss = detail::run_closure(closure);
   // 1. Validate everything before changing anything: first that every group has its own options.
   detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
   const detail::GradItems items = detail::collect_grads(

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "fogo_private/frame/closure.h"
+
 namespace fogo {
 
 namespace {
@@ -120,11 +122,7 @@ class HiddenGrads {
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const torch::Tensor loss = detail::run_closure(closure);
   torch::NoGradGuard no_grad;
   // Plan first: each parameter with a gradient to a bucket of its group or to the base step.
   Buckets buckets;

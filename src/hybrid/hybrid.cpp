@@ -13,6 +13,7 @@
 #include "fogo/muon.h"
 #include "fogo/param_groups.h"
 #include "fogo_private/frame/checks.h"
+#include "fogo_private/frame/closure.h"
 #include "fogo_private/frame/integrity.h"
 #include "fogo_private/frame/nonfinite.h"
 
@@ -258,13 +259,7 @@ const std::string& HybridOptimizer::group_name(size_t g) const {
 }
 
 torch::Tensor HybridOptimizer::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    // Optimizers run their closure with autograd on (LibTorch's do), even inside a
-    // NoGradGuard: the closure computes a loss and its gradients.
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const torch::Tensor loss = detail::run_closure(closure);
   torch::NoGradGuard no_grad;
   sync_options();
   // Everything both sides will read is checked before either side changes anything: no
