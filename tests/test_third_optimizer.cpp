@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <limits>
@@ -18,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,7 +34,10 @@ namespace {
 using fogo::NonFinitePolicy;
 using fogo::test::bit_identical;
 
-struct OrthoSGDOptions : torch::optim::OptimizerCloneableOptions<OrthoSGDOptions> {
+// Its options are also fogo::MatrixOptions (matrix_options.h), which is how the routing table
+// (fogo::update_scale, fogo::treated_as) reads their layout and scale.
+struct OrthoSGDOptions : torch::optim::OptimizerCloneableOptions<OrthoSGDOptions>,
+                         fogo::MatrixOptions {
   explicit OrthoSGDOptions(double lr = 0.02) : lr_(lr) {}
   TORCH_ARG(double, lr);
   TORCH_ARG(double, momentum) = 0.9;
@@ -42,6 +48,15 @@ struct OrthoSGDOptions : torch::optim::OptimizerCloneableOptions<OrthoSGDOptions
  public:
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
+  // One matrix per parameter; the update lr NS(buf), an orthogonal [rows, cols] matrix's RMS
+  // 1 / sqrt(max(rows, cols)) per entry times lr.
+  fogo::MatrixLayout layout() const override { return {}; }
+  fogo::UpdateScale update_scale(const std::vector<int64_t>& sizes) const override {
+    const int64_t rows = sizes.at(0);
+    const int64_t cols = c10::multiply_integers(sizes) / rows;
+    const double rms = 1.0 / std::sqrt(static_cast<double>(std::max(rows, cols)));
+    return {lr(), rms, "orthogonalized SGD, RMS ~ " + std::to_string(rms) + " lr"};
+  }
   void validate() const {
     TORCH_CHECK(lr() >= 0 && momentum() >= 0 && momentum() < 1 && weight_decay() >= 0,
                 "OrthoSGD: lr, momentum in [0, 1) and weight_decay must be non-negative");
@@ -169,6 +184,17 @@ TEST(ThirdOptimizer, StepsAsAnIndependentComputationOfOrthogonalizedSGD) {
   const auto s = torch::linalg_svdvals(fogo::newton_schulz(bufs[0]).to(torch::kFloat));
   EXPECT_GT(s.min().item<double>(), 0.6);
   EXPECT_LT(s.max().item<double>(), 1.25);
+}
+
+TEST(ThirdOptimizer, TheRoutingTableReadsItsOptionsThroughMatrixOptions) {
+  const OrthoSGDOptions o(0.05);
+  const torch::optim::OptimizerOptions& options = o;  // as a param group holds them
+  const fogo::UpdateScale scale = fogo::update_scale(options, {4, 3, 2});
+  EXPECT_EQ(scale.lr, 0.05);
+  EXPECT_EQ(scale.rms_per_lr, 1.0 / std::sqrt(6.0));
+  EXPECT_EQ(scale.text, o.update_scale({4, 3, 2}).text);
+  EXPECT_EQ(fogo::treated_as(options, {4, 3, 2}),
+            "one 4x6 matrix (its trailing dimensions flattened)");
 }
 
 TEST(ThirdOptimizer, ACheckpointRoundTripContinuesBitForBit) {

@@ -7,6 +7,7 @@
 // name=value; FOGO's step reads the fields and hands the stage functions their own small parameter
 // structs (projected.h, codebook.h, update.h). The paper's configurations are in fogo::presets.
 
+#include <fogo/matrix_options.h>
 #include <fogo/matrix_view.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
@@ -117,7 +118,8 @@ enum class ProjectionScale : int64_t {
     ns_rows(std::min(o.ns_steps_slow(), o.ns_steps_fast()), o.ns_schedule()), since(3))
 // clang-format on
 
-struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions> {
+struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>,
+                     public MatrixOptions {
   using coefficients_t = std::tuple<double, double, double>;
   using sizes_t = std::vector<int64_t>;
   using schedule_t = NSSchedule;
@@ -134,6 +136,9 @@ struct FOGOOptions : public torch::optim::OptimizerCloneableOptions<FOGOOptions>
   void set_lr(const double lr) override;
   /// Throws naming the first invalid option.
   void validate() const;
+  /// matrix_layout(*this).
+  MatrixLayout layout() const override;
+  UpdateScale update_scale(const std::vector<int64_t>& sizes) const override;
   /// Every option equal.
   friend bool operator==(const FOGOOptions& a, const FOGOOptions& b);
 };

@@ -156,8 +156,9 @@ class HybridOptimizer : public torch::optim::Optimizer, public ExactParamGroups 
   torch::optim::Optimizer* side(Side s) const {
     return s == Side::Matrix ? matrix_.get() : rest_.get();
   }
-  /// Routes groups added to the hybrid since the last call to their side, then copies every
-  /// group's options to the side's group.
+  /// Routes groups added to the hybrid since the last call to their side, then makes every
+  /// side's group hold its hybrid group's options: lr set in place, the options copied only when
+  /// another option differs (an unchanged step copies nothing).
   void sync_options() const;
   /// The sides' options (after a load) into the hybrid's groups.
   void pull_options();

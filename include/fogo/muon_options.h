@@ -7,6 +7,7 @@
 // which is torch.optim.Muon's bf16 where bf16 is the faster; ns_dtype(kBFloat16) is its
 // arithmetic on every host).
 
+#include <fogo/matrix_options.h>
 #include <fogo/matrix_view.h>
 #include <fogo/newton_schulz.h>
 #include <fogo/nonfinite.h>
@@ -100,7 +101,8 @@ enum class MuonAdjustLR : int64_t {
   X(double,          extra_scale_factor, 1.0,                 range(0.0, INFINITY), since(4))
 // clang-format on
 
-struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>,
+                     public MatrixOptions {
   using coefficients_t = std::tuple<double, double, double>;
   using sizes_t = std::vector<int64_t>;
   using schedule_t = NSSchedule;
@@ -117,6 +119,9 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   void set_lr(const double lr) override;
   /// Throws naming the first invalid option.
   void validate() const;
+  /// matrix_layout(*this).
+  MatrixLayout layout() const override;
+  UpdateScale update_scale(const std::vector<int64_t>& sizes) const override;
   /// Every option equal.
   friend bool operator==(const MuonOptions& a, const MuonOptions& b);
 };

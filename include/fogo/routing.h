@@ -2,6 +2,7 @@
 // The split of a model's parameters between a matrix optimizer (FOGO, Muon) and AdamW, as rules,
 // as data (route_parameters: side, rule, group, update scale per parameter) and as a table.
 
+#include <fogo/matrix_options.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -64,20 +65,9 @@ struct SplitRoute {
 std::vector<SplitRoute> split_routes(const std::vector<SplitInput>& params,
                                      const ParamSplitRules& rules);
 
-/// How an optimizer's options scale one parameter's update (update_scale): the group's `lr`, and
-/// `rms_per_lr`, the update's RMS per entry divided by lr (Muon: its adjust_lr factor over
-/// sqrt(max(rows, cols)), an orthogonal update's RMS; FOGO: sigma, its target RMS; NaN for AdamW,
-/// whose step per entry is bounded by lr but has no fixed RMS), and `text` saying both.
-struct UpdateScale {
-  double lr = std::nan("");
-  double rms_per_lr = std::nan("");
-  std::string text;
-};
-
-/// The update scale `options` (MuonOptions, FOGOOptions, AdamWOptions; others: their lr alone)
-/// give a parameter of shape `sizes`, on its matrix view (matrix_view.h: the options' batch_dims,
-/// heads, blocks): Muon's per matrix shape, the text listing each shape's where the blocks differ,
-/// `rms_per_lr` the first matrix's.
+/// The update scale (matrix_options.h) `options` give a parameter of shape `sizes`: a matrix
+/// optimizer's (MatrixOptions::update_scale: MuonOptions, FOGOOptions), AdamWOptions', or for
+/// other options their lr alone.
 UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
                          const std::vector<int64_t>& sizes);
 

@@ -4,6 +4,7 @@
 
 #include "fogo/fogo_options.h"
 #include "fogo_private/frame/options_table.h"
+#include "fogo_private/frame/scale_text.h"
 
 namespace fogo {
 
@@ -29,6 +30,18 @@ void FOGOOptions::validate() const {
 }
 
 MatrixLayout matrix_layout(const FOGOOptions& o) { return {o.batch_dims(), o.heads(), o.blocks()}; }
+
+MatrixLayout FOGOOptions::layout() const { return matrix_layout(*this); }
+
+// sigma is the update's target RMS whatever the shape (step 9 scales it to sigma lr).
+UpdateScale FOGOOptions::update_scale(const std::vector<int64_t>& /*sizes*/) const {
+  UpdateScale s;
+  s.lr = lr();
+  s.rms_per_lr = sigma();
+  s.text = "lr " + detail::scale_number(s.lr) +
+           "; RMS = sigma lr = " + detail::scale_number(s.rms_per_lr) + " lr";
+  return s;
+}
 
 void FOGOOptions::serialize(torch::serialize::OutputArchive& archive) const {
   option_table::write<option_table::FOGOTable>(*this, archive);

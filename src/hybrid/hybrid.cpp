@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 #include <tuple>
+#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,6 +75,29 @@ std::optional<std::vector<at::Tensor>> rest_side_tensors(torch::optim::Optimizer
     }
   }
   return tensors;
+}
+
+// Makes the side's group `theirs` hold options equal to the hybrid's `mine`, copying only what
+// differs: the lr is set in place (a scheduler's or set_lr_factor's change: no copy), and the
+// options are copied whole only when another option differs (a user's edit of the hybrid's group,
+// or of the side's). Equal is by operator== of one of `Types`, which compares every option
+// (fogo's option tables: OptionTable's tests; LibTorch's AdamWOptions: its five); options of
+// another type are copied at every step.
+template <class... Types>
+void hand_over(const torch::optim::OptimizerOptions& mine,
+               torch::optim::OptimizerParamGroup& theirs) {
+  torch::optim::OptimizerOptions& held = theirs.options();
+  const auto is = [](const auto& options, const std::type_info& type) {
+    return typeid(options) == type;
+  };
+  if (((is(mine, typeid(Types)) && is(held, typeid(Types))) || ...)) {
+    held.set_lr(mine.get_lr());
+    if (((is(mine, typeid(Types)) &&
+          static_cast<const Types&>(mine) == static_cast<const Types&>(held)) ||
+         ...))
+      return;
+  }
+  theirs.set_options(mine.clone());
 }
 
 // One side's step with what the hybrid decided for the whole step: fogo's optimizers take it
@@ -240,7 +264,8 @@ void HybridOptimizer::sync_options() const {
   }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& [s, index] = route_[g];
-    side(s)->param_groups()[index].set_options(param_groups_[g].options().clone());
+    hand_over<MuonOptions, FOGOOptions, torch::optim::AdamWOptions>(param_groups_[g].options(),
+                                                                    side(s)->param_groups()[index]);
   }
 }
 

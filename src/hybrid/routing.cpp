@@ -6,16 +6,13 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
-#include <cmath>
-#include <iomanip>
 #include <regex>
 #include <sstream>
 #include <unordered_set>
 
-#include "fogo/enum_names.h"
-#include "fogo/fogo_options.h"
+#include "fogo/matrix_options.h"
 #include "fogo/matrix_view.h"
-#include "fogo/muon.h"
+#include "fogo_private/frame/scale_text.h"
 
 namespace fogo {
 namespace {
@@ -135,35 +132,20 @@ std::string cell(const std::string& text) {
   return out;
 }
 
-std::string number(double x) {
-  std::ostringstream out;
-  out << std::setprecision(3) << x;
-  return out.str();
+// `options` as a matrix optimizer's (MuonOptions, FOGOOptions, ...), or null: the one cross-cast
+// routing makes to read layouts and update scales.
+const MatrixOptions* matrix_options(const torch::optim::OptimizerOptions& options) {
+  return dynamic_cast<const MatrixOptions*>(&options);
 }
-
-}  // namespace
-
-namespace {
 
 // The layout `options` cut parameters into matrices by (the default for options without one).
 MatrixLayout layout_of(const torch::optim::OptimizerOptions& options) {
-  if (const auto* muon = dynamic_cast<const MuonOptions*>(&options)) return matrix_layout(*muon);
-  if (const auto* fogo = dynamic_cast<const FOGOOptions*>(&options)) return matrix_layout(*fogo);
-  return {};
+  const MatrixOptions* matrix = matrix_options(options);
+  return matrix ? matrix->layout() : MatrixLayout{};
 }
 
 MatrixView view_of(const std::vector<int64_t>& sizes, const MatrixLayout& layout) {
   return matrix_view(at::IntArrayRef(sizes), layout, "routing", "a parameter");
-}
-
-// The distinct [rows, cols] of a view's matrices, in their order.
-std::vector<std::pair<int64_t, int64_t>> shapes_of(const MatrixView& view) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t k = 0; k < view.block_count(); ++k) {
-    const std::pair<int64_t, int64_t> shape{view.rows_of(k), view.cols};
-    if (std::find(out.begin(), out.end(), shape) == out.end()) out.push_back(shape);
-  }
-  return out;
 }
 
 std::string treatment(const std::vector<int64_t>& sizes, const MatrixView& view) {
@@ -178,33 +160,13 @@ std::string treatment(const std::vector<int64_t>& sizes, const MatrixView& view)
 
 UpdateScale update_scale(const torch::optim::OptimizerOptions& options,
                          const std::vector<int64_t>& sizes) {
+  if (const MatrixOptions* matrix = matrix_options(options)) return matrix->update_scale(sizes);
   UpdateScale s;
   s.lr = options.get_lr();
-  if (const auto* muon = dynamic_cast<const MuonOptions*>(&options)) {
-    // Each matrix by its own shape (a block of a fused weight by the block's): one text per shape.
-    const auto shapes = shapes_of(view_of(sizes, layout_of(options)));
-    for (const auto& [rows, cols] : shapes) {
-      const auto [f1, f2] =
-          muon_adjusted_lr_factors(muon->adjust_lr(), rows, cols, muon->extra_scale_factor());
-      const double factor = f1 * f2;
-      // An orthogonal [rows, cols] update has RMS 1 / sqrt(max(rows, cols)) per entry.
-      const double rms = factor / std::sqrt(static_cast<double>(std::max(rows, cols)));
-      if (std::isnan(s.rms_per_lr)) s.rms_per_lr = rms;
-      s.text +=
-          std::string(s.text.empty() ? "" : "; ") +
-          (shapes.size() > 1 ? "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]: "
-                             : "") +
-          "lr " + number(s.lr) + " x " + number(factor) + " (" + enum_name(muon->adjust_lr()) +
-          "); RMS ~ " + number(rms) + " lr";
-    }
-  } else if (const auto* fogo = dynamic_cast<const FOGOOptions*>(&options)) {
-    s.rms_per_lr = fogo->sigma();
-    s.text = "lr " + number(s.lr) + "; RMS = sigma lr = " + number(s.rms_per_lr) + " lr";
-  } else if (dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    s.text = "AdamW, lr " + number(s.lr) + " (per entry at most ~lr)";
-  } else {
-    s.text = "lr " + number(s.lr) + " (its optimizer's own scale)";
-  }
+  // LibTorch's AdamW is not fogo's to extend: its words are here.
+  s.text = dynamic_cast<const torch::optim::AdamWOptions*>(&options)
+               ? "AdamW, lr " + detail::scale_number(s.lr) + " (per entry at most ~lr)"
+               : "lr " + detail::scale_number(s.lr) + " (its optimizer's own scale)";
   return s;
 }
 

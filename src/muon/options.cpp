@@ -1,9 +1,18 @@
 // MuonOptions: validation, serialization, comparison and docs from the option table of
-// muon_options.h (through fogo_private/frame/options_table.h).
+// muon_options.h (through fogo_private/frame/options_table.h); what routing reads of them
+// (MatrixOptions: layout, update scale).
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "fogo/enum_names.h"
+#include "fogo/muon.h"
 #include "fogo/muon_options.h"
 #include "fogo_private/frame/options_table.h"
+#include "fogo_private/frame/scale_text.h"
 
 namespace fogo {
 
@@ -16,6 +25,33 @@ NSConfig ns_config(const MuonOptions& o) {
 }
 
 MatrixLayout matrix_layout(const MuonOptions& o) { return {o.batch_dims(), o.heads(), o.blocks()}; }
+
+MatrixLayout MuonOptions::layout() const { return matrix_layout(*this); }
+
+UpdateScale MuonOptions::update_scale(const std::vector<int64_t>& sizes) const {
+  using detail::scale_number;
+  UpdateScale s;
+  s.lr = lr();
+  // Each matrix by its own shape (a block of a fused weight by the block's): one text per shape.
+  const auto shapes = detail::distinct_shapes(
+      matrix_view(at::IntArrayRef(sizes), layout(), "routing", "a parameter"));
+  std::ostringstream text;
+  const char* separator = "";
+  for (const auto& [rows, cols] : shapes) {
+    const auto [f1, f2] = muon_adjusted_lr_factors(adjust_lr(), rows, cols, extra_scale_factor());
+    const double factor = f1 * f2;
+    // An orthogonal [rows, cols] update has RMS 1 / sqrt(max(rows, cols)) per entry.
+    const double rms = factor / std::sqrt(static_cast<double>(std::max(rows, cols)));
+    if (std::isnan(s.rms_per_lr)) s.rms_per_lr = rms;
+    text << separator;
+    if (shapes.size() > 1) text << "[" << rows << ", " << cols << "]: ";
+    text << "lr " << scale_number(s.lr) << " x " << scale_number(factor) << " ("
+         << enum_name(adjust_lr()) << "); RMS ~ " << scale_number(rms) << " lr";
+    separator = "; ";
+  }
+  s.text = text.str();
+  return s;
+}
 
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
 
