@@ -1,7 +1,7 @@
 #pragma once
-// What fogo_bench's step and stage rows share (bench_step.cpp, bench_stages.cpp, bench_paths.cpp): the arguments
-// every row takes (set, device, NS dtype), the parameters of a set with their gradients, the timed
-// loop, and the traffic counters.
+// What fogo_bench's step and stage rows share (bench_step.cpp, bench_stages.cpp, bench_paths.cpp):
+// the arguments every row takes (set, device, NS dtype), the parameters of a set with their
+// gradients, the timed loop, and the traffic counters.
 #include <benchmark/benchmark.h>
 #include <fogo/fogo.h>
 #include <torch/torch.h>

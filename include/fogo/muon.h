@@ -102,8 +102,9 @@ struct RowExchange {
 /// (`o.normuon()`) normalizes O on the rank holding it, with the whole second moment gathered
 /// there (normuon.h), as fogo::Muon does. `batch_dims` is refused (a stack sharded along its
 /// experts steps where it lies: fogo.Muon). `o`: the group's options (validated here);
-/// `lr_dtype`: as set_lr_dtype (GroupFrame); `ok` (Mask): where false, the parameters, buffers and second
-/// moments keep their bits. Every check runs before the first collective, alike on every rank.
+/// `lr_dtype`: as set_lr_dtype (GroupFrame); `ok` (Mask): where false, the parameters, buffers and
+/// second moments keep their bits. Every check runs before the first collective, alike on every
+/// rank.
 void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
                     at::ScalarType lr_dtype, const at::Tensor& ok, const RowExchange& exchange);
 
