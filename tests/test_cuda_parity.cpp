@@ -404,7 +404,7 @@ TEST(CudaParity, RmsUpdateMatchesReference) {
       const auto got_ratio = fogo::ops::apply_rms_update(got, p);
       // The learning rate read from the device (a CUDA graph's): the same bits.
       fogo::UpdateParams pd = p;
-      pd.lr = fogo::detail::LearningRate(
+      pd.lr = fogo::LearningRate(
           p.lr.value, at::kDouble,
           torch::full({}, p.lr.value, torch::dtype(torch::kDouble).device(torch::kCUDA)));
       fogo::ops::apply_rms_update(on_device, pd);
@@ -641,8 +641,8 @@ TEST(CudaParity, MuonUpdateKernelRoundsAsTheEagerOpsAndReadsTheLrOnTheDevice) {
           aten.push_back({base.clone(), O});
         }
         fogo::ops::muon_update(got, {lr, wd, rule, {}});
-        const fogo::detail::LearningRate device_lr(
-            0.0, at::kDouble, torch::full({}, lr, on_cuda.dtype(torch::kDouble)));
+        const fogo::LearningRate device_lr(0.0, at::kDouble,
+                                           torch::full({}, lr, on_cuda.dtype(torch::kDouble)));
         fogo::ops::muon_update(on_device, {device_lr, wd, rule, {}});
         fogo::ref::muon_update(aten, {lr, wd, rule, {}});
         const double ulp = dtype == torch::kFloat  ? std::ldexp(1.0, -23)

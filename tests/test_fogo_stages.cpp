@@ -448,8 +448,8 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
         const auto delta = 0.1 * torch::randn(Os.sizes());
         const fogo::UpdateParams host{lr, 0.1, 0.2, 1e-8};
         fogo::UpdateParams device = host;
-        device.lr = fogo::detail::LearningRate(123.0 /* ignored */, at::kDouble,
-                                               torch::full({}, lr, torch::kDouble));
+        device.lr = fogo::LearningRate(123.0 /* ignored */, at::kDouble,
+                                       torch::full({}, lr, torch::kDouble));
         auto a = base.clone(), b = base.clone();
         const auto ra = fogo::ref::apply_rms_update({{a, Os, delta, transposed}}, host);
         const auto rb = fogo::ref::apply_rms_update({{b, Os, delta, transposed}}, device);
@@ -463,7 +463,7 @@ TEST(Update, LearningRateOnTheDeviceGivesTheBitsOfOneOnTheHost) {
   const auto Os = torch::randn({4, 6}), delta = torch::zeros({4, 6});
   fogo::UpdateParams bad{0.1, 0.0, 0.2, 1e-8};
   for (const auto& lr : {torch::full({}, 0.1), torch::full({1}, 0.1, torch::kDouble)}) {
-    bad.lr = fogo::detail::LearningRate(0.1, at::kDouble, lr);
+    bad.lr = fogo::LearningRate(0.1, at::kDouble, lr);
     fogo::test::expect_error(
         [&] {
           fogo::ref::apply_rms_update({{p, Os, delta, false}}, bad);

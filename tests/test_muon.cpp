@@ -591,8 +591,7 @@ TEST(Muon, AdjustedLrFactorsRoundAsTheRulesAndTheDeviceLrRouteFollowsTheEagerOps
       std::vector<fogo::MuonUpdateItem> host = {{p0.clone(), O1}, {q0.clone(), O2}};
       std::vector<fogo::MuonUpdateItem> dev = {{p0.clone(), O1}, {q0.clone(), O2}};
       fogo::ref::muon_update(host, {0.02, 0.1, rule, {}});
-      const fogo::detail::LearningRate on_device(0.0, at::kDouble,
-                                                 torch::full({}, 0.02, torch::kDouble));
+      const fogo::LearningRate on_device(0.0, at::kDouble, torch::full({}, 0.02, torch::kDouble));
       fogo::ref::muon_update(dev, {on_device, 0.1, rule, {}});
       for (size_t k = 0; k < host.size(); ++k) {
         EXPECT_FALSE(torch::equal(host[k].param, k == 0 ? p0 : q0));  // it moved

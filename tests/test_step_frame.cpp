@@ -261,12 +261,12 @@ TEST(GraphedStep, AFailedCapturePutsBackWhatSaveTookAndReportsIt) {
     ++saves;
     return std::function<void()>([&] { ++restores; });
   };
-  fogo::detail::StepInputs in;
+  fogo::StepInputs in;
   in.grads = {torch::randn({3, 4})};
   in.lr = 0.1;
   const bool captured = step.run(
-      {1}, in, torch::Device(torch::kCPU), [&](const fogo::detail::StepInputs&) { ++works; },
-      "a test", save);
+      {1}, in, torch::Device(torch::kCPU), [&](const fogo::StepInputs&) { ++works; }, "a test",
+      save);
   EXPECT_FALSE(captured);
   EXPECT_TRUE(step.failed());
   EXPECT_EQ(saves, 1);

@@ -6,7 +6,9 @@
 // the step against an independent computation (fogo::newton_schulz), checkpoints (the frame's
 // generic tensor-state format: a round trip continues bit for bit), NonFinitePolicy::Mask (a NaN
 // gradient leaves every bit), sharding (two ranks in one process, bit for bit the unsharded step)
-// and CUDA graphs (a GPU test: skipped without one).
+// and CUDA graphs (a GPU test: skipped without one). It includes fogo's public headers only, as an
+// optimizer written outside fogo would: fogo/device_step.h (StepInputs, LearningRate) and
+// fogo/tensor_states.h come with fogo/fogo.h.
 #include <fogo/fogo.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -24,9 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include "fogo_private/frame/checks.h"
-#include "fogo_private/frame/graphed_step.h"
-#include "fogo_private/frame/tensor_states.h"
 #include "test_util.h"
 
 namespace {
@@ -80,18 +79,15 @@ class OrthoSGD : public fogo::MatrixOptimizerOf<OrthoSGDOptions> {
       : MatrixOptimizerOf({torch::optim::OptimizerParamGroup(std::move(params))}, o) {}
 
   void save(torch::serialize::OutputArchive& archive) const override {
-    fogo::detail::save_tensor_states(*this, archive, "ortho_sgd", states());
+    fogo::save_tensor_states(*this, archive, "ortho_sgd", states());
   }
   void load(torch::serialize::InputArchive& archive) override {
-    fogo::detail::load_tensor_states(
+    fogo::load_tensor_states(
         *this, archive, "ortho_sgd", states(), [](const std::string&) { return true; }, "OrthoSGD");
   }
 
  private:
   const char* name() const override { return "OrthoSGD"; }
-  void check_param(size_t g, size_t i, const at::Tensor& p) const override {
-    if (options(g).cuda_graph()) fogo::detail::check_graph_device("OrthoSGD", g, i, p);
-  }
   at::Tensor& buf(const at::Tensor& p) const {
     return static_cast<OrthoSGDState&>(*state_.at(p.unsafeGetTensorImpl())).buf();
   }
@@ -106,12 +102,12 @@ class OrthoSGD : public fogo::MatrixOptimizerOf<OrthoSGDOptions> {
     for (const at::Tensor& p : s.params) out.push_back(buf(p));
     return out;
   }
-  std::vector<at::Tensor> masked_tensors(const fogo::detail::StepInputs& in) const override {
+  std::vector<at::Tensor> masked_tensors(const fogo::StepInputs& in) const override {
     std::vector<at::Tensor> out = in.params;
     for (const at::Tensor& p : in.params) out.push_back(buf(p));
     return out;
   }
-  void device_step(const fogo::detail::StepInputs& in) override {
+  void device_step(const fogo::StepInputs& in) override {
     const auto& o = options(in.group);
     for (size_t k = 0; k < in.params.size(); ++k) {
       const at::Tensor& p = in.params[k];
@@ -126,13 +122,12 @@ class OrthoSGD : public fogo::MatrixOptimizerOf<OrthoSGDOptions> {
       }
     }
   }
-  static fogo::detail::TensorStates states() {
+  static fogo::TensorStates states() {
     return {{"buf"},
             [](const torch::optim::OptimizerParamState& s) {
-              return fogo::detail::TensorStates::Named{
-                  {"buf", static_cast<const OrthoSGDState&>(s).buf()}};
+              return fogo::TensorStates::Named{{"buf", static_cast<const OrthoSGDState&>(s).buf()}};
             },
-            [](const fogo::detail::TensorStates::Named& named) {
+            [](const fogo::TensorStates::Named& named) {
               return std::make_unique<OrthoSGDState>(OrthoSGDState().buf(named.at(0).second));
             }};
   }
@@ -195,6 +190,18 @@ TEST(ThirdOptimizer, TheRoutingTableReadsItsOptionsThroughMatrixOptions) {
   EXPECT_EQ(scale.text, o.update_scale({4, 3, 2}).text);
   EXPECT_EQ(fogo::treated_as(options, {4, 3, 2}),
             "one 4x6 matrix (its trailing dimensions flattened)");
+}
+
+// The frame checks what it owns before anything changes, for an optimizer that checks nothing
+// itself: a CUDA graph's parameters on a CUDA device.
+TEST(ThirdOptimizer, TheFrameRefusesACudaGraphGroupOnTheCpuAndChangesNothing) {
+  auto params = make_params();
+  OrthoSGD opt(params, OrthoSGDOptions().cuda_graph(true));
+  feed(params, 150);
+  const auto before = values(params);
+  fogo::test::expect_error([&] { opt.step(); }, "OrthoSGD: option 'cuda_graph'");
+  EXPECT_TRUE(bit_identical(values(params), before));
+  EXPECT_TRUE(opt.state().empty());
 }
 
 TEST(ThirdOptimizer, ACheckpointRoundTripContinuesBitForBit) {

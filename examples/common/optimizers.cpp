@@ -28,13 +28,19 @@ c10::ScalarType parse_ns_dtype(const std::string& value) {
   throw Cli::error("ns-dtype", "expected one of auto,bf16,fp32, got '" + value + "'");
 }
 
-std::vector<std::string> muon_adjust_choices(const std::vector<MuonAdjustAlias>& aliases) {
+const std::vector<MuonAdjustAlias>& muon_adjust_aliases() {
+  static const std::vector<MuonAdjustAlias> aliases = {
+      {"match_rms", fogo::MuonAdjustLR::MatchRmsAdamW}};
+  return aliases;
+}
+
+std::vector<std::string> muon_adjust_choices() {
   std::vector<std::string> names;
   for (const auto& [name, rule] : fogo::EnumNames<fogo::MuonAdjustLR>::values)
     names.push_back(name);
   for (const auto& [name, rule] : fogo::EnumAliases<fogo::MuonAdjustLR>::values)
     names.push_back(name);
-  for (const auto& alias : aliases) names.push_back(alias.name);
+  for (const auto& alias : muon_adjust_aliases()) names.push_back(alias.name);
   return names;
 }
 
@@ -55,8 +61,7 @@ const char* muon_adjust_factor(fogo::MuonAdjustLR rule) {
 
 }  // namespace
 
-void add_muon_adjust_flag(Cli& cli, std::string* target,
-                          const std::vector<MuonAdjustAlias>& aliases) {
+void add_muon_adjust_flag(Cli& cli, std::string* target) {
   std::string help = "Muon lr rule (fogo::MuonAdjustLR, as Python names them): ";
   const auto& names = fogo::EnumNames<fogo::MuonAdjustLR>::values;
   for (size_t k = 0; k < std::size(names); ++k) {
@@ -66,23 +71,28 @@ void add_muon_adjust_flag(Cli& cli, std::string* target,
   std::string also;
   for (const auto& [name, rule] : fogo::EnumAliases<fogo::MuonAdjustLR>::values)
     also += std::string(also.empty() ? "" : ", ") + name + " for " + fogo::enum_name(rule);
-  for (const auto& alias : aliases) {
+  for (const auto& alias : muon_adjust_aliases()) {
     also += (also.empty() ? "" : ", ") + alias.name + " for " + fogo::enum_name(alias.rule) +
             " (this trainer's alias)";
   }
   if (!also.empty()) help += "; also " + also;
-  cli.choice("muon-adjust", target, muon_adjust_choices(aliases), help);
+  cli.choice("muon-adjust", target, muon_adjust_choices(), help);
 }
 
-fogo::MuonAdjustLR parse_muon_adjust(const std::string& value,
-                                     const std::vector<MuonAdjustAlias>& aliases) {
+fogo::MuonAdjustLR parse_muon_adjust(const std::string& value) {
   if (const auto rule = fogo::enum_from_name<fogo::MuonAdjustLR>(value)) return *rule;
-  for (const auto& alias : aliases)
+  for (const auto& alias : muon_adjust_aliases())
     if (alias.name == value) return alias.rule;
   std::string expected;
-  for (const auto& name : muon_adjust_choices(aliases))
-    expected += (expected.empty() ? "" : ",") + name;
+  for (const auto& name : muon_adjust_choices()) expected += (expected.empty() ? "" : ",") + name;
   throw Cli::error("muon-adjust", "expected one of " + expected + ", got '" + value + "'");
+}
+
+std::string muon_adjust_signature(const std::string& value) {
+  const fogo::MuonAdjustLR rule = parse_muon_adjust(value);
+  for (const auto& alias : muon_adjust_aliases())
+    if (alias.rule == rule) return alias.name;
+  return fogo::enum_name(rule);
 }
 
 std::string resolved_ns_dtype(const std::string& value, const c10::Device& device) {

@@ -36,26 +36,33 @@ std::string resolved_ns_dtype(const std::string& value, const c10::Device& devic
 /// "auto: bf16 (cpu, measured: bf16 GEMM 0.2 ms, fp32 0.9 ms; AVX512 +AVX512-BF16 +AMX-BF16)".
 std::string describe_ns_dtype(const std::string& value, const c10::Device& device);
 
-/// A trainer's own spelling of a Muon lr rule, accepted beside the library's names.
+/// The trainers' own spelling of a Muon lr rule, accepted beside the library's names.
 struct MuonAdjustAlias {
   std::string name;
   fogo::MuonAdjustLR rule;
 };
 
+/// The trainers' aliases: match_rms for match_rms_adamw, what both trainers' --muon-adjust took
+/// before it read the library's names (and what their run signatures record).
+const std::vector<MuonAdjustAlias>& muon_adjust_aliases();
+
 /// Every spelling --muon-adjust accepts: the names of fogo::MuonAdjustLR and the library's
-/// aliases of them (fogo/enum_names.h, the list Python reads), then the trainer's `aliases`.
-std::vector<std::string> muon_adjust_choices(const std::vector<MuonAdjustAlias>& aliases);
+/// aliases of them (fogo/enum_names.h, the list Python reads), then muon_adjust_aliases().
+std::vector<std::string> muon_adjust_choices();
 
-/// Registers --muon-adjust, Muon's lr rule, restricted to muon_adjust_choices(aliases); its help
-/// lists the library's names with each rule's factor, then the aliases and what each stands for.
-void add_muon_adjust_flag(Cli& cli, std::string* target,
-                          const std::vector<MuonAdjustAlias>& aliases);
+/// Registers --muon-adjust, Muon's lr rule, restricted to muon_adjust_choices(); its help lists
+/// the library's names with each rule's factor, then the aliases and what each stands for.
+void add_muon_adjust_flag(Cli& cli, std::string* target);
 
-/// The rule a --muon-adjust value names (a library name, a library alias or one of `aliases`); a
+/// The rule a --muon-adjust value names (a library name, a library alias or a trainers' alias); a
 /// CliError naming the flag and every accepted spelling for anything else (a config built in code
 /// bypasses the parser's check).
-fogo::MuonAdjustLR parse_muon_adjust(const std::string& value,
-                                     const std::vector<MuonAdjustAlias>& aliases);
+fogo::MuonAdjustLR parse_muon_adjust(const std::string& value);
+
+/// --muon-adjust as a run's signature records it, whichever spelling chose the rule: the
+/// trainers' alias where the rule has one (match_rms: what checkpoints recorded before the
+/// library's names were accepted, so that they stay resumable), else the library's name.
+std::string muon_adjust_signature(const std::string& value);
 
 /// Sets the statistics of the last step of `hybrid`'s FOGO side on `record`, one field per
 /// codebook group and statistic: "fogo/<group>/<stat>", <group> the param group's name

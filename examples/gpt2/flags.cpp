@@ -74,7 +74,7 @@ void add_data_flags(tr::Cli& cli, TrainConfig& c, std::string& format) {
 void add_muon_flags(tr::Cli& cli, OptimizerConfig& o) {
   cli.flag("muon-momentum", &o.muon_momentum,
            "Muon's momentum (Nesterov), in [0, 1): the paper's and PyTorch's 0.95");
-  tr::add_muon_adjust_flag(cli, &o.muon_adjust, muon_adjust_aliases());
+  tr::add_muon_adjust_flag(cli, &o.muon_adjust);
   cli.flag("muon-normuon", &o.muon_normuon,
            "Muon: NorMuon's per-row second-moment normalization of the update (docs/muon.md)");
   cli.flag("muon-ns-steps", &o.muon_ns_steps, "Muon's Newton–Schulz iterations");

@@ -16,19 +16,6 @@
 
 namespace gpt2 {
 
-const std::vector<fogo::trainer::MuonAdjustAlias>& muon_adjust_aliases() {
-  static const std::vector<fogo::trainer::MuonAdjustAlias> aliases = {
-      {"match_rms", fogo::MuonAdjustLR::MatchRmsAdamW}};
-  return aliases;
-}
-
-std::string muon_adjust_signature(const std::string& value) {
-  const fogo::MuonAdjustLR rule = fogo::trainer::parse_muon_adjust(value, muon_adjust_aliases());
-  for (const auto& alias : muon_adjust_aliases())
-    if (alias.rule == rule) return alias.name;
-  return fogo::enum_name(rule);
-}
-
 void validate(const OptimizerConfig& c) {
   namespace tr = fogo::trainer;
   tr::Cli::require(c.name == "adamw" || c.name == "muon" || c.name == "fogo", "optimizer",
@@ -44,7 +31,7 @@ void validate(const OptimizerConfig& c) {
                    "must be in [0, 1), got " + tr::flag_text(c.beta2));
   tr::Cli::require(c.muon_momentum >= 0.0 && c.muon_momentum < 1.0, "muon-momentum",
                    "must be in [0, 1), got " + tr::flag_text(c.muon_momentum));
-  tr::parse_muon_adjust(c.muon_adjust, muon_adjust_aliases());
+  tr::parse_muon_adjust(c.muon_adjust);
   tr::parse_ns_dtype(c.ns_dtype);
   fogo_options(c);  // a bad --fogo or --ablation fails before the run, for every optimizer
   muon_options(c);  // ... and so does a bad --muon-ns-schedule or --muon-extra-scale
@@ -52,7 +39,7 @@ void validate(const OptimizerConfig& c) {
 
 fogo::MuonOptions muon_options(const OptimizerConfig& c) {
   namespace tr = fogo::trainer;
-  const auto adjust = tr::parse_muon_adjust(c.muon_adjust, muon_adjust_aliases());
+  const auto adjust = tr::parse_muon_adjust(c.muon_adjust);
   fogo::NSSchedule schedule;
   try {
     schedule = tr::parse_ns_coefficient_schedule(c.muon_ns_schedule);

@@ -30,8 +30,8 @@ struct OptimizerConfig {
   double muon_momentum = 0.95;  ///< --muon-momentum (Nesterov)
   /// Muon's lr rule by its library name (fogo/enum_names.h): "match_rms_adamw" (0.2 sqrt(max(A,
   /// B)): the update RMS of AdamW, so the shared lr 6e-4 and wd 0.1 carry over, as FOGO's sigma
-  /// = 0.2 does), "original" or "spectral" (sqrt(A / B); docs/muon.md); or an alias
-  /// (muon_adjust_aliases(), the library's own).
+  /// = 0.2 does), "original" or "spectral" (sqrt(A / B); docs/muon.md); or an alias (the
+  /// library's, or the trainers' match_rms: fogo::trainer::muon_adjust_aliases()).
   std::string muon_adjust = "match_rms_adamw";
   bool muon_normuon = false;  ///< --muon-normuon: NorMuon's row normalization (MuonOptions)
   int64_t muon_ns_steps = 5;  ///< --muon-ns-steps: Newton–Schulz iterations
@@ -54,15 +54,6 @@ fogo::FOGOOptions fogo_options(const OptimizerConfig& config);
 /// The MuonOptions of a muon run: the matrix lr, weight decay, --ns-dtype and the --muon-* flags.
 /// Throws a CliError naming the --muon-* flag whose value MuonOptions refuses.
 fogo::MuonOptions muon_options(const OptimizerConfig& config);
-
-/// This trainer's own spellings of Muon's lr rules, accepted beside the library's names:
-/// match_rms for match_rms_adamw (what --muon-adjust took before it read the library's names).
-const std::vector<fogo::trainer::MuonAdjustAlias>& muon_adjust_aliases();
-
-/// --muon-adjust as a run's signature records it, whichever spelling chose the rule: this
-/// trainer's alias where the rule has one (match_rms: what checkpoints recorded before the
-/// library's names were accepted, so that they stay resumable), else the library's name.
-std::string muon_adjust_signature(const std::string& value);
 
 /// Throws a fogo::trainer::CliError naming the offending flag.
 void validate(const OptimizerConfig& config);

@@ -94,7 +94,7 @@ tr::RunSignature run_signature(const TrainConfig& cfg, const GPTConfig& model, c
       .add("weight-decay", o.weight_decay)
       .add("beta1", o.beta1)
       .add("beta2", o.beta2)
-      .add("muon-adjust", muon_adjust_signature(o.muon_adjust))
+      .add("muon-adjust", tr::muon_adjust_signature(o.muon_adjust))
       .add("ns-dtype", tr::resolved_ns_dtype(o.ns_dtype, device))  // auto as it resolves here
       .add("fogo", fogo_text(o.fogo_options))
       .add("ablation", o.ablation)

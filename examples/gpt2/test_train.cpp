@@ -671,13 +671,13 @@ TEST(Flags, MuonAdjustTakesTheLibrarysNamesAndTheTrainersAlias) {
   }
   for (const auto& [name, value] : fogo::EnumAliases<fogo::MuonAdjustLR>::values) {
     EXPECT_EQ(rule(name), value) << name;
-    EXPECT_EQ(muon_adjust_signature(name), fogo::enum_name(value)) << name;
+    EXPECT_EQ(fogo::trainer::muon_adjust_signature(name), fogo::enum_name(value)) << name;
   }
   EXPECT_EQ(rule("match_rms"), fogo::MuonAdjustLR::MatchRmsAdamW);
   EXPECT_NE(help.find("match_rms for match_rms_adamw (this trainer's alias)"), std::string::npos);
-  EXPECT_EQ(muon_adjust_signature("match_rms_adamw"), "match_rms");
-  EXPECT_EQ(muon_adjust_signature("match_rms"), "match_rms");
-  EXPECT_EQ(muon_adjust_signature("original"), "original");
+  EXPECT_EQ(fogo::trainer::muon_adjust_signature("match_rms_adamw"), "match_rms");
+  EXPECT_EQ(fogo::trainer::muon_adjust_signature("match_rms"), "match_rms");
+  EXPECT_EQ(fogo::trainer::muon_adjust_signature("original"), "original");
   test::expect_error([&] { parse_train_flags({"--muon-adjust", "rms"}); }, {"--muon-adjust"});
   OptimizerConfig bad;
   bad.muon_adjust = "rms";

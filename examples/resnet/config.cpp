@@ -124,9 +124,7 @@ void add_optimizer_flags(trainer::Cli& cli, Config& c) {
            "muon/fogo: lr of the AdamW side (1-D parameters) (class-il fogo 5e-4, else 1e-3; "
            "class-il muon 2e-3)");
   cli.flag("head-lr", &c.head_lr, "fogo: lr of the head codebook groups (class-il 5e-4, else lr)");
-  cli.choice("muon-adjust", &c.muon_adjust, {"original", "match_rms"},
-             "muon: lr rule, original (lr sqrt(max(1, A/B))) or match_rms (lr 0.2 sqrt(max(A, "
-             "B)): update RMS 0.2 lr in every matrix)");
+  trainer::add_muon_adjust_flag(cli, &c.muon_adjust);
   cli.flag("muon-normuon", &c.muon_normuon,
            "muon: NorMuon's per-row second-moment normalization of the update (FOGO's: --fogo "
            "normuon=true)");
@@ -282,10 +280,7 @@ void fill_optimizer_defaults(Config& c, const std::string& optimizer) {
     throw trainer::Cli::error("classifier-lr", "applies with --classifier adamw only");
   }
   if (c.classifier == "adamw" && !c.classifier_lr) c.classifier_lr = *c.adamw_lr;
-  if (c.muon_adjust != "original" && c.muon_adjust != "match_rms") {
-    throw trainer::Cli::error("muon-adjust",
-                              "expected original or match_rms, got '" + c.muon_adjust + "'");
-  }
+  trainer::parse_muon_adjust(c.muon_adjust);  // a CliError naming --muon-adjust
   if (!c.weight_decay) c.weight_decay = optimizer == "adamw" ? 1e-2 : 0.0;
   if (c.lr_schedule == "auto") c.lr_schedule = c.width >= 64 ? "cosine" : "constant";
   if (!c.replay_alpha) c.replay_alpha = c.replay == "er" ? 1.0 : 0.1;
@@ -453,7 +448,10 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("eval-every", c.eval_every);
   // Recorded when on (not the default): older checkpoints stay resumable.
   if (c.sync_bn) s.add("sync-bn", true);
-  if (c.optimizer == "muon" && c.muon_adjust != "original") s.add("muon-adjust", c.muon_adjust);
+  if (c.optimizer == "muon" &&
+      trainer::parse_muon_adjust(c.muon_adjust) != fogo::MuonAdjustLR::Original) {
+    s.add("muon-adjust", trainer::muon_adjust_signature(c.muon_adjust));
+  }
   if (c.optimizer == "muon" && c.muon_normuon) s.add("muon-normuon", true);
   if (c.classifier != "own") {
     s.add("classifier", c.classifier).add("classifier-lr", *c.classifier_lr);

@@ -66,9 +66,10 @@ struct Config {
   /// --optimizer-lr name=lr,...: the lr of the optimizers named (those not named keep --lr's
   /// default); resolve() applies the entry of its optimizer and refuses it next to --lr.
   std::vector<std::string> optimizer_lr;
-  /// muon: its lr rule, original (lr sqrt(max(1, A/B)), PyTorch's) | match_rms (lr 0.2
-  /// sqrt(max(A, B)): update RMS 0.2 lr in every matrix, so sigma x lr_fogo / 0.2 matches FOGO's
-  /// update RMS layer by layer).
+  /// muon: its lr rule by the library's name (fogo/enum_names.h; the list Python reads) or the
+  /// trainers' alias (common/optimizers.h): original (lr sqrt(max(1, A/B)), PyTorch's),
+  /// match_rms_adamw or match_rms (lr 0.2 sqrt(max(A, B)): update RMS 0.2 lr in every matrix, so
+  /// sigma x lr_fogo / 0.2 matches FOGO's update RMS layer by layer), spectral (sqrt(A/B)).
   std::string muon_adjust = "original";
   /// muon: NorMuon's per-row second-moment normalization of the orthogonalized update
   /// (fogo::MuonOptions::normuon; docs/muon.md, "NorMuon"). FOGO's own is --fogo normuon=true.

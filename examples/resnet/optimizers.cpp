@@ -87,8 +87,7 @@ std::unique_ptr<torch::optim::Optimizer> make_muon(const Config& c,
                                                    std::ostringstream& desc) {
   const double lr = *c.lr, wd = *c.weight_decay;
   const c10::ScalarType ns = trainer::parse_ns_dtype(c.ns_dtype);
-  const auto adjust = c.muon_adjust == "match_rms" ? fogo::MuonAdjustLR::MatchRmsAdamW
-                                                   : fogo::MuonAdjustLR::Original;
+  const fogo::MuonAdjustLR adjust = trainer::parse_muon_adjust(c.muon_adjust);
   auto muon = std::make_unique<fogo::Muon>(
       matrices.params,
       fogo::MuonOptions(lr).weight_decay(wd).ns_dtype(ns).adjust_lr(adjust).normuon(

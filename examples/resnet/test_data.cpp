@@ -676,10 +676,21 @@ TEST(Optimizers, MuonMatchRmsGivesEveryMatrixTheSameUpdateRms) {
   EXPECT_GT(*std::max_element(original.begin(), original.end()) /
                 *std::min_element(original.begin(), original.end()),
             4.0);
+  // The library's name of the rule is the same rule, and the same run (one signature).
+  EXPECT_EQ(update_rms("match_rms_adamw"), matched);
+  Config named, alias;
+  named.muon_adjust = "match_rms_adamw";
+  alias.muon_adjust = "match_rms";
+  const auto entries = run_signature(resolve(named, "muon", 0)).entries();
+  EXPECT_EQ(entries, run_signature(resolve(alias, "muon", 0)).entries());
+  EXPECT_NE(std::find(entries.begin(), entries.end(),
+                      std::pair<std::string, std::string>("muon-adjust", "match_rms")),
+            entries.end());
   Config bad;
   bad.muon_adjust = "rms";
   EXPECT_EQ(error_of([&] { resolve(bad, "muon", 0); }),
-            "--muon-adjust: expected original or match_rms, got 'rms'");
+            "--muon-adjust: expected one of original,match_rms_adamw,spectral,spectral_unclamped,"
+            "match_rms, got 'rms'");
 }
 
 // --muon-normuon (issue 47's NorMuon arm): the trainer's Muon takes the same first step as a

@@ -7,3 +7,4 @@
 #include <fogo/newton_schulz.h>
 #include <fogo/ns_dtype.h>
 #include <fogo/param_groups.h>
+#include <fogo/tensor_states.h>

@@ -154,7 +154,7 @@ class FOGO : public MatrixOptimizerOf<FOGOOptions> {
   std::vector<at::Tensor> touched(const GroupStep& s) const override;
   /// Steps 1-9 and the flush: device work only, every state tensor updated in place. Where in.ok
   /// is false the step leaves every tensor as it was.
-  void device_step(const detail::StepInputs& in) override;
+  void device_step(const StepInputs& in) override;
   /// The parameters' states, the group's memory and the projections.
   std::function<void()> save_host_state(const GroupStep& s) override;
   /// The group's step counter.

@@ -26,6 +26,7 @@
 // distance.
 
 #include <ATen/Tensor.h>
+#include <fogo/device_step.h>
 #include <fogo/matrix_view.h>
 #include <fogo/nonfinite.h>
 #include <fogo/param_groups.h>
@@ -39,10 +40,6 @@
 #include <vector>
 
 namespace fogo {
-
-namespace detail {
-struct StepInputs;  // fogo_private/frame/graphed_step.h: what a group's device step reads
-}  // namespace detail
 
 /// What the caller of a step decided for it. Default: nothing; the optimizer decides by its
 /// groups' NonFinitePolicy.
@@ -113,6 +110,11 @@ class MatrixOptimizer : public torch::optim::Optimizer, public ExactParamGroups 
   virtual void check_group(size_t g) const = 0;
   /// Throws naming what is wrong with parameter `i` of group `g` (it has a gradient) or its state.
   virtual void check_param(size_t g, size_t i, const at::Tensor& p) const = 0;
+  /// What the frame itself requires of parameter `i` of group `g`, checked after check_param.
+  /// Default: nothing.
+  virtual void check_frame_param(size_t g, size_t i, const at::Tensor& p) const {
+    (void)g, (void)i, (void)p;
+  }
   /// One group's step (device work; state created on the host first).
   virtual void step_group(const GroupStep& group) = 0;
   /// After every group has stepped.
@@ -175,6 +177,14 @@ class GroupFrame : public MatrixOptimizer {
   virtual std::vector<at::Tensor> shard_values(size_t g, const at::Tensor& param,
                                                const MatrixView& view, int64_t k) const;
 
+  /// Throws naming what is wrong with parameter `i` of group `g` or its state, beyond what the
+  /// frame checks itself (a gradient's kind, the step's scalars, a CUDA graph's device). Default:
+  /// nothing.
+  void check_param(size_t g, size_t i, const at::Tensor& p) const override {
+    (void)g, (void)i, (void)p;
+  }
+  /// A param group with option cuda_graph steps on a CUDA device only.
+  void check_frame_param(size_t g, size_t i, const at::Tensor& p) const final;
   /// Creates the state of the group's parameters that have none (on the host, before any device
   /// work or capture).
   virtual void create_state(const GroupStep& s) = 0;
@@ -187,11 +197,11 @@ class GroupFrame : public MatrixOptimizer {
   /// a graph is captured again when one of them changes.
   virtual std::vector<at::Tensor> touched(const GroupStep& s) const = 0;
   /// The group's device work: the same host code eagerly and inside a capture.
-  virtual void device_step(const detail::StepInputs& in) = 0;
+  virtual void device_step(const StepInputs& in) = 0;
   /// The tensors the frame copies before a masked device step and puts back where the flag is
   /// false. Default: none. (FOGO's and Muon's updates take the flag and leave the parameters as
   /// they are themselves, with no copy: issue 44; they list their state here, or mask it inside.)
-  virtual std::vector<at::Tensor> masked_tensors(const detail::StepInputs& in) const;
+  virtual std::vector<at::Tensor> masked_tensors(const StepInputs& in) const;
   /// What the host code of device_step may change, saved just before a capture: returns what
   /// puts it back. Default: the group's parameters' state entries (detail::SavedStates).
   virtual std::function<void()> save_host_state(const GroupStep& s);
@@ -205,7 +215,7 @@ class GroupFrame : public MatrixOptimizer {
 
  private:
   void step_group(const GroupStep& s) final;
-  void run_device_step(const detail::StepInputs& in);
+  void run_device_step(const StepInputs& in);
   StepShard shard_;
   std::vector<at::ScalarType> lr_dtypes_;  // per group; missing ones double
   struct Graphs;

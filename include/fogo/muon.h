@@ -150,11 +150,11 @@ class Muon : public MatrixOptimizerOf<MuonOptions> {
   void create_state(const GroupStep& s) override;
   std::vector<at::Tensor> touched(const GroupStep& s) const override;
   /// Its momentum buffers (and NorMuon's second moments).
-  std::vector<at::Tensor> masked_tensors(const detail::StepInputs& in) const override;
+  std::vector<at::Tensor> masked_tensors(const StepInputs& in) const override;
   /// One group's device work: the momenta, Newton–Schulz and the update (sharded: Newton–Schulz
   /// and the update of the matrices this rank owns). Where in.ok is false the parameters keep
   /// their bits.
-  void device_step(const detail::StepInputs& in) override;
+  void device_step(const StepInputs& in) override;
   /// Sharded (set_step_shard): every rank updates every momentum buffer (so checkpoints do not
   /// depend on the sharding), but runs Newton–Schulz and the update only for the matrices it
   /// owns (each matrix of a parameter's matrix view: every expert of a stack, every block of a

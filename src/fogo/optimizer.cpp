@@ -159,7 +159,7 @@ void FOGO::finish_group(const GroupStep& s) {
 
 // Steps 1-9 and the flush, as docs/algorithm.md lists them; sharding is the exchange hook `share`
 // (the identity unsharded), Mask the scope around the memory.
-void FOGO::device_step(const detail::StepInputs& in) {
+void FOGO::device_step(const StepInputs& in) {
   using namespace stages;
   const size_t g = in.group;
   const auto& o = options(g);

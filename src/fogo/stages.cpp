@@ -342,7 +342,7 @@ void normuon_items(std::vector<RmsUpdateItem>& items, const std::vector<const Wo
 // `work` order. With `ok` (Mask), a parameter keeps its value where ok is false.
 std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
-                                        const detail::LearningRate& lr, const at::Tensor& ok) {
+                                        const LearningRate& lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
   std::vector<const Work*> order;  // each item's Work
   int64_t row = 0;
@@ -374,7 +374,7 @@ std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const Sha
 // Pi^T ~ d I, not the same computation (it rounds differently even at xi = 0).
 std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
-                                        const detail::LearningRate& lr, const at::Tensor& ok) {
+                                        const LearningRate& lr, const at::Tensor& ok) {
   std::vector<RmsUpdateItem> items;
   std::vector<const Work*> order;  // each item's Work
   for (size_t r = 0; r < runs.size(); ++r) {

@@ -1,11 +1,10 @@
-// The learning rate of a step (fogo_private/frame/learning_rate.h): its host scalars in their
+// The learning rate of a step (fogo/device_step.h): its host scalars in their
 // dtype and its device scalars, resolved here for FOGO's and Muon's updates alike.
-#include "fogo_private/frame/learning_rate.h"
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fogo/device_step.h>
 
-namespace fogo::detail {
+namespace fogo {
 
 namespace {
 
@@ -45,4 +44,4 @@ at::Tensor LearningRate::decay_on_device(double weight_decay) const {
   return 1.0 - device * weight_decay;
 }
 
-}  // namespace fogo::detail
+}  // namespace fogo

@@ -45,7 +45,10 @@ torch::Tensor MatrixOptimizer::step_with(const StepContext& context, LossClosure
   detail::check_groups_added_exactly(name(), param_groups_, exact_groups_);
   const detail::GradItems items = detail::collect_grads(
       name(), param_groups_, [&](size_t g) { check_group(g); },
-      [&](size_t g, size_t i, const at::Tensor& p) { check_param(g, i, p); },
+      [&](size_t g, size_t i, const at::Tensor& p) {
+        check_param(g, i, p);
+        check_frame_param(g, i, p);
+      },
       [&](size_t g) { return weight_decay(g); });
   const auto& [params, grads, where] = items;
   // 2. The policy: the caller's decision, or this optimizer's over its own gradients.
@@ -152,7 +155,11 @@ void GroupFrame::finish_step(const std::vector<GroupStep>& groups) {
   shard_.exchange(units, values);
 }
 
-std::vector<at::Tensor> GroupFrame::masked_tensors(const detail::StepInputs& in) const {
+void GroupFrame::check_frame_param(size_t g, size_t i, const at::Tensor& p) const {
+  if (cuda_graph(g)) detail::check_graph_device(name(), g, i, p);
+}
+
+std::vector<at::Tensor> GroupFrame::masked_tensors(const StepInputs& in) const {
   (void)in;
   return {};
 }
@@ -162,7 +169,7 @@ std::function<void()> GroupFrame::save_host_state(const GroupStep& s) {
   return [states] { states->restore(); };
 }
 
-void GroupFrame::run_device_step(const detail::StepInputs& in) {
+void GroupFrame::run_device_step(const StepInputs& in) {
   // Mask: what the step changes besides the parameters, put back where the flag is false.
   const detail::MaskScope keep(in.ok,
                                in.ok.defined() ? masked_tensors(in) : std::vector<at::Tensor>{});
@@ -175,13 +182,13 @@ void GroupFrame::step_group(const GroupStep& s) {
   HostStep host = prepare_step(s);
   const size_t g = s.group;
   const at::ScalarType dtype = g < lr_dtypes_.size() ? lr_dtypes_[g] : at::kDouble;
-  const detail::StepInputs in{g,
-                              s.params,
-                              s.grads,
-                              s.ok,
-                              {param_groups_[g].options().get_lr(), dtype},
-                              std::move(host.extra)};
-  const auto work = [this](const detail::StepInputs& inputs) { run_device_step(inputs); };
+  const StepInputs in{g,
+                      s.params,
+                      s.grads,
+                      s.ok,
+                      {param_groups_[g].options().get_lr(), dtype},
+                      std::move(host.extra)};
+  const auto work = [this](const StepInputs& inputs) { run_device_step(inputs); };
   detail::GroupGraph& graph = graphs_->groups[g];
   // A sharded step exchanges with the ranks: never from a graph.
   if (cuda_graph(g) && host.graphable && !shard_.enabled(name()) && !graph.step.failed()) {

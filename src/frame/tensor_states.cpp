@@ -1,14 +1,12 @@
-// The frame's generic checkpoint of named per-parameter tensors
-// (fogo_private/frame/tensor_states.h).
-#include "fogo_private/frame/tensor_states.h"
-
+// The frame's generic checkpoint of named per-parameter tensors (fogo/tensor_states.h).
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fogo/tensor_states.h>
 
 #include "fogo_private/frame/checks.h"
 #include "fogo_private/frame/integrity.h"
 
-namespace fogo::detail {
+namespace fogo {
 
 namespace {
 
@@ -21,7 +19,7 @@ std::string key(const std::string& prefix, size_t g, size_t i, const std::string
 // The layout, every lr and every state tensor, in group order: what a checkpoint stores and
 // load recomputes from what it read.
 uint64_t checksum(const torch::optim::Optimizer& optimizer, const TensorStates& states) {
-  Checksum sum;
+  detail::Checksum sum;
   sum.add(static_cast<int64_t>(optimizer.param_groups().size()));
   for (const auto& group : optimizer.param_groups()) {
     sum.add(static_cast<int64_t>(group.params().size())).add(group.options().get_lr());
@@ -54,7 +52,7 @@ void save_tensor_states(const torch::optim::Optimizer& optimizer,
         archive.write(key(prefix, g, i, name), t);
     }
   }
-  write_checksum(archive, (prefix + "/checksum").c_str(), checksum(optimizer, states));
+  detail::write_checksum(archive, (prefix + "/checksum").c_str(), checksum(optimizer, states));
 }
 
 namespace {
@@ -75,14 +73,14 @@ std::unique_ptr<torch::optim::OptimizerParamState> read_state(
   for (const std::string& name : states.names) {
     at::Tensor t;
     if (!archive.try_read(key(prefix, g, i, name), t)) {
-      TORCH_CHECK(named.empty(), who, "::load: the checkpoint's state of ", describe_param(g, i, p),
-                  " lacks ", name, " (a damaged checkpoint)");
+      TORCH_CHECK(named.empty(), who, "::load: the checkpoint's state of ",
+                  detail::describe_param(g, i, p), " lacks ", name, " (a damaged checkpoint)");
       return nullptr;
     }
     TORCH_CHECK(!same_shape(name) || t.sizes() == p.sizes(), who, "::load: the checkpoint's ", name,
-                " for ", describe_param(g, i, p), " has shape ", t.sizes(),
+                " for ", detail::describe_param(g, i, p), " has shape ", t.sizes(),
                 "; the checkpoint was made for a different model");
-    check_finite_state(who, name + " for " + describe_param(g, i, p), t);
+    detail::check_finite_state(who, name + " for " + detail::describe_param(g, i, p), t);
     named.emplace_back(name, t.to(p.device()));  // archives load onto the CPU
   }
   return states.make(named);
@@ -118,9 +116,10 @@ void load_tensor_states(torch::optim::Optimizer& optimizer, torch::serialize::In
         if (state) optimizer.state()[p.unsafeGetTensorImpl()] = std::move(state);
       }
     }
-    verify_checksum(archive, who, (prefix + "/checksum").c_str(), checksum(optimizer, states));
+    detail::verify_checksum(archive, who, (prefix + "/checksum").c_str(),
+                            checksum(optimizer, states));
   };
-  load_transactional(optimizer, load, [](size_t, size_t, const at::Tensor&) {});
+  detail::load_transactional(optimizer, load, [](size_t, size_t, const at::Tensor&) {});
 }
 
-}  // namespace fogo::detail
+}  // namespace fogo

@@ -113,7 +113,7 @@ std::vector<at::Tensor> Muon::touched(const GroupStep& s) const {
   return touched;
 }
 
-std::vector<at::Tensor> Muon::masked_tensors(const detail::StepInputs& in) const {
+std::vector<at::Tensor> Muon::masked_tensors(const StepInputs& in) const {
   // The parameters are not copied: the update takes the flag and leaves them as they are (issue
   // 44).
   std::vector<at::Tensor> changed = buffers(in.params);
@@ -139,7 +139,7 @@ MatrixView Muon::matrix_view(size_t group, const at::Tensor& param) const {
   return fogo::matrix_view(param.sizes(), matrix_layout(options(group)), "Muon", what.str());
 }
 
-void Muon::device_step(const detail::StepInputs& in) {
+void Muon::device_step(const StepInputs& in) {
   const size_t g = in.group;
   const std::vector<at::Tensor>& params = in.params;
   const auto& o = options(g);

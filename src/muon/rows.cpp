@@ -151,7 +151,7 @@ void muon_step_rows(const std::vector<MuonRows>& items, const MuonOptions& o,
     if (o.normuon()) exchange.scatter(k, whole_v, second[k]);
     add_row_updates(updates, p, mine, view, items[k].first_row);
   }
-  const detail::LearningRate lr(o.lr(), lr_dtype);
+  const LearningRate lr(o.lr(), lr_dtype);
   ops::muon_update(updates, {lr, o.weight_decay(), o.adjust_lr(), {}, o.extra_scale_factor()});
   keep.restore();
 }

@@ -34,11 +34,11 @@ double muon_adjusted_lr(double lr, MuonAdjustLR rule, int64_t A, int64_t B, at::
   // lr f1 f2, left to right: lr * ratio * extra_scale_factor (times 1 by default, exact), as
   // torch.optim.Muon's _adjust_lr.
   const auto [f1, f2] = muon_adjusted_lr_factors(rule, A, B, extra_scale_factor);
-  return detail::LearningRate(lr, lr_dtype).scaled(f1, f2);
+  return LearningRate(lr, lr_dtype).scaled(f1, f2);
 }
 
 double muon_decay(double lr, double weight_decay, at::ScalarType lr_dtype) {
-  return detail::LearningRate(lr, lr_dtype).decay(weight_decay);
+  return LearningRate(lr, lr_dtype).decay(weight_decay);
 }
 
 void ref::muon_update(const std::vector<MuonUpdateItem>& items, const MuonUpdateParams& p) {

@@ -5,6 +5,7 @@
 // orientation (Work), in runs of one shape that go through Newton–Schulz, the projection and the
 // lift as one batch.
 #include <ATen/ATen.h>
+#include <fogo/device_step.h>
 
 #include <functional>
 #include <utility>
@@ -14,7 +15,6 @@
 #include "fogo_private/fogo/projected.h"
 #include "fogo_private/fogo/state.h"
 #include "fogo_private/frame/batching.h"
-#include "fogo_private/frame/learning_rate.h"
 #include "fogo_private/frame/nonfinite.h"
 
 namespace fogo {
@@ -158,12 +158,12 @@ std::pair<at::Tensor, at::Tensor> long_term_candidates(const GroupMemory& mem, c
 /// `ok` (Mask): where false, the parameters keep their values.
 std::vector<at::Tensor> lift_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const at::Tensor& dz, const FOGOOptions& o,
-                                        const detail::LearningRate& lr, const at::Tensor& ok);
+                                        const LearningRate& lr, const at::Tensor& ok);
 
 /// fusion_only: steps 2, 4 and 9 in parameter space; nothing is projected, remembered or filtered.
 std::vector<at::Tensor> fuse_and_update(const std::vector<Work>& work, const ShapeRuns& runs,
                                         const std::vector<at::Tensor>& inputs, const FOGOOptions& o,
-                                        const detail::LearningRate& lr, const at::Tensor& ok);
+                                        const LearningRate& lr, const at::Tensor& ok);
 
 /// The codebook flush after the group has stepped, then re-seeding when `reseed_now`.
 void flush_and_reseed(GroupMemory& mem, const ProjectedStepResult& r, const FOGOOptions& o,

@@ -5,17 +5,16 @@
 // with Ohat = O_s + delta.
 
 #include <ATen/Tensor.h>
+#include <fogo/device_step.h>
 
 #include <vector>
-
-#include "fogo_private/frame/learning_rate.h"
 
 namespace fogo {
 
 struct UpdateParams {
   /// On the host, or on the device (a replayed CUDA graph's, lr.device): the arithmetic is the
   /// same either way (double, then one rounding), so the results are too.
-  detail::LearningRate lr;
+  LearningRate lr;
   double weight_decay, sigma, eps;
 };
 

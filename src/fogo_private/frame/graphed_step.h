@@ -13,6 +13,7 @@
 // code may have changed (the caller's `save`, e.g. SavedStates) is put back first.
 
 #include <ATen/Tensor.h>
+#include <fogo/device_step.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -22,24 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "fogo_private/frame/learning_rate.h"
-
 namespace fogo::detail {
-
-/// What one param group's device step reads: the same for a step run eagerly and for one run from
-/// a CUDA graph (whose static inputs these are).
-struct StepInputs {
-  size_t group = 0;
-  std::vector<at::Tensor> params, grads;
-  /// NonFinitePolicy::Mask: the step's flag (0-d bool on the group's device), else undefined:
-  /// where it is false the step leaves every tensor as it was.
-  at::Tensor ok;
-  /// On the host eagerly; in a graph, on the device (lr.device).
-  LearningRate lr;
-  /// The optimizer's own per-step tensors, prepared on the host (FOGO's candidate keys); an
-  /// undefined one stays undefined.
-  std::vector<at::Tensor> extra;
-};
 
 /// What a step's host code may change, saved before a capture: returns what puts it back.
 using SaveHostState = std::function<std::function<void()>()>;

@@ -3,13 +3,12 @@
 // dispatches: the ATen reference here, a multi-tensor CUDA kernel in cuda/.
 
 #include <ATen/Tensor.h>
+#include <fogo/device_step.h>
 #include <fogo/muon_options.h>
 
 #include <algorithm>
 #include <utility>
 #include <vector>
-
-#include "fogo_private/frame/learning_rate.h"
 
 namespace fogo {
 
@@ -32,7 +31,7 @@ inline std::pair<int64_t, int64_t> adjusted_lr_shape(const MuonUpdateItem& item)
 struct MuonUpdateParams {
   /// The step's learning rate: on the host in its dtype (1 - lr wd and the adjusted lr rounded
   /// as muon_decay and muon_adjusted_lr round them), or on the device (a replayed CUDA graph's).
-  detail::LearningRate lr;
+  LearningRate lr;
   double weight_decay = 0.0;
   MuonAdjustLR adjust_lr = MuonAdjustLR::Original;
   /// NonFinitePolicy::Mask: when defined (a 0-d bool on the parameters' device), where it is

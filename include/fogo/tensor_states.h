@@ -1,13 +1,14 @@
 #pragma once
 // A generic checkpoint for a matrix optimizer whose per-parameter state is a few named tensors
-// (a momentum buffer, a second moment): what a new optimizer on the frame (GroupFrame) gets
-// without writing its own format. fogo::Muon and fogo::FOGO keep their own formats (LibTorch's
-// archive of their param states, option tables); this one holds, under `<prefix>/`:
+// (a momentum buffer, a second moment): what a new optimizer on the frame (GroupFrame,
+// matrix_optimizer.h) gets without writing its own format. fogo::Muon and fogo::FOGO keep their own
+// formats (LibTorch's archive of their param states, option tables); this one holds, under
+// `<prefix>/`:
 //   format                1
 //   groups                the number of param groups; group/<g>/params their sizes
 //   group/<g>/lr          each group's learning rate (the other options are the constructor's)
 //   state/<g>/<i>/<name>  each named tensor of parameter i of group g with state
-//   checksum              detail::Checksum over all of the above, verified on load
+//   checksum              a checksum over all of the above, verified on load
 // Loading is all-or-nothing (load_transactional): a checkpoint for another layout, with a shape
 // that is not the parameter's, a non-finite value or a damaged byte changes nothing.
 
@@ -20,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-namespace fogo::detail {
+namespace fogo {
 
 /// A parameter's state as named tensors, and back.
 struct TensorStates {
@@ -42,4 +43,4 @@ void load_tensor_states(torch::optim::Optimizer& optimizer, torch::serialize::In
                         const std::string& prefix, const TensorStates& states,
                         const std::function<bool(const std::string&)>& same_shape, const char* who);
 
-}  // namespace fogo::detail
+}  // namespace fogo

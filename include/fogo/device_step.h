@@ -1,15 +1,24 @@
 #pragma once
-// A param group's learning rate as a step's arithmetic uses it, one type from the options to the
-// parameter write: its value, the dtype the host arithmetic rounds in, and, in a CUDA graph's
-// step, the device scalar the graph reads (refreshed before each replay). Every scalar a step
-// derives from lr (lr f1 f2, 1 - lr wd) is resolved here, in one place.
+// What a matrix optimizer's device step reads (fogo::GroupFrame::device_step, matrix_optimizer.h):
+// its param group's parameters and gradients, the Mask flag, the learning rate and the
+// optimizer's own per-step tensors. The same for a step run eagerly and for one replayed from a
+// CUDA graph, whose static inputs these are. Public, so that an optimizer written outside fogo
+// on its frame (tests/test_third_optimizer.cpp is one) needs nothing private.
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-namespace fogo::detail {
+#include <cstddef>
+#include <utility>
+#include <vector>
 
+namespace fogo {
+
+/// A param group's learning rate as a step's arithmetic uses it, one type from the options to the
+/// parameter write: its value, the dtype the host arithmetic rounds in, and, in a CUDA graph's
+/// step, the device scalar the graph reads (refreshed before each replay). Every scalar a step
+/// derives from lr (lr f1 f2, 1 - lr wd) is resolved here, in one place.
 struct LearningRate {
   /// The group's lr (its options' get_lr()).
   double value = 0.0;
@@ -43,4 +52,19 @@ struct LearningRate {
   at::Tensor decay_on_device(double weight_decay) const;
 };
 
-}  // namespace fogo::detail
+/// What one param group's device step reads: the same for a step run eagerly and for one run from
+/// a CUDA graph (whose static inputs these are).
+struct StepInputs {
+  size_t group = 0;
+  std::vector<at::Tensor> params, grads;
+  /// NonFinitePolicy::Mask: the step's flag (0-d bool on the group's device), else undefined:
+  /// where it is false the step leaves every tensor as it was.
+  at::Tensor ok;
+  /// On the host eagerly; in a graph, on the device (lr.device).
+  LearningRate lr;
+  /// The optimizer's own per-step tensors, prepared on the host (FOGO's candidate keys); an
+  /// undefined one stays undefined.
+  std::vector<at::Tensor> extra;
+};
+
+}  // namespace fogo
