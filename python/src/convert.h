@@ -84,7 +84,7 @@ struct Convert<std::vector<int64_t>> {
   static py::object to(const std::vector<int64_t>& v) {
     py::list out;
     for (const int64_t x : v) out.append(x);
-    return std::move(out);
+    return out;  // moved: a local converted to the return type (C++20 implicit move)
   }
   static std::vector<int64_t> from(const py::handle& v, const char* opt, const char* name) {
     if (!(PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())))
@@ -104,7 +104,7 @@ struct Convert<fogo::NSSchedule> {
   static py::object to(const fogo::NSSchedule& v) {
     py::list out;
     for (const auto& [a, b, c] : v) out.append(py::make_tuple(a, b, c));
-    return std::move(out);
+    return out;  // moved: a local converted to the return type (C++20 implicit move)
   }
   static fogo::NSSchedule from(const py::handle& v, const char* opt, const char* name) {
     const char* expected = "a list of (a, b, c) rows, one per Newton–Schulz iteration";
