@@ -97,14 +97,11 @@ class OrthoSGD : public fogo::MatrixOptimizerOf<OrthoSGDOptions> {
       if (!slot) slot = std::make_unique<OrthoSGDState>(OrthoSGDState().buf(torch::zeros_like(p)));
     }
   }
+  // What the step touches: a graph is captured again when one changes, and a masked step (the
+  // frame's default masked_tensors) puts them back where the flag is false.
   std::vector<at::Tensor> touched(const GroupStep& s) const override {
     std::vector<at::Tensor> out = s.params;
     for (const at::Tensor& p : s.params) out.push_back(buf(p));
-    return out;
-  }
-  std::vector<at::Tensor> masked_tensors(const fogo::StepInputs& in) const override {
-    std::vector<at::Tensor> out = in.params;
-    for (const at::Tensor& p : in.params) out.push_back(buf(p));
     return out;
   }
   void device_step(const fogo::StepInputs& in) override {

@@ -152,6 +152,8 @@ class FOGO : public MatrixOptimizerOf<FOGOOptions> {
   /// The host's decisions (random draws: the long-term candidates' keys; the re-seeding cadence).
   HostStep prepare_step(const GroupStep& s) override;
   std::vector<at::Tensor> touched(const GroupStep& s) const override;
+  /// None: FOGO masks inside its stages (MaskedMemory; its kernels take the flag).
+  std::vector<at::Tensor> masked_tensors(const StepInputs& in) const override;
   /// Steps 1-9 and the flush: device work only, every state tensor updated in place. Where in.ok
   /// is false the step leaves every tensor as it was.
   void device_step(const StepInputs& in) override;

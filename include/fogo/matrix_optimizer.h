@@ -199,8 +199,10 @@ class GroupFrame : public MatrixOptimizer {
   /// The group's device work: the same host code eagerly and inside a capture.
   virtual void device_step(const StepInputs& in) = 0;
   /// The tensors the frame copies before a masked device step and puts back where the flag is
-  /// false. Default: none. (FOGO's and Muon's updates take the flag and leave the parameters as
-  /// they are themselves, with no copy: issue 44; they list their state here, or mask it inside.)
+  /// false. Default: every tensor touched() lists (the parameters and the state), so that a new
+  /// optimizer's masked step changes nothing without writing this. FOGO's and Muon's updates
+  /// take the flag and leave the parameters as they are themselves, with no copy (issue 44):
+  /// Muon lists its state only, FOGO nothing (it masks inside its stages).
   virtual std::vector<at::Tensor> masked_tensors(const StepInputs& in) const;
   /// What the host code of device_step may change, saved just before a capture: returns what
   /// puts it back. Default: the group's parameters' state entries (detail::SavedStates).

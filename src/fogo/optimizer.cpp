@@ -122,6 +122,11 @@ FOGO::HostStep FOGO::prepare_step(const GroupStep& s) {
   return {{keys}, mem.initialized && !reseeds_now(s.group)};
 }
 
+std::vector<at::Tensor> FOGO::masked_tensors(const StepInputs& in) const {
+  (void)in;
+  return {};
+}
+
 std::vector<at::Tensor> FOGO::touched(const GroupStep& s) const {
   std::vector<at::Tensor> touched = s.params;
   for (const at::Tensor& p : s.params) {

@@ -160,8 +160,7 @@ void GroupFrame::check_frame_param(size_t g, size_t i, const at::Tensor& p) cons
 }
 
 std::vector<at::Tensor> GroupFrame::masked_tensors(const StepInputs& in) const {
-  (void)in;
-  return {};
+  return touched(GroupStep{in.group, in.params, in.grads, in.ok});
 }
 
 std::function<void()> GroupFrame::save_host_state(const GroupStep& s) {
