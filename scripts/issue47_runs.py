@@ -287,6 +287,71 @@ def tests(args):
                   f"{s}: {d:+.2f}" for s, d in zip(r["pairs"], r["diffs"])))
 
 
+def arm_rows(runs_dir, seeds=FRESH_SEEDS):
+    """Each arm's test runs on `seeds` (those kept), as mean and sd of each metric, and the
+    rare-class accuracy per seed: the table docs/results.md prints."""
+    metrics = ["acc", "rare_acc", "nonrare_acc", "mean_rare_forgetting", "rare_forget_rate"]
+    rows = []
+    for arm in ARMS:
+        kept = kept_runs(arm, runs_dir)
+        have = [s for s in seeds if s in kept]
+        row = {"arm": arm, "seeds": have, "lr": sorted({kept[s]["lr"] for s in have}),
+               "rare_per_seed": [kept[s]["rare_acc"] for s in have]}
+        for m in metrics:
+            values = [kept[s][m] for s in have]
+            mean = sum(values) / len(values) if values else float("nan")
+            var = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+                   if len(values) > 1 else float("nan"))
+            row[m] = (mean, var ** 0.5)
+        rows.append(row)
+    return rows
+
+
+def normuon_grid(runs_dir):
+    """{lr: {seed: validation accuracy}} of NorMuon's grid points on its tuning seeds."""
+    grid = {}
+    for pattern in KEPT["normuon"]:
+        for path in sorted(glob.glob(os.path.join(runs_dir, pattern))):
+            with open(path) as f:
+                for line in f:
+                    r = json.loads(line)
+                    if r.get("split") == "val" and r["seed"] in TUNING_SEEDS_NORMUON:
+                        grid.setdefault(r["lr"], {})[r["seed"]] = r["acc"]
+    return grid
+
+
+def tables(args):
+    """Markdown: NorMuon's grid, every arm on the fresh seeds, and the declared tests."""
+    print("| lr | validation acc, mean (seed " +
+          " / seed ".join(str(s) for s in TUNING_SEEDS_NORMUON) + ") |\n|---:|---|")
+    for lr, by_seed in sorted(normuon_grid(args.runs).items()):
+        accs = [by_seed.get(s) for s in TUNING_SEEDS_NORMUON]
+        mean = (sum(accs) / len(accs)) if None not in accs else float("nan")
+        print(f"| {lr:g} | {mean:.2f} (" + " / ".join(
+            "-" if a is None else f"{a:.2f}" for a in accs) + ") |")
+    print("\n| arm | lr | seeds | acc (%) | rare acc (%) | non-rare acc (%) | mean rare forgetting "
+          "(%) | rare forget rate (%) | rare acc per seed |\n|---|---:|---|---:|---:|---:|---:|---:|---|")
+    for r in arm_rows(args.runs):
+        cells = [f"{r[m][0]:.2f} ± {r[m][1]:.2f}" for m in
+                 ("acc", "rare_acc", "nonrare_acc", "mean_rare_forgetting", "rare_forget_rate")]
+        seeds = f"{r['seeds'][0]}-{r['seeds'][-1]} ({len(r['seeds'])})" if r["seeds"] else "none"
+        print(f"| {r['arm']} | {', '.join(f'{x:g}' for x in r['lr'])} | {seeds} | " +
+              " | ".join(cells) + " | " + " / ".join(f"{v:.2f}" for v in r["rare_per_seed"]) + " |")
+    print("\n| experiment, family | test (metric) | pairs | A - B (95% CI) | p: t / Wilcoxon | Holm "
+          "| detects |\n|---|---|---:|---:|---|---:|---:|")
+    for r in test_results(args.runs):
+        pairs = f"{len(r['pairs'])} of {r['declared']}"
+        if "t" not in r:
+            print(f"| {r['experiment']}, {r['family']} | {r['a']} - {r['b']} ({r['metric']}) | "
+                  f"{pairs} | too few | | | |")
+            continue
+        t, w = r["t"], r["wilcoxon"]
+        mark = "" if len(r["pairs"]) == r["declared"] else " INCOMPLETE"
+        print(f"| {r['experiment']}, {r['family']}{mark} | {r['a']} - {r['b']} ({r['metric']}) | "
+              f"{pairs} | {t['mean']:+.2f} ({t['ci'][0]:+.2f} to {t['ci'][1]:+.2f}) | "
+              f"{t['p']:.3f} / {w['p']:.3f} | {r['holm']:.3f} | {t['detectable']:.1f} |")
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -298,10 +363,11 @@ def main(argv):
                                                          "resnet_train"))
         if name == "keep":
             p.add_argument("--date", default="2026-11-29", help="the kept files' date prefix")
-    p = sub.add_parser("tests")
-    p.add_argument("--runs", default=os.path.join(ROOT, "docs", "runs"))
+    for name in ("tests", "tables"):
+        p = sub.add_parser(name)
+        p.add_argument("--runs", default=os.path.join(ROOT, "docs", "runs"))
     args = parser.parse_args(argv)
-    {"run": run, "status": status, "keep": keep, "tests": tests}[args.what](args)
+    {"run": run, "status": status, "keep": keep, "tests": tests, "tables": tables}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,17 @@ def test_a_seed_kept_twice_is_refused(tmp_path):
         assert "seed 25 kept twice" in str(e)
     else:
         raise AssertionError("a seed kept twice was paired silently")
+
+
+def test_arm_table_reads_fresh_test_seeds_only(tmp_path):
+    d = str(tmp_path)
+    recs = [dict(record("muon", s, r), lr=0.03, nonrare_acc=95.0, mean_rare_forgetting=1.0,
+                 rare_forget_rate=9.0) for s, r in ((25, 60.0), (26, 64.0), (40, 10.0))]
+    recs.append(dict(record("muon", 40, 77.0, run="sweep/lr0.03/muon-seed40", split="val"), lr=0.03))
+    recs.append(dict(record("muon", 41, 79.0, run="sweep/lr0.03/muon-seed41", split="val"), lr=0.03))
+    write(os.path.join(d, "2026-11-29-ci16-fresh-normuon.jsonl"), recs)
+    row = next(r for r in runs.arm_rows(d) if r["arm"] == "normuon")
+    assert row["seeds"] == [25, 26]  # tuning seed 40's re-run is not a test run
+    assert row["rare_acc"][0] == 62.0 and abs(row["rare_acc"][1] - 8 ** 0.5) < 1e-12
+    assert row["rare_per_seed"] == [60.0, 64.0] and row["lr"] == [0.03]
+    assert runs.normuon_grid(d) == {0.03: {40: 107.0, 41: 109.0}}  # acc = rare + 30 here
