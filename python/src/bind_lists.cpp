@@ -98,8 +98,9 @@ void bind_lists(py::module_& m) {
                                       std::string, std::string, std::string>>& routes) {
         std::vector<fogo::ParamRoute> in;
         for (const auto& [name, sizes, matrix, rule, group, scale, treated] : routes) {
-          fogo::ParamRoute r{name, sizes, matrix, rule, group, {}, treated};
-          r.scale.text = scale;
+          fogo::UpdateScale update;
+          update.text = scale;
+          const fogo::ParamRoute r{name, sizes, matrix, rule, group, update, treated};
           in.push_back(r);
         }
         return fogo::routing_table(in);
