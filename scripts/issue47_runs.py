@@ -9,8 +9,8 @@ ResNet-18 (tuned on its own seeds, then on the same fresh seeds), with FOGO+NorM
 
 The tests (TESTS below) were named in this file, and committed, before any of these runs started.
 `run` trains every run that has no finished result.jsonl under --out, each with --resume (a run
-killed part-way continues from its last checkpoint), two processes at a time (the lanes below),
-one torch thread each; start it at nice 19 in the background:
+killed part-way continues from its last checkpoint), two processes at a time (two workers taking
+the runs from one queue, WorkQueue below), one torch thread each; start it at nice 19 in the background:
 
     setsid nohup nice -n 19 scripts/issue47_runs.py run > runs/issue47.log 2>&1 &
 
@@ -146,44 +146,81 @@ def normuon_lr(out):
         return [json.loads(line) for line in f if line.strip()][-1]["lr"]
 
 
-def lane_a(bin_path, out, log):
-    """3(b) extended: per fresh seed FOGO, Muon (the primary pair), then memory-off."""
+def work_items(out):
+    """Every run still to do, in order: NorMuon's sweep (its tuning seeds, then its choice re-run
+    on them and on seed 25) first, then per fresh seed FOGO and Muon (the primary pair),
+    memory-off, NorMuon, FOGO+NorMuon. An item is (arm, seed), or ("normuon-sweep", None)."""
+    items = []
+    if not all(finished(out, "normuon", s) for s in TUNING_SEEDS_NORMUON + FRESH_SEEDS[:1]):
+        items.append(("normuon-sweep", None))
     for seed in FRESH_SEEDS:
-        for arm in ("fogo", "muon", "fogo-memory-off"):
+        for arm in ("fogo", "muon", "fogo-memory-off", "normuon", "fogo-normuon"):
             if not finished(out, arm, seed):
-                train(bin_path, out, arm, [seed], [], log)
+                items.append((arm, seed))
+    return items
 
 
-def lane_b(bin_path, out, log):
-    """NorMuon: its sweep (tuning seeds, then the chosen lr re-run on them and on seed 25), then
-    per fresh seed NorMuon and FOGO+NorMuon."""
-    sweep_seeds = TUNING_SEEDS_NORMUON + FRESH_SEEDS[:1]
-    if not all(finished(out, "normuon", s) for s in sweep_seeds):
-        train(bin_path, out, "normuon", sweep_seeds, NORMUON_SWEEP, log)
-    lr = f"{normuon_lr(out):g}"
-    for seed in FRESH_SEEDS:
-        if not finished(out, "normuon", seed):
-            train(bin_path, out, "normuon", [seed], ["--lr", lr], log)
-        if not finished(out, "fogo-normuon", seed):
-            train(bin_path, out, "fogo-normuon", [seed], [], log)
+class WorkQueue:
+    """The items shared by the workers: each takes the first one it may start (NorMuon's runs
+    wait for its sweep, which sets their lr), so both stay busy until the last runs and no run is
+    ever started twice."""
+
+    def __init__(self, items):
+        self._pending = list(items)
+        self._sweep_done = ("normuon-sweep", None) not in self._pending
+        self._cond = threading.Condition()
+
+    def take(self):
+        """The next item, or None when every item has been taken."""
+        with self._cond:
+            while True:
+                for k, (arm, seed) in enumerate(self._pending):
+                    if arm != "normuon" or self._sweep_done:
+                        return self._pending.pop(k)
+                if not self._pending:
+                    return None
+                self._cond.wait()  # only NorMuon's runs are left: they wait for the sweep
+
+    def done(self, item):
+        with self._cond:
+            if item[0] == "normuon-sweep":
+                self._sweep_done = True
+            self._cond.notify_all()
+
+
+def run_item(bin_path, out, item, log):
+    arm, seed = item
+    if arm == "normuon-sweep":
+        train(bin_path, out, "normuon", TUNING_SEEDS_NORMUON + FRESH_SEEDS[:1], NORMUON_SWEEP, log)
+    elif arm == "normuon":
+        train(bin_path, out, arm, [seed], ["--lr", f"{normuon_lr(out):g}"], log)
+    else:
+        train(bin_path, out, arm, [seed], [], log)
 
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
     bin_path = binary(args.out, args.bin)
+    work = WorkQueue(work_items(args.out))
     errors = []
 
-    def guarded(lane, log):
-        try:
-            lane(bin_path, args.out, log)
-        except Exception as e:  # the other lane goes on; the error is reported at the end
-            errors.append(str(e))
+    def worker(log):
+        while (item := work.take()) is not None:
+            try:
+                run_item(bin_path, args.out, item, log)
+            except Exception as e:  # the other worker goes on; the error is reported at the end
+                errors.append(str(e))
+                if item[0] == "normuon-sweep":  # NorMuon's runs have no lr: drop them
+                    with work._cond:
+                        work._pending = [i for i in work._pending if i[0] != "normuon"]
+            finally:
+                work.done(item)
 
-    lanes = [threading.Thread(target=guarded, args=(lane, os.path.join(args.out, name + ".log")))
-             for lane, name in ((lane_a, "lane-a"), (lane_b, "lane-b"))]
-    for t in lanes:
+    workers = [threading.Thread(target=worker, args=(os.path.join(args.out, name + ".log"),))
+               for name in ("lane-a", "lane-b")]
+    for t in workers:
         t.start()
-    for t in lanes:
+    for t in workers:
         t.join()
     if errors:
         raise SystemExit("issue47_runs: " + "; ".join(errors))

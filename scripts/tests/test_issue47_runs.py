@@ -68,3 +68,28 @@ def test_arm_table_reads_fresh_test_seeds_only(tmp_path):
     assert row["rare_acc"][0] == 62.0 and abs(row["rare_acc"][1] - 8 ** 0.5) < 1e-12
     assert row["rare_per_seed"] == [60.0, 64.0] and row["lr"] == [0.03]
     assert runs.normuon_grid(d) == {0.03: {40: 107.0, 41: 109.0}}  # acc = rare + 30 here
+
+
+def test_work_queue_keeps_both_workers_busy_and_normuon_after_its_sweep():
+    items = [("normuon-sweep", None), ("fogo", 25), ("normuon", 25), ("muon", 25)]
+    q = runs.WorkQueue(items)
+    assert q.take() == ("normuon-sweep", None)
+    assert q.take() == ("fogo", 25)  # the sweep runs: NorMuon's seed waits, the rest goes on
+    assert q.take() == ("muon", 25)
+    q.done(("normuon-sweep", None))
+    assert q.take() == ("normuon", 25)
+    assert q.take() is None
+    # With nothing to wait for, every item once, in order.
+    q = runs.WorkQueue([("fogo", 30), ("normuon", 30)])
+    assert [q.take(), q.take(), q.take()] == [("fogo", 30), ("normuon", 30), None]
+
+
+def test_work_items_are_the_unfinished_runs(tmp_path):
+    out = str(tmp_path)
+    done = runs.run_dir(out, "fogo", 25)
+    os.makedirs(done)
+    write(os.path.join(done, "result.jsonl"), [{"completed": True}])
+    items = runs.work_items(out)
+    assert items[0] == ("normuon-sweep", None)  # nothing of the sweep has finished
+    assert ("fogo", 25) not in items and ("muon", 25) in items
+    assert len(items) == 1 + 5 * 10 - 1
