@@ -807,8 +807,10 @@ std::string preset_text(const std::string& preset, const fogo::FOGOOptions& o) {
       return list;
     } else if constexpr (std::is_same_v<T, fogo::NSSchedule>) {
       std::string rows;  // a,b,c;a,b,c, empty for none
-      for (const auto& [a, b, c] : v)
-        rows += (rows.empty() ? "" : ";") + exact(a) + "," + exact(b) + "," + exact(c);
+      for (const auto& [a, b, c] : v) {
+        if (!rows.empty()) rows += ";";  // appended apart: GCC 12 misreads "" + string&& here
+        rows += exact(a) + "," + exact(b) + "," + exact(c);
+      }
       return rows;
     } else if constexpr (std::is_enum_v<T>) {
       if constexpr (std::is_same_v<T, c10::ScalarType>) {
