@@ -92,4 +92,5 @@ def test_work_items_are_the_unfinished_runs(tmp_path):
     items = runs.work_items(out)
     assert items[0] == ("normuon-sweep", None)  # nothing of the sweep has finished
     assert ("fogo", 25) not in items and ("muon", 25) in items
-    assert len(items) == 1 + 5 * 10 - 1
+    assert len(items) == 1 + 5 * 10 - 1 + 2 * 10  # and the replication's NorMuon and Muon
+    assert items[-2:] == [("normuon", 54), ("muon", 54)]
