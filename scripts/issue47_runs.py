@@ -386,6 +386,14 @@ def tables(args):
         seeds = f"{r['seeds'][0]}-{r['seeds'][-1]} ({len(r['seeds'])})" if r["seeds"] else "none"
         print(f"| {r['arm']} | {', '.join(f'{x:g}' for x in r['lr'])} | {seeds} | " +
               " | ".join(cells) + " | " + " / ".join(f"{v:.2f}" for v in r["rare_per_seed"]) + " |")
+    print("\nThe replication (seeds " + f"{REPLICATION_SEEDS[0]}-{REPLICATION_SEEDS[-1]}):\n")
+    print("| arm | seeds | acc (%) | rare acc (%) | rare acc per seed |\n|---|---|---:|---:|---|")
+    for r in arm_rows(args.runs, REPLICATION_SEEDS):
+        if r["arm"] not in ("normuon", "muon") or not r["seeds"]:
+            continue
+        print(f"| {r['arm']} | {len(r['seeds'])} | {r['acc'][0]:.2f} ± {r['acc'][1]:.2f} | "
+              f"{r['rare_acc'][0]:.2f} ± {r['rare_acc'][1]:.2f} | " +
+              " / ".join(f"{v:.2f}" for v in r["rare_per_seed"]) + " |")
     print("\n| experiment, family | test (metric) | pairs | A - B (95% CI) | p: t / Wilcoxon | Holm "
           "| detects |\n|---|---|---:|---:|---|---:|---:|")
     for r in test_results(args.runs):
