@@ -192,10 +192,14 @@ class WorkQueue:
                     return None
                 self._cond.wait()  # only NorMuon's runs are left: they wait for the sweep
 
-    def done(self, item):
+    def done(self, item, ok=True):
+        """`item` has finished (ok) or failed: a failed sweep leaves NorMuon's runs no lr, so
+        they are dropped."""
         with self._cond:
             if item[0] == "normuon-sweep":
                 self._sweep_done = True
+                if not ok:
+                    self._pending = [i for i in self._pending if i[0] != "normuon"]
             self._cond.notify_all()
 
 
@@ -219,13 +223,10 @@ def run(args):
         while (item := work.take()) is not None:
             try:
                 run_item(bin_path, args.out, item, log)
+                work.done(item)
             except Exception as e:  # the other worker goes on; the error is reported at the end
                 errors.append(str(e))
-                if item[0] == "normuon-sweep":  # NorMuon's runs have no lr: drop them
-                    with work._cond:
-                        work._pending = [i for i in work._pending if i[0] != "normuon"]
-            finally:
-                work.done(item)
+                work.done(item, ok=False)
 
     workers = [threading.Thread(target=worker, args=(os.path.join(args.out, name + ".log"),))
                for name in ("lane-a", "lane-b")]

@@ -79,6 +79,11 @@ def test_work_queue_keeps_both_workers_busy_and_normuon_after_its_sweep():
     q.done(("normuon-sweep", None))
     assert q.take() == ("normuon", 25)
     assert q.take() is None
+    # A failed sweep drops NorMuon's runs (they have no lr) and wakes whoever waits for them.
+    q = runs.WorkQueue([("normuon-sweep", None), ("normuon", 26), ("fogo", 26)])
+    assert q.take() == ("normuon-sweep", None) and q.take() == ("fogo", 26)
+    q.done(("normuon-sweep", None), ok=False)
+    assert q.take() is None
     # With nothing to wait for, every item once, in order.
     q = runs.WorkQueue([("fogo", 30), ("normuon", 30)])
     assert [q.take(), q.take(), q.take()] == [("fogo", 30), ("normuon", 30), None]
