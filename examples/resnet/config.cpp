@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include <fogo/enum_names.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -448,9 +450,9 @@ trainer::RunSignature run_signature(const Config& c) {
       .add("eval-every", c.eval_every);
   // Recorded when on (not the default): older checkpoints stay resumable.
   if (c.sync_bn) s.add("sync-bn", true);
-  if (c.optimizer == "muon" &&
-      trainer::parse_muon_adjust(c.muon_adjust) != fogo::MuonAdjustLR::Original) {
-    s.add("muon-adjust", trainer::muon_adjust_signature(c.muon_adjust));
+  if (c.optimizer == "muon") {
+    const std::string adjust = trainer::muon_adjust_signature(c.muon_adjust);
+    if (adjust != fogo::enum_name(fogo::MuonAdjustLR::Original)) s.add("muon-adjust", adjust);
   }
   if (c.optimizer == "muon" && c.muon_normuon) s.add("muon-normuon", true);
   if (c.classifier != "own") {
