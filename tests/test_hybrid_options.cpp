@@ -56,13 +56,21 @@ void expect_sides_hold_hybrids(const fogo::HybridOptimizer& opt, const Sides& si
               as<torch::optim::AdamWOptions>(opt.param_groups()[1].options()));
 }
 
+// The tests' net (seed 0) and hybrid: Muon 0.02 on its matrices, AdamW 3e-3 on the rest.
+SmallNet seeded_net() {
+  torch::manual_seed(0);
+  return SmallNet();
+}
+fogo::HybridOptimizer muon_hybrid(SmallNet& net) {
+  return fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.02),
+                                       torch::optim::AdamWOptions(3e-3));
+}
+
 }  // namespace
 
 TEST(HybridOptions, AnUnchangedStepCopiesNoOptionsAndANewLrIsSetInPlace) {
-  torch::manual_seed(0);
-  SmallNet net;
-  auto opt = fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.02),
-                                           torch::optim::AdamWOptions(3e-3));
+  SmallNet net = seeded_net();
+  auto opt = muon_hybrid(net);
   const Sides sides(opt);
   step(net, opt);
   const auto* matrix = held(sides.matrix);
@@ -90,10 +98,8 @@ TEST(HybridOptions, AnUnchangedStepCopiesNoOptionsAndANewLrIsSetInPlace) {
 }
 
 TEST(HybridOptions, EveryEditOfAnOptionReachesItsSideAtTheNextStep) {
-  torch::manual_seed(0);
-  SmallNet net;
-  auto opt = fogo::make_hybrid<fogo::Muon>(*net, fogo::MuonOptions(0.02),
-                                           torch::optim::AdamWOptions(3e-3));
+  SmallNet net = seeded_net();
+  auto opt = muon_hybrid(net);
   const Sides sides(opt);
   auto& muon = static_cast<fogo::MuonOptions&>(opt.param_groups()[0].options());
   auto& adamw = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[1].options());
